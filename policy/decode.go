@@ -1,0 +1,194 @@
+package policy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Documents written by people (task files, recipes) may be YAML; documents written by
+// programs (--env-params, the admin API) are JSON. Both decode to the same generic tree,
+// so one validator serves both: map[string]any, []any, string, json.Number, bool, nil.
+
+// DecodeJSON decodes exactly one JSON value. Unlike encoding/json it refuses duplicate
+// object keys, because "last one wins" would let a second network_mode hide behind a
+// first one that a reviewer read.
+func DecodeJSON(data []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	v, err := decodeJSONValue(dec)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("invalid JSON: unexpected data after the first value")
+	}
+	return v, nil
+}
+
+func decodeJSONValue(dec *json.Decoder) (any, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		if err == io.EOF {
+			return nil, fmt.Errorf("invalid JSON: no value")
+		}
+		return nil, fmt.Errorf("invalid JSON: %w", err)
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '{':
+			obj := map[string]any{}
+			for dec.More() {
+				kt, err := dec.Token()
+				if err != nil {
+					return nil, fmt.Errorf("invalid JSON: %w", err)
+				}
+				key := kt.(string)
+				if _, dup := obj[key]; dup {
+					return nil, fmt.Errorf("invalid JSON: the key %q appears twice in one object", key)
+				}
+				v, err := decodeJSONValue(dec)
+				if err != nil {
+					return nil, err
+				}
+				obj[key] = v
+			}
+			_, err := dec.Token()
+			return obj, wrapJSON(err)
+		case '[':
+			arr := []any{}
+			for dec.More() {
+				v, err := decodeJSONValue(dec)
+				if err != nil {
+					return nil, err
+				}
+				arr = append(arr, v)
+			}
+			_, err := dec.Token()
+			return arr, wrapJSON(err)
+		}
+		return nil, fmt.Errorf("invalid JSON: unexpected %q", t)
+	default:
+		return t, nil
+	}
+}
+
+func wrapJSON(err error) error {
+	if err != nil {
+		return fmt.Errorf("invalid JSON: %w", err)
+	}
+	return nil
+}
+
+// DecodeYAML decodes one YAML document into the generic tree. go.yaml.in/yaml/v3 already
+// refuses duplicate keys; tags are mapped so that numbers stay numbers (json.Number) and
+// everything else keeps the type a JSON reader would give it.
+func DecodeYAML(data []byte) (any, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, fmt.Errorf("invalid YAML: %w", err)
+	}
+	if root.Kind == 0 {
+		return nil, fmt.Errorf("invalid YAML: the document is empty")
+	}
+	return yamlToGeneric(&root)
+}
+
+func yamlToGeneric(n *yaml.Node) (any, error) {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		return yamlToGeneric(n.Content[0])
+	case yaml.AliasNode:
+		return nil, fmt.Errorf("invalid YAML: line %d: aliases are not supported", n.Line)
+	case yaml.MappingNode:
+		obj := make(map[string]any, len(n.Content)/2)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k := n.Content[i]
+			if k.Kind != yaml.ScalarNode || k.ShortTag() != "!!str" {
+				return nil, fmt.Errorf("invalid YAML: line %d: keys must be strings", k.Line)
+			}
+			v, err := yamlToGeneric(n.Content[i+1])
+			if err != nil {
+				return nil, err
+			}
+			obj[k.Value] = v
+		}
+		return obj, nil
+	case yaml.SequenceNode:
+		arr := make([]any, 0, len(n.Content))
+		for _, c := range n.Content {
+			v, err := yamlToGeneric(c)
+			if err != nil {
+				return nil, err
+			}
+			arr = append(arr, v)
+		}
+		return arr, nil
+	case yaml.ScalarNode:
+		switch n.ShortTag() {
+		case "!!str":
+			return n.Value, nil
+		case "!!int", "!!float":
+			return json.Number(n.Value), nil
+		case "!!bool":
+			var b bool
+			if err := n.Decode(&b); err != nil {
+				return nil, fmt.Errorf("invalid YAML: line %d: %w", n.Line, err)
+			}
+			return b, nil
+		case "!!null":
+			return nil, nil
+		}
+		return nil, fmt.Errorf("invalid YAML: line %d: unsupported tag %s", n.Line, n.ShortTag())
+	}
+	return nil, fmt.Errorf("invalid YAML: line %d: unsupported node", n.Line)
+}
+
+// DecodeDocument decodes a JSON or YAML document; JSON is recognised by its first
+// non-blank character, so JSON input gets JSON's stricter errors.
+func DecodeDocument(data []byte) (any, error) {
+	trimmed := strings.TrimLeft(string(data), " \t\r\n")
+	if trimmed != "" && strings.ContainsRune("{[\"", rune(trimmed[0])) {
+		return DecodeJSON(data)
+	}
+	return DecodeYAML(data)
+}
+
+// describe names a generic value's type for error messages.
+func describe(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case string:
+		return "a string"
+	case json.Number:
+		return "a number"
+	case bool:
+		return "a boolean"
+	case []any:
+		return "a list"
+	case map[string]any:
+		return "an object"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+// display renders a generic value for an error message: strings quoted, others as JSON.
+func display(v any) string {
+	if s, ok := v.(string); ok {
+		return fmt.Sprintf("%q", s)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	if len(b) > 80 {
+		return string(b[:77]) + "..."
+	}
+	return string(b)
+}
