@@ -9,6 +9,9 @@ GOFILES    = $(shell git ls-files '*.go' 2>/dev/null; git ls-files --others --ex
 
 .PHONY: all build test fmt-check vet unit demo bench fuzz clean
 
+# Each feature's extra targets live in mk/<feature>.mk.
+-include mk/*.mk
+
 all: build
 
 # Static binaries: the sidecar image is FROM scratch, so nothing may link libc.

@@ -1,0 +1,108 @@
+// Package controller holds what every provider shares: the environment and provider
+// interfaces, phases and the task lifecycle, and the transition records that prove which
+// policy was in force when.
+package controller
+
+import (
+	"context"
+	"time"
+
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// Role says which of a task's environments this is.
+type Role string
+
+const (
+	RoleAgent      Role = "agent"      // the agent's environment (shared mode: also evaluates)
+	RoleEvaluation Role = "evaluation" // the separate evaluation environment of fresh mode
+)
+
+// EnvSpec is what a provider needs to open one environment.
+type EnvSpec struct {
+	Task  string            // task ID, unique among the tasks a controller manages
+	Role  Role              // agent or evaluation
+	Image string            // container image, present locally
+	Env   map[string]string // extra environment variables for the container
+	Cmd   []string          // the container's command; empty: the image's default
+	// Baseline is the policy in force from the moment the environment can run anything.
+	Baseline policy.Policy
+	// ProxyStartTimeout bounds how long the enforcement point may take to become ready.
+	ProxyStartTimeout time.Duration
+}
+
+// Provider opens environments on one kind of infrastructure.
+type Provider interface {
+	Name() string
+	// Open creates the environment with spec.Baseline in force, or creates nothing.
+	Open(ctx context.Context, spec EnvSpec) (Environment, error)
+}
+
+// PhaseLabel names the lifecycle phase a policy is applied for, so that logs, metrics
+// and transition records can say which phase a decision belonged to.
+type PhaseLabel struct {
+	Phase string // "baseline", "run", "evaluation", "evaluation_baseline", or a user label
+}
+
+// Environment is one opened sandbox.
+type Environment interface {
+	// ID is the environment's name, unique on the host ("<task>" or "<task>-eval").
+	ID() string
+	// Apply puts p in force and returns only when the enforcement point has acknowledged
+	// it and the wiring matches its mode. On error the environment has no egress at all.
+	Apply(ctx context.Context, p policy.Policy, label PhaseLabel) (Transition, error)
+	// Exec runs cmd inside the environment.
+	Exec(ctx context.Context, cmd []string, opts ExecOptions) (ExecResult, error)
+	// Download copies srcPath (a file or directory inside the environment) into dstDir.
+	Download(ctx context.Context, srcPath, dstDir string) error
+	// Blocked summarises the blocked attempts seen under the policy now in force.
+	Blocked(ctx context.Context) (BlockedSummary, error)
+	// Close removes the environment; with retain it is kept running and only detached
+	// from the controller's bookkeeping.
+	Close(ctx context.Context, retain bool) error
+}
+
+// ExecOptions tunes one Exec.
+type ExecOptions struct {
+	Env     map[string]string
+	WorkDir string
+}
+
+// ExecResult is the outcome of one Exec.
+type ExecResult struct {
+	ExitCode int
+	Stdout   []byte
+	Stderr   []byte
+}
+
+// BlockedSummary counts the blocked attempts of one policy generation.
+type BlockedSummary struct {
+	Generation uint64          `json:"generation"`
+	Total      uint64          `json:"total"`
+	Top        []BlockedTarget `json:"top"`
+}
+
+// BlockedTarget is one blocked destination and how often it was tried.
+type BlockedTarget struct {
+	Host   string `json:"host"`
+	Port   uint16 `json:"port"`
+	Type   string `json:"type"`   // http, connect or dns
+	Reason string `json:"reason"` // the decision's reason code
+	Count  uint64 `json:"count"`
+}
+
+// Transition records one policy switch: the evidence of what was in force when.
+type Transition struct {
+	Time        time.Time                `json:"time"`
+	Task        string                   `json:"task"`
+	Environment string                   `json:"environment"`
+	Phase       string                   `json:"phase"`
+	FromMode    policy.Mode              `json:"from_mode"`
+	ToMode      policy.Mode              `json:"to_mode"`
+	Digest      string                   `json:"policy_digest"`
+	Generation  uint64                   `json:"generation"`
+	Duration    time.Duration            `json:"duration_ns"`
+	Parts       map[string]time.Duration `json:"parts_ns"` // e.g. "rules", "wiring", "routes"
+	OK          bool                     `json:"ok"`
+	Error       string                   `json:"error,omitempty"`
+}
