@@ -9,9 +9,6 @@ GOFILES    = $(shell git ls-files '*.go' 2>/dev/null; git ls-files --others --ex
 
 .PHONY: all build test fmt-check vet unit demo bench fuzz clean
 
-# Each feature's extra targets live in mk/<feature>.mk.
--include mk/*.mk
-
 all: build
 
 # Static binaries: the sidecar image is FROM scratch, so nothing may link libc.
@@ -49,3 +46,6 @@ fuzz:
 
 clean:
 	rm -rf $(BIN) out
+
+# Each feature's extra targets live in mk/<feature>.mk.
+-include mk/*.mk
