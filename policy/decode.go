@@ -85,8 +85,8 @@ func wrapJSON(err error) error {
 	return nil
 }
 
-// DecodeYAML decodes one YAML document into the generic tree. go.yaml.in/yaml/v3 already
-// refuses duplicate keys; tags are mapped so that numbers stay numbers (json.Number) and
+// DecodeYAML decodes one YAML document into the generic tree, refusing duplicate keys as
+// DecodeJSON does (yaml.v3 checks them only when decoding into Go maps); tags are mapped so that numbers stay numbers (json.Number) and
 // everything else keeps the type a JSON reader would give it.
 func DecodeYAML(data []byte) (any, error) {
 	var root yaml.Node
@@ -111,6 +111,9 @@ func yamlToGeneric(n *yaml.Node) (any, error) {
 			k := n.Content[i]
 			if k.Kind != yaml.ScalarNode || k.ShortTag() != "!!str" {
 				return nil, fmt.Errorf("invalid YAML: line %d: keys must be strings", k.Line)
+			}
+			if _, dup := obj[k.Value]; dup {
+				return nil, fmt.Errorf("invalid YAML: line %d: the key %q appears twice in one mapping", k.Line, k.Value)
 			}
 			v, err := yamlToGeneric(n.Content[i+1])
 			if err != nil {

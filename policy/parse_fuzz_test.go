@@ -1,0 +1,61 @@
+package policy
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+// FuzzParse checks that parsing never panics and that the canonical form is a fixed point
+// of parse∘print: printing a parsed policy and parsing it again gives the same policy.
+func FuzzParse(f *testing.F) {
+	for _, seed := range []string{
+		`"public"`, `"no-network"`, `{"network_mode":"public"}`,
+		`{"network_mode":"allowlist","allowed_hosts":["pypi.org","registry.npmjs.org:443","*.example.com","203.0.113.10","203.0.113.0/24"]}`,
+		`{"network_mode":"denylist","denied_hosts":[{"host":"registry.npmjs.org","port":443},"[2001:db8::1]:443","2001:db8::/32"]}`,
+		`{"network_mode":"allowlist","allowed_hosts":["bücher.example","A.TEST.","a.test"]}`,
+		"network_mode: allowlist\nallowed_hosts: [pypi.org, {host: x.test, port: 8443}]\n",
+		`{"network_mode":"allowlist","allowed_hosts":["https://x","api.*.x","203.0.113.1/24"]}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p, err := Parse(data)
+		if err != nil {
+			return
+		}
+		printed, err := json.Marshal(p)
+		if err != nil {
+			t.Fatalf("marshal of a parsed policy failed: %v", err)
+		}
+		again, err := Parse(printed)
+		if err != nil {
+			t.Fatalf("canonical form %s does not parse: %v", printed, err)
+		}
+		reprinted, _ := json.Marshal(again)
+		if string(reprinted) != string(printed) {
+			t.Fatalf("not a fixed point:\n%s\n%s", printed, reprinted)
+		}
+	})
+}
+
+// FuzzParseTarget checks the same fixed point for single targets, where most of the
+// grammar lives.
+func FuzzParseTarget(f *testing.F) {
+	for _, seed := range []string{"pypi.org", "pypi.org:443", "*.example.com", "[2001:db8::1]:443",
+		"203.0.113.0/24", "2001:db8::/32", "bücher.example", "0x7f.1", "a:b:c", "[::ffff:1.2.3.4]:80"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		tg, err := ParseTarget(s)
+		if err != nil {
+			return
+		}
+		again, err := ParseTarget(tg.String())
+		if err != nil {
+			t.Fatalf("canonical form %q of %q does not parse: %v", tg, s, err)
+		}
+		if again != tg {
+			t.Fatalf("not a fixed point: %q -> %q -> %q", s, tg, again)
+		}
+	})
+}
