@@ -1,0 +1,129 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/netip"
+
+	"github.com/spf13/cobra"
+
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+func init() { subcommands = append(subcommands, newPolicyCommand) }
+
+func newPolicyCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "policy",
+		Short: "Check a policy, or ask what it decides for a destination",
+	}
+	cmd.AddCommand(newPolicyCheckCommand(), newPolicyMatchCommand())
+	return cmd
+}
+
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageError{fmt.Errorf("expected %d argument(s), got %d", n, len(args))}
+		}
+		return nil
+	}
+}
+
+func newPolicyCheckCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "check POLICY_JSON",
+		Short: "Validate a policy and print its canonical form",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := policy.Parse([]byte(args[0]))
+			if err != nil {
+				return usageError{prefixed("policy: ", err)}
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), p)
+			return err
+		},
+	}
+}
+
+func newPolicyMatchCommand() *cobra.Command {
+	var resolve string
+	cmd := &cobra.Command{
+		Use:   "match POLICY_JSON HOST[:PORT] [--resolve IP]",
+		Short: "Print allow or deny for a destination, with the rule and the reason (port 443 by default)",
+		Long: `Print what the policy decides for a connection to HOST[:PORT]: "allow" or "deny",
+the rule that decided ("-" when none matched) and the reason. Host rules match the name;
+IP and CIDR rules match the address dialled, which --resolve gives for a name. A name
+resolved to a loopback, link-local or unspecified address is denied unless an IP or CIDR
+rule allows that address, as the proxy does. Exits 0 whatever the decision.`,
+		Args: exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := policy.Parse([]byte(args[0]))
+			if err != nil {
+				return usageError{prefixed("policy: ", err)}
+			}
+			name, addr, port, err := parseDestination(args[1], resolve)
+			if err != nil {
+				return usageError{err}
+			}
+			return writeMatch(cmd.OutOrStdout(), policy.Compile(p), name, addr, port)
+		},
+	}
+	cmd.Flags().StringVar(&resolve, "resolve", "", "the address the host name would be dialled at")
+	return cmd
+}
+
+// parseDestination reads HOST[:PORT] (a name or an address; [v6]:port for IPv6 with a
+// port) and the optional --resolve address of a name.
+func parseDestination(dest, resolve string) (string, netip.Addr, uint16, error) {
+	t, err := policy.ParseTarget(dest)
+	if err != nil {
+		return "", netip.Addr{}, 0, fmt.Errorf("destination %q: %w", dest, err)
+	}
+	port := t.Port
+	if port == 0 {
+		port = 443
+	}
+	switch t.Kind {
+	case policy.KindAddr:
+		if resolve != "" {
+			return "", netip.Addr{}, 0, fmt.Errorf("--resolve is for a host name; %q is already an address", dest)
+		}
+		return "", t.Prefix.Addr(), port, nil
+	case policy.KindHost:
+		var addr netip.Addr
+		if resolve != "" {
+			a, err := netip.ParseAddr(resolve)
+			if err != nil || a.Zone() != "" {
+				return "", netip.Addr{}, 0, fmt.Errorf("--resolve %q: not an IP address", resolve)
+			}
+			addr = a.Unmap()
+		}
+		return t.Host, addr, port, nil
+	}
+	return "", netip.Addr{}, 0, fmt.Errorf("destination %q: a destination is one host name or address, not a wildcard or a range", dest)
+}
+
+// internalGuardReason is the reason printed when a name resolves to an address the proxy
+// never dials for a name (SPEC §7) and no IP or CIDR rule allows that address.
+const internalGuardReason = "internal-address"
+
+func writeMatch(w io.Writer, m *policy.Matcher, name string, addr netip.Addr, port uint16) error {
+	d := m.Decide(name, addr, port)
+	verdict, rule, reason := "deny", "-", string(d.Reason)
+	if d.Allowed {
+		verdict = "allow"
+	}
+	if d.Rule.Kind != 0 {
+		rule = d.Rule.String()
+	}
+	if d.Allowed && name != "" && addr.IsValid() && isInternal(addr) && !m.AllowsAddrExplicitly(addr, port) {
+		verdict, rule, reason = "deny", "-", internalGuardReason
+	}
+	_, err := fmt.Fprintf(w, "%s rule=%s reason=%s\n", verdict, rule, reason)
+	return err
+}
+
+func isInternal(a netip.Addr) bool {
+	return a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsUnspecified()
+}

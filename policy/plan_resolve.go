@@ -1,0 +1,234 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Planner resolves tasks into plans (SPEC §3) and checks them against the provider
+// (SPEC §5). Its zero value plans with no override, no recipe, and the defaults.
+type Planner struct {
+	// Override is the run-wide --env-params: the first source of every field.
+	Override EnvParams
+	// Recipes in command-line order: when two matching recipes supply the same field,
+	// the earlier one is its source.
+	Recipes []Recipe
+	// Provider, when set (--provider), replaces the task's provider for every task, as
+	// run-wide explicit settings take precedence over the TaskSpec.
+	Provider string
+	// EvaluationMode, when set (--evaluation-mode), replaces the task's mode likewise.
+	EvaluationMode EvaluationMode
+}
+
+// Validate checks the planner's own inputs: a known provider and mode, and recipe names
+// that are unique, since plans name recipes in sources and applied_recipes.
+func (pl *Planner) Validate() error {
+	var errs ErrorList
+	if pl.Provider != "" {
+		if _, ok := LookupProvider(pl.Provider); !ok {
+			errs = append(errs, &FieldError{Path: "provider", Value: fmt.Sprintf("%q", pl.Provider), Rule: "unknown provider; use one of " + strings.Join(ProviderNames(), ", ")})
+		}
+	}
+	if pl.EvaluationMode != "" && !pl.EvaluationMode.Valid() {
+		errs = append(errs, &FieldError{Path: "evaluation_mode", Value: fmt.Sprintf("%q", pl.EvaluationMode), Rule: "unknown evaluation mode; use shared or fresh"})
+	}
+	seen := map[string]string{}
+	for _, r := range pl.Recipes {
+		if first, dup := seen[r.Name]; dup {
+			errs = append(errs, &FieldError{Path: "recipe", Value: fmt.Sprintf("%q", r.Name), Rule: fmt.Sprintf("is defined twice (%s and %s); recipe names must be unique", first, r.Origin)})
+			continue
+		}
+		seen[r.Name] = r.Origin
+	}
+	return errs.err()
+}
+
+// PlanAll plans every task; it fails, reporting every task's problems, if any task
+// cannot be planned.
+func (pl *Planner) PlanAll(tasks []Task) ([]*Plan, error) {
+	if err := pl.Validate(); err != nil {
+		return nil, err
+	}
+	plans := make([]*Plan, 0, len(tasks))
+	var errs []error
+	for _, t := range tasks {
+		p, err := pl.Plan(t)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		plans = append(plans, p)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return plans, nil
+}
+
+// Plan resolves one task. Errors are a *TaskError listing every problem.
+func (pl *Planner) Plan(t Task) (*Plan, error) {
+	plan := &Plan{
+		TaskID:            t.ID,
+		Provider:          firstNonEmpty(pl.Provider, t.Provider, DefaultProvider),
+		EvaluationMode:    EvaluationMode(firstNonEmpty(string(pl.EvaluationMode), string(t.EvaluationMode), string(EvaluationShared))),
+		Policies:          map[Phase]ResolvedPolicy{},
+		InjectNotice:      t.InjectNotice == nil || *t.InjectNotice,
+		Network:           pl.Override.Network,
+		ProxyStartTimeout: pl.Override.ProxyStartTimeout,
+		Task:              t,
+	}
+	var errs ErrorList
+	if _, set := pl.Override.Policies[PhaseEvaluationBaseline]; set && plan.EvaluationMode != EvaluationFresh {
+		errs = append(errs, &FieldError{Path: PhaseEvaluationBaseline.Field(), Rule: "an override of the evaluation baseline is only legal in fresh mode; this task is planned in shared mode, where the evaluation runs in the agent's environment under its baseline"})
+	}
+	if plan.Provider != ProviderDocker {
+		if pl.Override.Network != "" {
+			errs = append(errs, &FieldError{Path: "network", Value: fmt.Sprintf("%q", pl.Override.Network), Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
+		}
+		if pl.Override.ProxyStartTimeout != 0 {
+			errs = append(errs, &FieldError{Path: "allowlist_proxy_start_timeout", Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
+		}
+	}
+
+	var matched []Recipe
+	for _, r := range pl.Recipes {
+		if r.Matches(t.ID, plan.Provider) {
+			matched = append(matched, r)
+			plan.AppliedRecipes = append(plan.AppliedRecipes, r.Name)
+		}
+	}
+	if plan.AppliedRecipes == nil {
+		plan.AppliedRecipes = []string{}
+	}
+
+	for _, ph := range plan.Phases() {
+		rp, supplier := pl.resolve(ph, t, matched, plan)
+		if supplier != nil && rp.Policy.Mode == ModeAllowlist {
+			rp.Policy = inferEndpoints(rp.Policy, ph, supplier)
+		}
+		plan.Policies[ph] = rp
+	}
+
+	errs = append(errs, checkRequiredEndpoints(plan, matched)...)
+	capability, _ := LookupProvider(plan.Provider)
+	for _, ph := range plan.Phases() {
+		errs = append(errs, capability.Check(ph, plan.Policy(ph))...)
+	}
+	if plan.Provider == ProviderDocker {
+		errs = append(errs, checkDockerNetwork(plan.Network, plan)...)
+	}
+	if len(errs) > 0 {
+		return nil, &TaskError{TaskID: t.ID, Errs: errs}
+	}
+
+	if capability.native != nil {
+		plan.Native = map[Phase]NativeOptions{}
+		for _, ph := range plan.Phases() {
+			plan.Native[ph] = capability.Native(plan.Policy(ph))
+		}
+	}
+	if plan.InjectNotice {
+		plan.Notice = RestrictionNotice(plan.Policy(PhaseRun))
+	}
+	plan.Steps = Steps(plan)
+	return plan, nil
+}
+
+// resolve picks one phase's policy: override > task > recipe > default, with the fresh
+// evaluation baseline's own chain. It also returns the recipe that supplied the policy,
+// if one did, since only that recipe may add inferred endpoints to it.
+func (pl *Planner) resolve(ph Phase, t Task, matched []Recipe, plan *Plan) (ResolvedPolicy, *Recipe) {
+	if p, ok := pl.Override.Policies[ph]; ok {
+		return ResolvedPolicy{Policy: p, Source: SourceOverride}, nil
+	}
+	if ph == PhaseEvaluationBaseline {
+		// The request-level common baseline also starts the fresh verifier.
+		if p, ok := pl.Override.Policies[PhaseBaseline]; ok {
+			return ResolvedPolicy{Policy: p, Source: SourceOverride}, nil
+		}
+	}
+	if p, ok := t.Policies[ph]; ok {
+		return ResolvedPolicy{Policy: p, Source: SourceTask}, nil
+	}
+	if ph == PhaseEvaluationBaseline && t.EvaluationEnvironment {
+		// A declared verifier environment without a baseline of its own starts under its
+		// own default, public, not under the agent's baseline.
+		return ResolvedPolicy{Policy: Public, Source: SourceTask}, nil
+	}
+	for i := range matched {
+		if p, ok := matched[i].Policies[ph]; ok {
+			return ResolvedPolicy{Policy: p, Source: RecipeSource(matched[i].Name)}, &matched[i]
+		}
+	}
+	if ph == PhaseEvaluationBaseline {
+		// Inherit the agent baseline as resolved (inferred endpoints included), with its
+		// source: whoever supplied the agent baseline supplied this one.
+		inherited := plan.Policies[PhaseBaseline]
+		for i := range matched {
+			if RecipeSource(matched[i].Name) == inherited.Source {
+				return inherited, &matched[i]
+			}
+		}
+		return inherited, nil
+	}
+	return ResolvedPolicy{Policy: Public, Source: SourceDefault}, nil
+}
+
+// inferEndpoints adds the supplying recipe's required endpoints of this phase to the
+// allowlist it supplied, unless a rule already allows them. A recipe never adds to a
+// policy it did not supply.
+func inferEndpoints(p Policy, ph Phase, r *Recipe) Policy {
+	out := Policy{Mode: p.Mode, Targets: append([]Target{}, p.Targets...)}
+	for _, e := range r.Required {
+		if e.Phase != ph {
+			continue
+		}
+		if !e.decide(Compile(out)).Allowed {
+			out.Targets = append(out.Targets, e.Target)
+		}
+	}
+	return out
+}
+
+// checkRequiredEndpoints fails the plan for every required endpoint of an applied recipe
+// that the effective policy of its phase blocks. Endpoints of the evaluation baseline
+// are not checked in shared mode, which has no evaluation environment.
+func checkRequiredEndpoints(plan *Plan, matched []Recipe) ErrorList {
+	var errs ErrorList
+	for _, r := range matched {
+		for _, e := range r.Required {
+			rp, ok := plan.Policies[e.Phase]
+			if !ok {
+				continue
+			}
+			d := e.decide(Compile(rp.Policy))
+			if d.Allowed {
+				continue
+			}
+			errs = append(errs, &FieldError{
+				Path:  e.Phase.Field(),
+				Value: fmt.Sprintf("%q", e.Target.String()),
+				Rule: fmt.Sprintf("recipe %s requires this endpoint in the %s phase, but the effective %s policy %s (source: %s) blocks it (%s); recipes never broaden a policy: allow it in the policy's source",
+					r.Name, e.Phase, e.Phase, rp.Policy, rp.Source, blockedWhy(d)),
+			})
+		}
+	}
+	return errs
+}
+
+func blockedWhy(d Decision) string {
+	if d.Rule.Kind != 0 {
+		return fmt.Sprintf("%s, rule %s", d.Reason, d.Rule)
+	}
+	return string(d.Reason)
+}
+
+func firstNonEmpty(vals ...string) string {
+	for _, v := range vals {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}

@@ -1,0 +1,65 @@
+package policy
+
+// Daytona limits (SPEC §5).
+const (
+	DaytonaMaxDomainEntries  = 20
+	DaytonaMaxNetworkEntries = 10
+)
+
+// daytonaIsDomain reports whether an entry goes to domainAllowList (names) rather than
+// networkAllowList (IPv4 addresses and ranges).
+func daytonaIsDomain(t Target) bool { return t.Kind == KindHost || t.Kind == KindWildcard }
+
+func checkDaytona(c Capability, ph Phase, p Policy) ErrorList {
+	if p.Mode != ModeAllowlist {
+		return nil
+	}
+	errs := c.refusePorts(ph, p)
+	domains, networks := 0, 0
+	for i, t := range p.Targets {
+		switch {
+		case t.IsAddress() && !t.Prefix.Addr().Is4():
+			errs = append(errs, c.refuseEntry(ph, p, i, "IPv6 entries are not supported"))
+			continue
+		case daytonaIsDomain(t) != daytonaIsDomain(p.Targets[0]):
+			first := "a domain entry"
+			if !daytonaIsDomain(p.Targets[0]) {
+				first = "an IPv4 network entry"
+			}
+			errs = append(errs, c.refuseEntry(ph, p, i, "domain entries and IPv4 network entries cannot be mixed in one list (the list starts with "+first+", "+p.Targets[0].String()+")"))
+			continue
+		case daytonaIsDomain(t):
+			domains++
+			if domains == DaytonaMaxDomainEntries+1 {
+				errs = append(errs, c.refuseEntry(ph, p, i, "at most 20 domain entries are supported"))
+			}
+		default:
+			networks++
+			if networks == DaytonaMaxNetworkEntries+1 {
+				errs = append(errs, c.refuseEntry(ph, p, i, "at most 10 IPv4 network entries are supported"))
+			}
+		}
+	}
+	return errs
+}
+
+// daytonaOptions maps a checked policy onto Daytona's sandbox options. In allowlist mode
+// both lists are always written, the unused one empty: an absent list would read as
+// "no restriction" to the provider. An empty allowlist is block-all.
+func daytonaOptions(p Policy) NativeOptions {
+	switch {
+	case p.Mode == ModePublic:
+		return NativeOptions{"networkBlockAll": false}
+	case p.Mode == ModeNoNetwork, p.Mode == ModeAllowlist && len(p.Targets) == 0:
+		return NativeOptions{"networkBlockAll": true}
+	}
+	domains, networks := []string{}, []string{}
+	for _, t := range p.Targets {
+		if daytonaIsDomain(t) {
+			domains = append(domains, t.HostString())
+		} else {
+			networks = append(networks, t.Prefix.String())
+		}
+	}
+	return NativeOptions{"networkBlockAll": false, "networkAllowList": networks, "domainAllowList": domains}
+}

@@ -1,0 +1,250 @@
+package policy
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+// Task is one task as a task file declares it. Fields the file leaves out stay at their
+// zero value so that resolution can tell "not set" from "set to the default".
+type Task struct {
+	ID string
+	// Provider is the provider the task asks for; "" when the file names none.
+	Provider string
+	// EvaluationMode is shared or fresh; "" when the file sets none.
+	EvaluationMode EvaluationMode
+	// Policies holds the policy fields the task sets (the TaskSpec source of SPEC §3).
+	// The verifier baseline (evaluation_baseline_network_policy) may also come from
+	// evaluation_environment.baseline_network_policy.
+	Policies PhasePolicies
+	// EvaluationEnvironment is true when the task declares its own evaluation
+	// environment; declared without a baseline it starts under public, not under the
+	// agent's baseline.
+	EvaluationEnvironment bool
+	// InjectNotice is the task's inject_network_restriction_notice; nil means the
+	// default (true).
+	InjectNotice *bool
+	// Runner holds the runner's fields (image, prepare, run, ...) as decoded, not
+	// interpreted here: a generic tree of map[string]any, []any, string, json.Number,
+	// bool and nil. Only keys listed in RunnerKeys appear.
+	Runner map[string]any
+	// Origin says where the task was read, for error messages: "tasks.yaml[2]".
+	Origin string
+}
+
+// RunnerKeys are the task fields the lifecycle runner interprets; the planner only
+// checks that they are known and keeps them.
+var RunnerKeys = []string{
+	"image", "evaluation_image", "prepare", "harness", "run", "collect", "artifacts",
+	"save_artifacts", "evaluate", "retain", "timeouts",
+}
+
+// taskKeys are the fields the planner itself reads.
+var taskKeys = []string{
+	"task_id", "provider", "evaluation_mode",
+	"baseline_network_policy", "run_network_policy", "evaluation_network_policy",
+	"evaluation_baseline_network_policy", "evaluation_environment",
+	"inject_network_restriction_notice",
+}
+
+var evaluationEnvironmentKeys = []string{"baseline_network_policy"}
+
+// taskIDPattern keeps task IDs usable in container, network and file names.
+var taskIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+// LoadTasks reads a task file (JSON or YAML) holding one task or a list of tasks.
+func LoadTasks(path string) ([]Task, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: task file: %w", err)
+	}
+	v, err := DecodeDocument(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	tasks, err := ParseTasks(v, path)
+	if err != nil {
+		return nil, prefixLines(path+": ", err)
+	}
+	return tasks, nil
+}
+
+// ParseTasks validates a decoded task document: one task object or a list of them.
+// origin names the document in each task's Origin. Every problem is reported together;
+// paths start with "[i]" for the i-th task of a list.
+func ParseTasks(v any, origin string) ([]Task, error) {
+	var errs ErrorList
+	var tasks []Task
+	switch x := v.(type) {
+	case map[string]any:
+		t := parseTask(x, "", &errs)
+		t.Origin = origin
+		tasks = append(tasks, t)
+	case []any:
+		if len(x) == 0 {
+			errs = append(errs, &FieldError{Rule: "the task list is empty"})
+		}
+		for i, item := range x {
+			path := fmt.Sprintf("[%d]", i)
+			obj, ok := item.(map[string]any)
+			if !ok {
+				errs = append(errs, &FieldError{Path: path, Value: display(item), Rule: "a task is an object, not " + describe(item)})
+				continue
+			}
+			t := parseTask(obj, path, &errs)
+			t.Origin = fmt.Sprintf("%s%s", origin, path)
+			tasks = append(tasks, t)
+		}
+	default:
+		errs = append(errs, &FieldError{Value: display(v), Rule: "a task file holds a task object or a list of task objects, not " + describe(v)})
+	}
+	seen := map[string]string{}
+	for _, t := range tasks {
+		if t.ID == "" {
+			continue
+		}
+		if first, dup := seen[t.ID]; dup {
+			errs = append(errs, &FieldError{Path: "task_id", Value: display(t.ID), Rule: "appears twice (" + first + " and " + t.Origin + "); task IDs must be unique"})
+			continue
+		}
+		seen[t.ID] = t.Origin
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	return tasks, nil
+}
+
+func parseTask(obj map[string]any, path string, errs *ErrorList) Task {
+	at := func(k string) string { return joinPath(path, k) }
+	known := append(append([]string{}, taskKeys...), RunnerKeys...)
+	checkKeys(obj, path, known, "a task", errs)
+
+	var t Task
+	switch id, ok := obj["task_id"]; {
+	case !ok:
+		*errs = append(*errs, &FieldError{Path: at("task_id"), Rule: "is required"})
+	default:
+		s, isString := id.(string)
+		if !isString || !taskIDPattern.MatchString(s) {
+			*errs = append(*errs, &FieldError{Path: at("task_id"), Value: display(id), Rule: "must be 1-64 characters of letters, digits, '.', '_' and '-', starting with a letter or digit"})
+		} else {
+			t.ID = s
+		}
+	}
+	if raw, ok := obj["provider"]; ok {
+		t.Provider = parseProviderName(raw, at("provider"), errs)
+	}
+	if raw, ok := obj["evaluation_mode"]; ok {
+		t.EvaluationMode = parseEvaluationMode(raw, at("evaluation_mode"), errs)
+	}
+	t.Policies = parsePhasePolicies(obj, path, errs)
+	if raw, ok := obj["evaluation_environment"]; ok {
+		t.EvaluationEnvironment = true
+		parseEvaluationEnvironment(raw, at("evaluation_environment"), &t, errs)
+	}
+	if raw, ok := obj["inject_network_restriction_notice"]; ok {
+		if b, isBool := raw.(bool); isBool {
+			t.InjectNotice = &b
+		} else {
+			*errs = append(*errs, &FieldError{Path: at("inject_network_restriction_notice"), Value: display(raw), Rule: "must be true or false, not " + describe(raw)})
+		}
+	}
+	for _, k := range RunnerKeys {
+		if v, ok := obj[k]; ok {
+			if t.Runner == nil {
+				t.Runner = map[string]any{}
+			}
+			t.Runner[k] = v
+		}
+	}
+	return t
+}
+
+// parseEvaluationEnvironment reads the declared evaluation environment. Its only field is
+// the verifier's own baseline, a second spelling of evaluation_baseline_network_policy
+// (Harbor's [verifier.environment]); giving both is refused rather than guessed.
+func parseEvaluationEnvironment(raw any, path string, t *Task, errs *ErrorList) {
+	obj, ok := raw.(map[string]any)
+	if !ok {
+		*errs = append(*errs, &FieldError{Path: path, Value: display(raw), Rule: "must be an object ({} declares an evaluation environment with its own public baseline), not " + describe(raw)})
+		return
+	}
+	checkKeys(obj, path, evaluationEnvironmentKeys, "evaluation_environment", errs)
+	v, ok := obj["baseline_network_policy"]
+	if !ok {
+		return
+	}
+	if _, both := t.Policies[PhaseEvaluationBaseline]; both {
+		*errs = append(*errs, &FieldError{Path: joinPath(path, "baseline_network_policy"), Rule: "the task also sets evaluation_baseline_network_policy; give the verifier baseline once"})
+		return
+	}
+	p, err := ParseValue(v, joinPath(path, "baseline_network_policy"))
+	if err != nil {
+		*errs = append(*errs, FieldErrors(err)...)
+		return
+	}
+	if t.Policies == nil {
+		t.Policies = PhasePolicies{}
+	}
+	t.Policies[PhaseEvaluationBaseline] = p
+}
+
+// checkKeys reports every key of obj that is not in known, listing the known ones.
+func checkKeys(obj map[string]any, path string, known []string, what string, errs *ErrorList) {
+	keys := make([]string, 0, len(obj))
+	for k := range obj {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !contains(known, k) {
+			*errs = append(*errs, &FieldError{Path: joinPath(path, k), Rule: fmt.Sprintf("unknown key; %s takes only %s", what, strings.Join(known, ", "))})
+		}
+	}
+}
+
+func parseProviderName(raw any, path string, errs *ErrorList) string {
+	s, ok := raw.(string)
+	if ok {
+		if _, known := LookupProvider(s); known {
+			return s
+		}
+	}
+	*errs = append(*errs, &FieldError{Path: path, Value: display(raw), Rule: "unknown provider; use one of " + strings.Join(ProviderNames(), ", ")})
+	return ""
+}
+
+func parseEvaluationMode(raw any, path string, errs *ErrorList) EvaluationMode {
+	if s, ok := raw.(string); ok {
+		if m := EvaluationMode(s); m.Valid() {
+			return m
+		}
+	}
+	*errs = append(*errs, &FieldError{Path: path, Value: display(raw), Rule: "unknown evaluation mode; use shared or fresh"})
+	return ""
+}
+
+// prefixLines puts prefix in front of every line of err's message, so that each error of
+// a multi-error report still says where it comes from.
+func prefixLines(prefix string, err error) error {
+	return &prefixedError{prefix: prefix, err: err}
+}
+
+type prefixedError struct {
+	prefix string
+	err    error
+}
+
+func (e *prefixedError) Error() string {
+	lines := strings.Split(e.err.Error(), "\n")
+	for i, l := range lines {
+		lines[i] = e.prefix + l
+	}
+	return strings.Join(lines, "\n")
+}
+
+func (e *prefixedError) Unwrap() error { return e.err }
