@@ -1,9 +1,6 @@
 package policy
 
-import (
-	"net/netip"
-	"strings"
-)
+import "net/netip"
 
 // Reason is the machine-readable why of a Decision. The values are stable: logs,
 // metrics labels and the proxy's X-Compass-Egress header carry them.
@@ -27,13 +24,27 @@ type Decision struct {
 }
 
 // Matcher is a compiled policy. It is immutable and safe for concurrent use.
+//
+// A decision costs the same whatever the number of rules: one map lookup for the exact
+// name, one per label of the name for wildcard suffixes, and a binary search plus a walk
+// over at most one enclosing prefix per length for the address (see hostSet, ipSet).
 type Matcher struct {
-	policy Policy
+	policy       Policy
+	hosts        hostSet
+	addrs        ipSet
+	addressRules bool
 }
 
-// Compile builds the matcher of a valid policy.
+// Compile builds the matcher of a valid policy. The matcher reports the policy's own
+// Targets as its rules and indexes them, so the caller must not modify them afterwards.
 func Compile(p Policy) *Matcher {
-	return &Matcher{policy: p}
+	m := &Matcher{policy: p}
+	if p.Mode == ModeAllowlist || p.Mode == ModeDenylist {
+		m.hosts = newHostSet(p.Targets)
+		m.addrs = newIPSet(p.Targets)
+		m.addressRules = !m.addrs.empty()
+	}
+	return m
 }
 
 // Policy returns the policy the matcher was compiled from.
@@ -47,60 +58,55 @@ func (m *Matcher) Mode() Mode { return m.policy.Mode }
 // name is the requested host name in canonical form (see CanonicalHostname), or "" when
 // the client asked for an address. addr is the address that will be dialled, or the zero
 // Addr when it is not known yet. Host and wildcard rules match name; IP and CIDR rules
-// match addr. port is the destination port; port 0 asks whether some port could be
-// allowed (an allowlist rule for any port matches; a denylist rule denies only if it
-// covers every port). Decide does not allocate.
+// match addr, as netip.Prefix.Contains does: an IPv4-mapped IPv6 address is IPv6 (pass
+// addr.Unmap() to have it match IPv4 rules) and a zoned address matches no rule. port
+// is the destination port; port 0 asks whether some port could be allowed (an
+// allowlist rule for any port matches; a denylist rule denies only if it covers every
+// port).
+//
+// The reported rule: host rules before address rules; an exact name before a wildcard,
+// a longer wildcard suffix before a shorter one; the most specific covering prefix
+// whose port matches; for one name or prefix, the rule naming the port before the one
+// covering every port (for port 0: the every-port rule, else the lowest port). Decide
+// does not allocate.
 func (m *Matcher) Decide(name string, addr netip.Addr, port uint16) Decision {
 	switch m.policy.Mode {
 	case ModePublic:
 		return Decision{Allowed: true, Reason: ReasonPublic}
 	case ModeAllowlist:
-		for _, t := range m.policy.Targets {
-			if t.matches(name, addr) && (t.Port == 0 || port == 0 || t.Port == port) {
-				return Decision{Allowed: true, Reason: ReasonAllowlisted, Rule: t}
-			}
+		if r := m.match(name, addr, port, true); r >= 0 {
+			return Decision{Allowed: true, Reason: ReasonAllowlisted, Rule: m.policy.Targets[r]}
 		}
 		return Decision{Reason: ReasonNotAllowlisted}
 	case ModeDenylist:
-		for _, t := range m.policy.Targets {
-			if t.matches(name, addr) && (t.Port == 0 || t.Port == port) {
-				return Decision{Reason: ReasonDenylisted, Rule: t}
-			}
+		if r := m.match(name, addr, port, false); r >= 0 {
+			return Decision{Reason: ReasonDenylisted, Rule: m.policy.Targets[r]}
 		}
 		return Decision{Allowed: true, Reason: ReasonNotDenylisted}
 	}
 	return Decision{Reason: ReasonNoNetwork}
 }
 
+// match returns the index of the deciding rule, or -1.
+func (m *Matcher) match(name string, addr netip.Addr, port uint16, allowlist bool) int {
+	if r := m.hosts.lookup(name, port, allowlist); r >= 0 {
+		return r
+	}
+	if !m.addressRules || !addr.IsValid() {
+		return -1
+	}
+	return m.addrs.lookup(addr, port, allowlist)
+}
+
 // AllowsAddrExplicitly reports whether an IP or CIDR rule of an allowlist covers addr on
 // port (0: some port). Only such a rule lifts the proxy's internal-address guard.
 func (m *Matcher) AllowsAddrExplicitly(addr netip.Addr, port uint16) bool {
-	if m.policy.Mode != ModeAllowlist {
+	if m.policy.Mode != ModeAllowlist || !m.addressRules || !addr.IsValid() {
 		return false
 	}
-	d := m.Decide("", addr, port)
-	return d.Allowed && d.Rule.IsAddress()
+	return m.addrs.lookup(addr, port, true) >= 0
 }
 
 // HasAddressRules reports whether the policy has any IP or CIDR rule, which is what lets
 // a name that no host rule matches still resolve (its addresses are checked afterwards).
-func (m *Matcher) HasAddressRules() bool {
-	for _, t := range m.policy.Targets {
-		if t.IsAddress() {
-			return true
-		}
-	}
-	return false
-}
-
-func (t Target) matches(name string, addr netip.Addr) bool {
-	switch t.Kind {
-	case KindHost:
-		return name != "" && name == t.Host
-	case KindWildcard:
-		return len(name) > len(t.Host)+1 && strings.HasSuffix(name, t.Host) && name[len(name)-len(t.Host)-1] == '.'
-	case KindAddr, KindPrefix:
-		return addr.IsValid() && t.Prefix.Contains(addr)
-	}
-	return false
-}
+func (m *Matcher) HasAddressRules() bool { return m.addressRules }
