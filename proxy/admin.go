@@ -1,0 +1,188 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// maxPolicyBody bounds a PUT body: room for allowlists of a few hundred thousand entries.
+const maxPolicyBody = 32 << 20
+
+// PolicyStatus is GET /v1/policy.
+type PolicyStatus struct {
+	Generation uint64        `json:"generation"`
+	Digest     string        `json:"digest"`
+	Mode       policy.Mode   `json:"mode"`
+	Policy     policy.Policy `json:"policy"`
+	Task       string        `json:"task"`
+	Phase      string        `json:"phase"`
+}
+
+// apiError is a 4xx body: the summary and, for validation failures, each problem.
+type apiError struct {
+	Error  string   `json:"error"`
+	Errors []string `json:"errors"`
+}
+
+func (s *Server) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("PUT /v1/policy", s.putPolicy)
+	mux.HandleFunc("GET /v1/policy", s.getPolicy)
+	mux.HandleFunc("GET /v1/blocked", s.getBlocked)
+	s.healthRoutes(mux)
+	return mux
+}
+
+func (s *Server) metricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}))
+	s.healthRoutes(mux)
+	return mux
+}
+
+func (s *Server) healthRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if ok, why := s.Ready(); !ok {
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ready\n")
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxPolicyBody))
+	if err != nil {
+		s.badPolicy(w, fmt.Errorf("proxy: read body: %w", err))
+		return
+	}
+	p, task, phase, err := parsePolicyBody(body)
+	if err != nil {
+		s.badPolicy(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.apply(p, task, phase, "admin"))
+}
+
+func (s *Server) badPolicy(w http.ResponseWriter, err error) {
+	s.rejected("admin", err)
+	e := apiError{Error: "invalid policy; the running policy is unchanged", Errors: []string{}}
+	if fes := policy.FieldErrors(err); len(fes) > 0 {
+		for _, fe := range fes {
+			e.Errors = append(e.Errors, fe.Error())
+		}
+	} else {
+		e.Errors = append(e.Errors, err.Error())
+	}
+	writeJSON(w, http.StatusBadRequest, e)
+}
+
+var envelopeKeys = map[string]bool{"policy": true, "task": true, "phase": true}
+
+// parsePolicyBody accepts the wire-format policy itself or the envelope
+// {"policy": ..., "task": "...", "phase": "..."} (a policy object never has a "policy"
+// key, so the two cannot be confused).
+func parsePolicyBody(body []byte) (policy.Policy, *string, *string, error) {
+	v, err := policy.DecodeJSON(body)
+	if err != nil {
+		return policy.Policy{}, nil, nil, err
+	}
+	obj, ok := v.(map[string]any)
+	if _, envelope := obj["policy"]; !ok || !envelope {
+		p, err := policy.ParseValue(v, "")
+		return p, nil, nil, err
+	}
+	var errs policy.ErrorList
+	keys := make([]string, 0, len(obj))
+	for k := range obj {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !envelopeKeys[k] {
+			errs = append(errs, &policy.FieldError{Path: k, Rule: "unknown key; the envelope takes only policy, task and phase"})
+		}
+	}
+	label := func(k string) *string {
+		raw, present := obj[k]
+		if !present {
+			return nil
+		}
+		s, ok := raw.(string)
+		if !ok {
+			errs = append(errs, &policy.FieldError{Path: k, Rule: "must be a string"})
+			return nil
+		}
+		return &s
+	}
+	task, phase := label("task"), label("phase")
+	p, err := policy.ParseValue(obj["policy"], "policy")
+	if err != nil {
+		errs = append(errs, policy.FieldErrors(err)...)
+	}
+	if len(errs) > 0 {
+		return policy.Policy{}, nil, nil, errs
+	}
+	return p, task, phase, nil
+}
+
+func (s *Server) getPolicy(w http.ResponseWriter, _ *http.Request) {
+	rs := s.current.Load()
+	writeJSON(w, http.StatusOK, PolicyStatus{Generation: rs.Generation, Digest: rs.Digest,
+		Mode: rs.Mode(), Policy: rs.Policy, Task: rs.Task, Phase: rs.Phase})
+}
+
+func (s *Server) getBlocked(w http.ResponseWriter, _ *http.Request) {
+	rs := s.current.Load()
+	writeJSON(w, http.StatusOK, rs.blocked.summary(rs.Generation))
+}
+
+// Healthcheck asks the admin socket's /readyz; nil means ready. The image's
+// HEALTHCHECK runs it (the image has no shell and no curl).
+func Healthcheck(ctx context.Context, socket string) error {
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+	}}
+	defer client.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://admin/readyz", nil)
+	if err != nil {
+		return fmt.Errorf("proxy: healthcheck: %w", err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("proxy: healthcheck: %w", err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode != http.StatusOK {
+		return errors.New("proxy: healthcheck: " + string(msg))
+	}
+	return nil
+}

@@ -1,0 +1,113 @@
+package proxy
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// ApplyResult is what a successful swap reports (the admin API's PUT response).
+type ApplyResult struct {
+	Generation        uint64          `json:"generation"`
+	Digest            string          `json:"digest"`
+	Mode              policy.Mode     `json:"mode"`
+	Policy            policy.Policy   `json:"policy"`
+	Task              string          `json:"task"`
+	Phase             string          `json:"phase"`
+	ClosedConnections int             `json:"closed_connections"`
+	PreviousBlocked   *BlockedSummary `json:"previous_blocked,omitempty"`
+}
+
+// Apply puts p in force. task and phase relabel logs and metrics when not nil; nil
+// keeps the current labels. When Apply returns, every new decision uses p and every
+// live connection that p no longer allows is closed.
+func (s *Server) Apply(p policy.Policy, task, phase *string, source string) ApplyResult {
+	return s.apply(p, task, phase, source)
+}
+
+func (s *Server) apply(p policy.Policy, task, phase *string, source string) ApplyResult {
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	old := s.current.Load()
+	rs := &RuleSet{
+		Policy:    p,
+		Matcher:   policy.Compile(p),
+		Digest:    p.Digest(),
+		Applied:   time.Now(),
+		blocked:   newBlockedCounter(),
+		transport: s.newTransport(),
+	}
+	if old != nil {
+		rs.Generation, rs.Task, rs.Phase = old.Generation+1, old.Task, old.Phase
+	} else {
+		rs.Generation = 1
+	}
+	if task != nil {
+		rs.Task = *task
+	}
+	if phase != nil {
+		rs.Phase = *phase
+	}
+	s.current.Store(rs)
+
+	closed := 0
+	var prev *BlockedSummary
+	if old != nil {
+		// Published first, swept second: a connection registered after the sweep
+		// re-reads the pointer and sees rs (see tracker.closeIf).
+		closed = s.tracker.closeIf(func(c *liveConn) bool {
+			return !s.decider.Recheck(rs, c.name, c.addr, c.port)
+		})
+		old.transport.CloseIdleConnections()
+		summary := old.blocked.summary(old.Generation)
+		prev = &summary
+	}
+	s.metrics.generation.Set(float64(rs.Generation))
+	s.metrics.reloads.WithLabelValues("success").Inc()
+	s.metrics.reloadOK.Set(1)
+	s.metrics.swapClosed.Add(float64(closed))
+	s.log.Info("policy applied", "source", source, "generation", rs.Generation, "digest", rs.Digest,
+		"mode", string(p.Mode), "rules", len(p.Targets), "task", rs.Task, "phase", rs.Phase,
+		"closed_connections", closed)
+	return ApplyResult{Generation: rs.Generation, Digest: rs.Digest, Mode: p.Mode, Policy: p,
+		Task: rs.Task, Phase: rs.Phase, ClosedConnections: closed, PreviousBlocked: prev}
+}
+
+// rejected records a policy that could not be applied; the running one stays.
+func (s *Server) rejected(source string, err error) {
+	s.metrics.reloads.WithLabelValues("failure").Inc()
+	s.metrics.reloadOK.Set(0)
+	s.log.Error("policy rejected; the previous policy stays in force", "source", source,
+		"generation", s.current.Load().Generation, "error", err.Error())
+}
+
+// Reload re-reads the policy file (SIGHUP). A missing or invalid file is rejected and
+// the running policy stays.
+func (s *Server) Reload() error {
+	if s.cfg.PolicyFile == "" {
+		return nil
+	}
+	p, err := readPolicyFile(s.cfg.PolicyFile)
+	if err != nil {
+		s.rejected("sighup", err)
+		return err
+	}
+	s.apply(p, nil, nil, "sighup")
+	return nil
+}
+
+// newTransport is one generation's upstream HTTP client. It never consults proxy
+// environment variables and dials only addresses a decision checked.
+func (s *Server) newTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           s.dialChecked,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       s.cfg.IdleTimeout,
+		TLSHandshakeTimeout:   s.cfg.DialTimeout,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true,
+	}
+}

@@ -1,0 +1,68 @@
+package proxy
+
+import (
+	"net/netip"
+	"sync"
+)
+
+// liveConn is one connection carrying traffic to a destination: a CONNECT tunnel or an
+// HTTP request in flight (a streaming body, a websocket).
+type liveConn struct {
+	typ  string
+	name string
+	addr netip.Addr
+	port uint16
+	// close cuts the connection on both sides; it may be called more than once.
+	close func()
+}
+
+// tracker holds every live connection so a rule swap can re-decide each of them.
+type tracker struct {
+	mu    sync.Mutex
+	conns map[*liveConn]struct{}
+}
+
+func newTracker() *tracker { return &tracker{conns: make(map[*liveConn]struct{})} }
+
+func (t *tracker) add(c *liveConn) {
+	t.mu.Lock()
+	t.conns[c] = struct{}{}
+	t.mu.Unlock()
+}
+
+func (t *tracker) remove(c *liveConn) {
+	t.mu.Lock()
+	delete(t.conns, c)
+	t.mu.Unlock()
+}
+
+// closeIf closes (and forgets) every connection for which cut returns true, and
+// returns how many it closed. It holds the lock throughout, so a connection added after
+// it returns is one whose owner will see the rule set published before the call.
+func (t *tracker) closeIf(cut func(*liveConn) bool) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for c := range t.conns {
+		if cut(c) {
+			c.close()
+			delete(t.conns, c)
+			n++
+		}
+	}
+	return n
+}
+
+func (t *tracker) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.conns)
+}
+
+// setAddr records the address an HTTP request's upstream connection really goes to (a
+// pooled connection may predate the request's own lookup).
+func (t *tracker) setAddr(c *liveConn, a netip.Addr) {
+	t.mu.Lock()
+	c.addr = a
+	t.mu.Unlock()
+}

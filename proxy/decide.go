@@ -1,0 +1,186 @@
+package proxy
+
+import (
+	"context"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// Reason codes of refusals that the proxy adds to the policy's own reasons. They appear
+// in logs, in the X-Compass-Egress header and as the reason metric label.
+const (
+	ReasonInternalAddress = "internal-address"      // resolves to or names an internal address
+	ReasonNonCanonicalIP  = "non-canonical-address" // an address in decimal/octal/hex/short form
+	ReasonInvalidHost     = "invalid-host"          // not a valid host name or address
+	ReasonInvalidPort     = "invalid-port"          // missing or out-of-range port
+	ReasonUserinfo        = "userinfo"              // user@ in the authority
+	ReasonBadScheme       = "unsupported-scheme"    // not http or https
+	ReasonNotProxyRequest = "not-proxy-request"     // origin-form request, PRI, etc.
+	ReasonResolveFailed   = "resolve-failed"        // the name did not resolve
+	ReasonUnsupported     = "unsupported-upgrade"   // an Upgrade other than websocket
+)
+
+// Verdict is the outcome of one destination check.
+type Verdict struct {
+	Allowed bool
+	Reason  string
+	Rule    string
+	// Host is the destination as requested, Name its canonical form ("" for an address).
+	Host string
+	Name string
+	Port uint16
+	// Addrs are the checked addresses that passed, in dial order. Only these are dialled.
+	Addrs []netip.Addr
+	// Addr is the address that decided a refusal, when one did.
+	Addr netip.Addr
+}
+
+// Decider checks destinations against a rule set: resolve once, check every
+// candidate, keep the ones that pass.
+type Decider struct {
+	Resolver Resolver
+	Guard    *Guard
+}
+
+// splitAuthority splits "host", "host:port" or "[v6]:port" and checks the port.
+// defaultPort 0 means the port is required (CONNECT).
+func splitAuthority(authority string, defaultPort uint16) (string, uint16, string) {
+	host, portStr := authority, ""
+	if strings.HasPrefix(authority, "[") {
+		end := strings.IndexByte(authority, ']')
+		if end < 0 {
+			return "", 0, ReasonInvalidHost
+		}
+		host = authority[1:end]
+		if a, err := netip.ParseAddr(host); err != nil || !a.Is6() {
+			return "", 0, ReasonInvalidHost
+		}
+		rest := authority[end+1:]
+		if rest != "" {
+			if rest[0] != ':' {
+				return "", 0, ReasonInvalidHost
+			}
+			portStr = rest[1:]
+		}
+	} else {
+		switch strings.Count(authority, ":") {
+		case 0:
+		case 1:
+			i := strings.IndexByte(authority, ':')
+			host, portStr = authority[:i], authority[i+1:]
+		default:
+			return "", 0, ReasonInvalidHost // an IPv6 address needs brackets
+		}
+	}
+	if portStr == "" {
+		if defaultPort == 0 {
+			return "", 0, ReasonInvalidPort
+		}
+		return host, defaultPort, ""
+	}
+	for _, c := range portStr {
+		if c < '0' || c > '9' {
+			return "", 0, ReasonInvalidPort
+		}
+	}
+	p, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil || p == 0 {
+		return "", 0, ReasonInvalidPort
+	}
+	return host, uint16(p), ""
+}
+
+// Decide checks host (a name or an address literal) on port under rs.
+func (d *Decider) Decide(ctx context.Context, rs *RuleSet, host string, port uint16) Verdict {
+	v := Verdict{Host: host, Port: port}
+	refuse := func(reason string) Verdict { v.Reason = reason; return v }
+	if host == "" {
+		return refuse(ReasonInvalidHost)
+	}
+	m := rs.Matcher
+	var candidates []netip.Addr
+	if a, err := netip.ParseAddr(host); err == nil {
+		if a.Zone() != "" {
+			return refuse(ReasonInvalidHost)
+		}
+		candidates = []netip.Addr{a}
+	} else {
+		if policy.IsNonCanonicalIPv4(host) {
+			return refuse(ReasonNonCanonicalIP)
+		}
+		name, err := policy.CanonicalHostname(host)
+		if err != nil {
+			return refuse(ReasonInvalidHost)
+		}
+		v.Name = name
+		// Refuse before resolving whatever no address could make allowed, so a refused
+		// name never reaches a resolver (no lookups to exfiltrate through).
+		pre := m.Decide(name, netip.Addr{}, port)
+		switch m.Mode() {
+		case policy.ModeNoNetwork:
+			return refuse(string(pre.Reason))
+		case policy.ModeAllowlist:
+			if !pre.Allowed && !m.HasAddressRules() {
+				v.Rule = ruleString(pre.Rule)
+				return refuse(string(pre.Reason))
+			}
+		case policy.ModeDenylist:
+			if !pre.Allowed {
+				v.Rule = ruleString(pre.Rule)
+				return refuse(string(pre.Reason))
+			}
+		}
+		addrs, err := d.Resolver.LookupNetIP(ctx, name)
+		if err != nil || len(addrs) == 0 {
+			return refuse(ReasonResolveFailed)
+		}
+		candidates = addrs
+	}
+	var refusal Verdict
+	for _, a := range candidates {
+		dec := m.Decide(v.Name, a, port)
+		if !dec.Allowed {
+			if refusal.Reason == "" {
+				refusal.Reason, refusal.Rule, refusal.Addr = string(dec.Reason), ruleString(dec.Rule), a
+			}
+			continue
+		}
+		if internal, _ := d.Guard.Internal(a); internal && !d.Guard.Exempt(a) && !m.AllowsAddrExplicitly(a, port) {
+			if refusal.Reason == "" {
+				refusal.Reason, refusal.Addr = ReasonInternalAddress, a
+			}
+			continue
+		}
+		if !v.Allowed {
+			v.Allowed, v.Reason, v.Rule, v.Addr = true, string(dec.Reason), ruleString(dec.Rule), a
+		}
+		v.Addrs = append(v.Addrs, a)
+	}
+	if !v.Allowed {
+		v.Reason, v.Rule, v.Addr = refusal.Reason, refusal.Rule, refusal.Addr
+	}
+	return v
+}
+
+// Recheck re-decides an established connection to (name, addr, port) under rs, with no
+// lookup: the address is the one actually dialled.
+func (d *Decider) Recheck(rs *RuleSet, name string, addr netip.Addr, port uint16) bool {
+	m := rs.Matcher
+	if !m.Decide(name, addr, port).Allowed {
+		return false
+	}
+	if internal, _ := d.Guard.Internal(addr); internal && !d.Guard.Exempt(addr) && !m.AllowsAddrExplicitly(addr, port) {
+		return false
+	}
+	return true
+}
+
+func ruleString(t policy.Target) string {
+	if t.Kind == 0 {
+		return ""
+	}
+	return t.String()
+}

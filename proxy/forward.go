@@ -1,0 +1,324 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/elazarl/goproxy"
+)
+
+// requestState travels with one request through goproxy's handler chain.
+type requestState struct {
+	client net.Conn
+	rs     *RuleSet
+	// verdict is the allowed CONNECT decision the tunnel acts on.
+	verdict Verdict
+	// entry is the tracked in-flight HTTP request, if one was allowed.
+	entry *liveConn
+	// hijacked is set when goproxy took the connection over; tunnel when a tunnel now
+	// owns it (and its connection slot).
+	hijacked net.Conn
+	buffered []byte
+	tunnel   bool
+	up, down atomic.Int64
+}
+
+type stateKey struct{}
+type clientConnKey struct{}
+
+func withClientConn(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, clientConnKey{}, c)
+}
+
+func stateOf(r *http.Request) *requestState {
+	st, _ := r.Context().Value(stateKey{}).(*requestState)
+	return st
+}
+
+// newGoproxy wires the decision hooks into goproxy: a request handler for absolute-URI
+// requests, a CONNECT handler, and a refusal for everything that is not a proxy request.
+func (s *Server) newGoproxy() *goproxy.ProxyHttpServer {
+	gp := goproxy.NewProxyHttpServer()
+	gp.Logger = goproxyLogger{s}
+	gp.KeepAcceptEncoding = true
+	gp.ConnectDial = nil
+	// Fail closed: every allowed request carries its own round tripper, so this one
+	// only ever runs if a code path forgot to decide.
+	gp.Tr = &http.Transport{Proxy: nil, DialContext: func(context.Context, string, string) (net.Conn, error) {
+		return nil, errors.New("proxy: undecided request")
+	}}
+	gp.NonproxyHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rs := s.current.Load()
+		v := Verdict{Host: r.Host, Reason: ReasonNotProxyRequest}
+		s.record(rs, typeHTTP, v, r.RemoteAddr)
+		writeRefusal(w, rs, typeHTTP, v)
+	})
+	gp.OnRequest().DoFunc(s.decideHTTP)
+	gp.OnRequest().HandleConnectFunc(s.decideConnect)
+	return gp
+}
+
+// serveProxy is the proxy listener's handler: it prepares the request's state, runs
+// goproxy, then settles what goproxy leaves behind (tracking, hijacked connections,
+// the previous generation's idle upstream connections).
+func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
+	client, _ := r.Context().Value(clientConnKey{}).(net.Conn)
+	st := &requestState{client: client}
+	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+	if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
+		r.Body = &countingBody{ReadCloser: r.Body, n: &st.up}
+	}
+	rw := &proxyResponseWriter{ResponseWriter: w, st: st}
+	s.goproxy.ServeHTTP(rw, r)
+
+	if st.entry != nil {
+		s.tracker.remove(st.entry)
+		s.metrics.active.WithLabelValues(typeHTTP).Dec()
+		s.metrics.bytes.WithLabelValues("upstream").Add(float64(st.up.Load()))
+		s.metrics.bytes.WithLabelValues("downstream").Add(float64(st.down.Load()))
+	}
+	if st.hijacked != nil && !st.tunnel {
+		// A websocket relay or a refused CONNECT: goproxy is done with the connection
+		// but does not always close it.
+		st.hijacked.Close()
+		s.proxyLn.release()
+	}
+	if st.rs != nil && st.rs != s.current.Load() {
+		st.rs.transport.CloseIdleConnections()
+	}
+}
+
+// decideHTTP decides an absolute-URI request. The destination is the URI's authority;
+// the Host header never matters (RFC 9112 §3.2.2): the server replaced it with the
+// authority, so the upstream sees the name that was decided.
+func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
+	st := stateOf(r)
+	rs := s.current.Load()
+	st.rs = rs
+	v := Verdict{Host: r.URL.Host}
+	var defaultPort uint16
+	switch {
+	case r.URL.User != nil:
+		v.Reason = ReasonUserinfo
+	case r.URL.Scheme == "http":
+		defaultPort = 80
+	case r.URL.Scheme == "https":
+		defaultPort = 443
+	default:
+		v.Reason = ReasonBadScheme
+	}
+	if v.Reason == "" && r.Header.Get("Upgrade") != "" && !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		v.Reason = ReasonUnsupported
+	}
+	if v.Reason == "" {
+		host, port, reason := splitAuthority(r.URL.Host, defaultPort)
+		if reason != "" {
+			v.Reason = reason
+		} else {
+			v = s.decide(r.Context(), rs, host, port)
+		}
+	}
+	if v.Allowed {
+		entry := &liveConn{typ: typeHTTP, name: v.Name, addr: v.Addrs[0], port: v.Port}
+		entry.close = func() {
+			if st.client != nil {
+				st.client.Close()
+			}
+		}
+		s.tracker.add(entry)
+		if cur := s.current.Load(); cur != rs {
+			v = s.redecide(cur, v)
+		}
+		if v.Allowed {
+			st.entry = entry
+			s.metrics.active.WithLabelValues(typeHTTP).Inc()
+		} else {
+			s.tracker.remove(entry)
+		}
+	}
+	s.record(rs, typeHTTP, v, r.RemoteAddr)
+	if !v.Allowed {
+		return r, refusalResponse(r, rs, typeHTTP, v)
+	}
+	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+		if ap, err := netip.ParseAddrPort(info.Conn.RemoteAddr().String()); err == nil {
+			s.tracker.setAddr(st.entry, ap.Addr().Unmap())
+		}
+	}}
+	dctx := context.WithValue(r.Context(), verdictKey{}, &v)
+	r = r.WithContext(httptrace.WithClientTrace(dctx, trace))
+	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
+		return rs.transport.RoundTrip(req)
+	})
+	return r, nil
+}
+
+// redecide re-checks an allowed verdict's addresses under a rule set published while
+// the verdict was being made.
+func (s *Server) redecide(rs *RuleSet, v Verdict) Verdict {
+	kept := v.Addrs[:0:0]
+	for _, a := range v.Addrs {
+		if s.decider.Recheck(rs, v.Name, a, v.Port) {
+			kept = append(kept, a)
+		}
+	}
+	if len(kept) == 0 {
+		d := rs.Matcher.Decide(v.Name, v.Addrs[0], v.Port)
+		v.Allowed, v.Addrs, v.Reason, v.Rule = false, nil, string(d.Reason), ruleString(d.Rule)
+		if d.Allowed {
+			v.Reason, v.Rule = ReasonInternalAddress, ""
+		}
+		return v
+	}
+	v.Addrs = kept
+	return v
+}
+
+// decide resolves and checks with the DNS time budget.
+func (s *Server) decide(ctx context.Context, rs *RuleSet, host string, port uint16) Verdict {
+	budget := s.cfg.DNSTimeout * time.Duration(max(1, len(s.cfg.DNSUpstreams)))
+	ctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	return s.decider.Decide(ctx, rs, host, port)
+}
+
+type verdictKey struct{}
+
+// dialChecked is the upstream transport's dialer: it dials only the addresses the
+// request's verdict checked, ignoring the address the transport asks for.
+func (s *Server) dialChecked(ctx context.Context, network, _ string) (net.Conn, error) {
+	v, _ := ctx.Value(verdictKey{}).(*Verdict)
+	if v == nil || !v.Allowed {
+		return nil, errors.New("proxy: dial without an allowed decision")
+	}
+	c, _, err := s.dialVerdict(ctx, v)
+	return c, err
+}
+
+// dialVerdict tries each checked address in turn.
+func (s *Server) dialVerdict(ctx context.Context, v *Verdict) (*net.TCPConn, netip.Addr, error) {
+	d := net.Dialer{Timeout: s.cfg.DialTimeout, KeepAlive: 30 * time.Second}
+	var lastErr error
+	for _, a := range v.Addrs {
+		start := time.Now()
+		c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(a, v.Port).String())
+		s.metrics.dialDuration.Observe(time.Since(start).Seconds())
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		return c.(*net.TCPConn), a, nil
+	}
+	return nil, netip.Addr{}, fmt.Errorf("proxy: dial %s: %w", v.Host, lastErr)
+}
+
+// record logs one decision and counts it.
+func (s *Server) record(rs *RuleSet, typ string, v Verdict, client string) {
+	decision := decisionLabel(v.Allowed)
+	s.metrics.requests.WithLabelValues(typ, decision, v.Reason).Inc()
+	if !v.Allowed {
+		rs.blocked.add(blockedHost(v), v.Port, typ, v.Reason)
+	}
+	s.logDecision(rs, typ, decision, v.Reason, v.Rule, blockedHost(v), v.Port, v.Addr, client)
+}
+
+func blockedHost(v Verdict) string {
+	if v.Name != "" {
+		return v.Name
+	}
+	return v.Host
+}
+
+// refusalText is the one-line body of a refusal: what, under which mode, why.
+func refusalText(rs *RuleSet, typ string, v Verdict) string {
+	what := v.Host
+	if v.Port != 0 {
+		what = net.JoinHostPort(blockedHost(v), fmt.Sprint(v.Port))
+	}
+	return fmt.Sprintf("compass-egress: %s to %s denied by the %s policy (generation %d): %s\n",
+		strings.ToUpper(typ), what, rs.Mode(), rs.Generation, v.Reason)
+}
+
+func refusalHeader(v Verdict) string { return "denied; reason=" + v.Reason }
+
+func refusalResponse(r *http.Request, rs *RuleSet, typ string, v Verdict) *http.Response {
+	resp := goproxy.NewResponse(r, goproxy.ContentTypeText, http.StatusForbidden, refusalText(rs, typ, v))
+	resp.Header.Set("X-Compass-Egress", refusalHeader(v))
+	if typ == typeConnect {
+		resp.Close = true
+	}
+	return resp
+}
+
+func writeRefusal(w http.ResponseWriter, rs *RuleSet, typ string, v Verdict) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Compass-Egress", refusalHeader(v))
+	w.WriteHeader(http.StatusForbidden)
+	_, _ = io.WriteString(w, refusalText(rs, typ, v))
+}
+
+// proxyResponseWriter counts response bytes and remembers a hijack, keeping the bytes
+// the server had already read past the request (a tunnel must forward them).
+type proxyResponseWriter struct {
+	http.ResponseWriter
+	st *requestState
+}
+
+func (w *proxyResponseWriter) Write(p []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(p)
+	w.st.down.Add(int64(n))
+	return n, err
+}
+
+func (w *proxyResponseWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *proxyResponseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	hj, ok := w.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, errors.New("proxy: connection cannot be hijacked")
+	}
+	c, rw, err := hj.Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	w.st.hijacked = c
+	if n := rw.Reader.Buffered(); n > 0 {
+		b, _ := rw.Reader.Peek(n)
+		w.st.buffered = append([]byte(nil), b...)
+	}
+	return c, rw, nil
+}
+
+func (w *proxyResponseWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}
+
+// goproxyLogger sends goproxy's own messages to the debug log.
+type goproxyLogger struct{ s *Server }
+
+func (l goproxyLogger) Printf(format string, v ...any) {
+	l.s.log.Debug("goproxy", "message", strings.TrimSpace(fmt.Sprintf(format, v...)))
+}

@@ -1,0 +1,55 @@
+package proxy
+
+import (
+	"net"
+	"sync"
+)
+
+// limitListener bounds concurrent client connections. Unlike a wrapping limiter it
+// hands out the accepted *net.TCPConn itself, so hijacked tunnels can still splice; the
+// slot is released by the HTTP server's StateClosed hook or by whoever owns a hijacked
+// connection.
+type limitListener struct {
+	net.Listener
+	sem       chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func newLimitListener(l net.Listener, max int) *limitListener {
+	ll := &limitListener{Listener: l, done: make(chan struct{})}
+	if max > 0 {
+		ll.sem = make(chan struct{}, max)
+	}
+	return ll
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	if l.sem != nil {
+		select {
+		case l.sem <- struct{}{}:
+		case <-l.done:
+			return nil, net.ErrClosed
+		}
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		l.release()
+		return nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetKeepAlive(true)
+	}
+	return c, nil
+}
+
+func (l *limitListener) release() {
+	if l.sem != nil {
+		<-l.sem
+	}
+}
+
+func (l *limitListener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}

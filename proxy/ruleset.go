@@ -1,0 +1,31 @@
+package proxy
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// RuleSet is one generation of policy in force. It is immutable once published: every
+// decision loads the current RuleSet once and uses it throughout, so a decision never
+// mixes two policies.
+type RuleSet struct {
+	Generation uint64
+	Policy     policy.Policy
+	Matcher    *policy.Matcher
+	Digest     string
+	Task       string
+	Phase      string
+	Applied    time.Time
+
+	// blocked counts this generation's refusals (GET /v1/blocked).
+	blocked *blockedCounter
+	// transport carries this generation's forwarded HTTP requests. Each generation has
+	// its own pool, so an upstream connection dialled under one policy is never reused
+	// for a request decided under another.
+	transport *http.Transport
+}
+
+// Mode is the policy's network mode.
+func (rs *RuleSet) Mode() policy.Mode { return rs.Policy.Mode }

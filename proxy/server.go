@@ -1,0 +1,374 @@
+// Package proxy is compass-proxy, the enforcing sidecar: an HTTP forward proxy with
+// CONNECT tunnels (on goproxy) and a DNS server (on miekg/dns) that enforce one network
+// policy at a time, swap it atomically through an admin API on a unix socket, and log
+// and count every decision.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/elazarl/goproxy"
+	"github.com/miekg/dns"
+
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// Config is everything the sidecar needs; cmd/compass-proxy fills it from flags.
+type Config struct {
+	Listen        string // proxy address, e.g. ":3128"
+	DNSListen     string // DNS address (UDP and TCP); "" disables
+	MetricsListen string // /metrics, /livez, /readyz; "" disables
+	AdminSocket   string // unix socket of the admin API
+	DNSUpstreams  []string
+	PolicyFile    string // initial policy, re-read by Reload; "" starts as no-network
+	AllowInternal []netip.Prefix
+	Task, Phase   string
+	// RequireNoForwarding refuses readiness unless IPv4 and IPv6 forwarding are off.
+	RequireNoForwarding bool
+	ProcRoot            string // "/proc" unless tests say otherwise
+
+	HeaderTimeout  time.Duration
+	DialTimeout    time.Duration
+	DNSTimeout     time.Duration
+	IdleTimeout    time.Duration
+	DrainTimeout   time.Duration
+	MaxConnections int // 0: unbounded
+
+	Logger *slog.Logger
+	// Resolver overrides the resolver used for connection decisions (tests); nil means
+	// the DNS upstreams.
+	Resolver Resolver
+	// OwnAddrs are further addresses of this proxy for the internal-address guard; the
+	// addresses of the host's interfaces are always included.
+	OwnAddrs []netip.Addr
+}
+
+// Connection types, as they appear in logs and metric labels.
+const (
+	typeHTTP    = "http"
+	typeConnect = "connect"
+	typeDNS     = "dns"
+)
+
+// Server is one running sidecar.
+type Server struct {
+	cfg       Config
+	log       *slog.Logger
+	metrics   *metrics
+	upstreams *Upstreams
+	decider   *Decider
+	tracker   *tracker
+
+	current atomic.Pointer[RuleSet]
+	applyMu sync.Mutex // serialises swaps
+
+	goproxy    *goproxy.ProxyHttpServer
+	proxySrv   *http.Server
+	proxyLn    *limitListener
+	dnsServers []*dns.Server
+	adminSrv   *http.Server
+	adminLn    net.Listener
+	metricsSrv *http.Server
+	metricsLn  net.Listener
+	dnsAddr    net.Addr
+
+	tunnels  sync.WaitGroup
+	serving  sync.WaitGroup
+	ready    atomic.Bool
+	notReady atomic.Value // string: why not ready
+	draining atomic.Bool
+}
+
+// New validates cfg and loads the initial policy (the file, or no-network).
+func New(cfg Config) (*Server, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	}
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = "/proc"
+	}
+	defaults := []struct {
+		d   *time.Duration
+		def time.Duration
+	}{
+		{&cfg.HeaderTimeout, 10 * time.Second}, {&cfg.DialTimeout, 10 * time.Second},
+		{&cfg.DNSTimeout, 2 * time.Second}, {&cfg.IdleTimeout, 90 * time.Second},
+		{&cfg.DrainTimeout, 10 * time.Second},
+	}
+	for _, x := range defaults {
+		if *x.d <= 0 {
+			*x.d = x.def
+		}
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), tracker: newTracker()}
+	s.notReady.Store("starting")
+	s.upstreams = NewUpstreams(cfg.DNSUpstreams, cfg.DNSTimeout)
+	resolver := cfg.Resolver
+	if resolver == nil {
+		resolver = UpstreamResolver{Upstreams: s.upstreams}
+	}
+	s.decider = &Decider{Resolver: resolver}
+	s.metrics.connectionsCap.Set(float64(cfg.MaxConnections))
+
+	initial := policy.NoNetwork
+	if cfg.PolicyFile != "" {
+		p, err := readPolicyFile(cfg.PolicyFile)
+		if err != nil {
+			return nil, err
+		}
+		initial = p
+	}
+	task, phase := cfg.Task, cfg.Phase
+	s.apply(initial, &task, &phase, "start")
+	s.goproxy = s.newGoproxy()
+	return s, nil
+}
+
+func readPolicyFile(path string) (policy.Policy, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return policy.Policy{}, fmt.Errorf("proxy: read policy: %w", err)
+	}
+	p, err := policy.Parse(data)
+	if err != nil {
+		return policy.Policy{}, fmt.Errorf("proxy: policy file %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// Current is the rule set in force.
+func (s *Server) Current() *RuleSet { return s.current.Load() }
+
+// ProxyAddr, DNSAddr and MetricsAddr are the bound addresses (after Start).
+func (s *Server) ProxyAddr() net.Addr { return s.proxyLn.Addr() }
+func (s *Server) DNSAddr() net.Addr   { return s.dnsAddr }
+func (s *Server) MetricsAddr() net.Addr {
+	if s.metricsLn == nil {
+		return nil
+	}
+	return s.metricsLn.Addr()
+}
+
+// Start binds every listener and serves in the background. A bind failure is returned
+// and nothing keeps running.
+func (s *Server) Start() (err error) {
+	var closers []func()
+	defer func() {
+		if err != nil {
+			for _, c := range closers {
+				c()
+			}
+		}
+	}()
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("proxy: listen %s: %w", s.cfg.Listen, err)
+	}
+	closers = append(closers, func() { ln.Close() })
+	s.proxyLn = newLimitListener(ln, s.cfg.MaxConnections)
+
+	var dnsConns []any
+	if s.cfg.DNSListen != "" {
+		pc, err := net.ListenPacket("udp", s.cfg.DNSListen)
+		if err != nil {
+			return fmt.Errorf("proxy: dns listen udp %s: %w", s.cfg.DNSListen, err)
+		}
+		closers = append(closers, func() { pc.Close() })
+		// TCP on the port UDP got, so ":0" in tests yields one port for both.
+		tl, err := net.Listen("tcp", pc.LocalAddr().String())
+		if err != nil {
+			return fmt.Errorf("proxy: dns listen tcp %s: %w", pc.LocalAddr(), err)
+		}
+		closers = append(closers, func() { tl.Close() })
+		s.dnsAddr = pc.LocalAddr()
+		dnsConns = append(dnsConns, pc, tl)
+	}
+
+	if err := os.MkdirAll(filepath.Dir(s.cfg.AdminSocket), 0o750); err != nil {
+		return fmt.Errorf("proxy: admin socket dir: %w", err)
+	}
+	if err := os.Remove(s.cfg.AdminSocket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("proxy: remove stale admin socket: %w", err)
+	}
+	adminLn, err := net.Listen("unix", s.cfg.AdminSocket)
+	if err != nil {
+		return fmt.Errorf("proxy: admin listen %s: %w", s.cfg.AdminSocket, err)
+	}
+	closers = append(closers, func() { adminLn.Close() })
+	if err := os.Chmod(s.cfg.AdminSocket, 0o660); err != nil {
+		return fmt.Errorf("proxy: admin socket mode: %w", err)
+	}
+	s.adminLn = adminLn
+
+	if s.cfg.MetricsListen != "" {
+		ml, err := net.Listen("tcp", s.cfg.MetricsListen)
+		if err != nil {
+			return fmt.Errorf("proxy: metrics listen %s: %w", s.cfg.MetricsListen, err)
+		}
+		closers = append(closers, func() { ml.Close() })
+		s.metricsLn = ml
+	}
+
+	s.decider.Guard = NewGuard(s.cfg.AllowInternal, s.ownAddrs())
+	s.serve(dnsConns)
+	s.checkReady()
+	return nil
+}
+
+// ownAddrs are the host's interface addresses, the bound proxy and DNS addresses and
+// any configured extras: a sandbox must not loop back into the sidecar.
+func (s *Server) ownAddrs() []netip.Addr {
+	own := append([]netip.Addr(nil), s.cfg.OwnAddrs...)
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil {
+				own = append(own, p.Addr())
+			}
+		}
+	}
+	for _, a := range []net.Addr{s.proxyLn.Addr(), s.dnsAddr} {
+		if a == nil {
+			continue
+		}
+		if ap, err := netip.ParseAddrPort(a.String()); err == nil && !ap.Addr().IsUnspecified() {
+			own = append(own, ap.Addr())
+		}
+	}
+	return own
+}
+
+func (s *Server) serve(dnsConns []any) {
+	s.proxySrv = &http.Server{
+		Handler:           http.HandlerFunc(s.serveProxy),
+		ReadHeaderTimeout: s.cfg.HeaderTimeout,
+		IdleTimeout:       s.cfg.IdleTimeout,
+		MaxHeaderBytes:    64 << 10,
+		ConnContext:       withClientConn,
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed {
+				s.proxyLn.release()
+			}
+		},
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	s.goServe(func() error { return s.proxySrv.Serve(s.proxyLn) })
+
+	handler := dns.HandlerFunc(s.serveDNS)
+	for _, c := range dnsConns {
+		srv := &dns.Server{Handler: handler, ReadTimeout: s.cfg.DNSTimeout, WriteTimeout: s.cfg.DNSTimeout}
+		switch x := c.(type) {
+		case net.PacketConn:
+			srv.PacketConn, srv.Net = x, "udp"
+		case net.Listener:
+			srv.Listener, srv.Net = x, "tcp"
+		}
+		s.dnsServers = append(s.dnsServers, srv)
+		s.goServe(srv.ActivateAndServe)
+	}
+
+	s.adminSrv = &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	s.goServe(func() error { return s.adminSrv.Serve(s.adminLn) })
+	if s.metricsLn != nil {
+		s.metricsSrv = &http.Server{Handler: s.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+		s.goServe(func() error { return s.metricsSrv.Serve(s.metricsLn) })
+	}
+}
+
+func (s *Server) goServe(serve func() error) {
+	s.serving.Add(1)
+	go func() {
+		defer s.serving.Done()
+		if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			s.log.Error("listener stopped", "error", err.Error())
+		}
+	}()
+}
+
+// checkReady sets readiness: listeners are bound (Start got here), a policy is loaded
+// (always: no-network at least) and, when required, forwarding is off.
+func (s *Server) checkReady() {
+	if s.cfg.RequireNoForwarding {
+		if why := forwardingOn(s.cfg.ProcRoot); why != "" {
+			s.notReady.Store(why)
+			s.log.Error("not ready: this sidecar would route packets", "why", why)
+			return
+		}
+	}
+	s.notReady.Store("")
+	s.ready.Store(true)
+}
+
+// forwardingOn says why forwarding is on, or "" when IPv4 and IPv6 forwarding are off.
+// A missing IPv6 file means the kernel has no IPv6 here, so nothing to forward.
+func forwardingOn(procRoot string) string {
+	for _, f := range []struct {
+		path     string
+		optional bool
+	}{{"sys/net/ipv4/ip_forward", false}, {"sys/net/ipv6/conf/all/forwarding", true}} {
+		data, err := os.ReadFile(filepath.Join(procRoot, f.path))
+		if err != nil {
+			if f.optional && errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			return fmt.Sprintf("cannot read %s: %v", f.path, err)
+		}
+		if v := strings.TrimSpace(string(data)); v != "0" {
+			return fmt.Sprintf("%s is %s (want 0)", f.path, v)
+		}
+	}
+	return ""
+}
+
+// Ready reports readiness and, if not ready, why.
+func (s *Server) Ready() (bool, string) {
+	if s.draining.Load() {
+		return false, "draining"
+	}
+	if s.ready.Load() {
+		return true, ""
+	}
+	return false, s.notReady.Load().(string)
+}
+
+// Shutdown drains: stop accepting, let requests and tunnels finish until ctx ends, then
+// cut whatever is left and stop the admin and metrics servers.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	s.proxyLn.Close()
+	for _, d := range s.dnsServers {
+		_ = d.ShutdownContext(ctx)
+	}
+	err := s.proxySrv.Shutdown(ctx)
+	done := make(chan struct{})
+	go func() { s.tunnels.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.tracker.closeIf(func(*liveConn) bool { return true })
+		_ = s.proxySrv.Close()
+		<-done
+	}
+	s.current.Load().transport.CloseIdleConnections()
+	_ = s.adminSrv.Close()
+	if s.metricsSrv != nil {
+		_ = s.metricsSrv.Close()
+	}
+	s.serving.Wait()
+	_ = os.Remove(s.cfg.AdminSocket)
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("proxy: shutdown: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,131 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/elazarl/goproxy"
+)
+
+// decideConnect decides a CONNECT request: the target must carry a port; refusals are
+// written by goproxy (ConnectReject with our 403), allowed targets become our tunnel.
+func (s *Server) decideConnect(host string, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
+	r := ctx.Req
+	st := stateOf(r)
+	rs := s.current.Load()
+	st.rs = rs
+	v := Verdict{Host: host}
+	if h, port, reason := splitAuthority(host, 0); reason != "" {
+		v.Reason = reason
+	} else {
+		v = s.decide(r.Context(), rs, h, port)
+	}
+	s.record(rs, typeConnect, v, r.RemoteAddr)
+	if !v.Allowed {
+		ctx.Resp = refusalResponse(r, rs, typeConnect, v)
+		return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
+	}
+	st.verdict = v
+	return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: s.tunnel}, host
+}
+
+// tunnel dials the checked address and relays bytes. Both sides stay *net.TCPConn so
+// io.Copy splices in the kernel; each direction half-closes on EOF; bytes the client
+// sent along with the CONNECT are forwarded first.
+func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
+	st := stateOf(r)
+	v, rs := st.verdict, st.rs
+	fail := func(status, reason string) {
+		fmt.Fprintf(client, "HTTP/1.1 %s\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nX-Compass-Egress: %s\r\nContent-Length: 0\r\n\r\n", status, reason)
+	}
+	up, addr, err := s.dialVerdict(r.Context(), &v)
+	if err != nil {
+		s.log.Warn("dial failed", "type", typeConnect, "host", blockedHost(v), "port", v.Port, "client", r.RemoteAddr, "error", err.Error())
+		fail("502 Bad Gateway", "error; reason=dial-failed")
+		return
+	}
+	entry := &liveConn{typ: typeConnect, name: v.Name, addr: addr, port: v.Port}
+	entry.close = func() { client.Close(); up.Close() }
+	s.tracker.add(entry)
+	if cur := s.current.Load(); cur != rs && !s.decider.Recheck(cur, v.Name, addr, v.Port) {
+		s.tracker.remove(entry)
+		up.Close()
+		v = s.redecide(cur, v)
+		s.record(cur, typeConnect, v, r.RemoteAddr)
+		_ = refusalResponse(r, cur, typeConnect, v).Write(client)
+		return
+	}
+	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		s.tracker.remove(entry)
+		up.Close()
+		return
+	}
+	st.tunnel = true
+	s.tunnels.Add(1)
+	s.metrics.active.WithLabelValues(typeConnect).Inc()
+	buffered := st.buffered
+	go func() {
+		defer s.tunnels.Done()
+		start := time.Now()
+		upBytes, downBytes := relay(client, up, buffered)
+		s.tracker.remove(entry)
+		s.proxyLn.release()
+		s.metrics.active.WithLabelValues(typeConnect).Dec()
+		s.metrics.bytes.WithLabelValues("upstream").Add(float64(upBytes))
+		s.metrics.bytes.WithLabelValues("downstream").Add(float64(downBytes))
+		s.log.Info("tunnel closed", "type", typeConnect, "host", blockedHost(v), "port", v.Port,
+			"addr", addr.String(), "client", r.RemoteAddr, "bytes_up", upBytes, "bytes_down", downBytes,
+			"duration_seconds", time.Since(start).Seconds(), "generation", rs.Generation, "task", rs.Task, "phase", rs.Phase)
+	}()
+}
+
+// halfCloser is what *net.TCPConn offers for a clean one-way EOF.
+type halfCloser interface {
+	CloseWrite() error
+	CloseRead() error
+}
+
+// relay copies both ways until both directions ended and returns the byte counts from
+// the copies themselves. pre holds client bytes that arrived with the request.
+func relay(client, up net.Conn, pre []byte) (upBytes, downBytes int64) {
+	done := make(chan int64, 1)
+	go func() {
+		n, err := io.Copy(client, up)
+		endDirection(client, up, err)
+		done <- n
+	}()
+	var err error
+	if len(pre) > 0 {
+		var n int
+		n, err = up.Write(pre)
+		upBytes = int64(n)
+	}
+	if err == nil {
+		var n int64
+		n, err = io.Copy(up, client)
+		upBytes += n
+	}
+	endDirection(up, client, err)
+	downBytes = <-done
+	client.Close()
+	up.Close()
+	return upBytes, downBytes
+}
+
+// endDirection ends one direction: on EOF it passes the EOF on (half-close) so the
+// other direction keeps flowing; on an error it closes both, which also stops the
+// other direction's copy.
+func endDirection(dst, src net.Conn, err error) {
+	d, dok := dst.(halfCloser)
+	s, sok := src.(halfCloser)
+	if err == nil && dok && sok {
+		_ = d.CloseWrite()
+		_ = s.CloseRead()
+		return
+	}
+	dst.Close()
+	src.Close()
+}
