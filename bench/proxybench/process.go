@@ -1,0 +1,110 @@
+package proxybench
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// Process is a proxy the benchmark started and must stop.
+type Process struct {
+	Name string
+	Addr string // the proxy's listen host:port
+	Log  string // file holding its stdout and stderr
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// FreePort returns a loopback address with a port that was free a moment ago.
+func FreePort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("proxybench: free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// StartProcess runs argv with its output in dir/<name>.log and waits until addr accepts
+// connections.
+func StartProcess(name, dir, addr string, wait time.Duration, argv ...string) (*Process, error) {
+	logPath := filepath.Join(dir, name+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("proxybench: %s: %w", name, err)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = dir
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	// Its own process group, so a terminal's ^C reaches the benchmark, which stops it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("proxybench: %s: %w", name, err)
+	}
+	logFile.Close()
+	p := &Process{Name: name, Addr: addr, Log: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		cmd.Wait()
+		close(p.done)
+	}()
+	deadline := time.Now().Add(wait)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return p, nil
+		}
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("proxybench: %s exited before listening (see %s): %s", name, logPath, tail(logPath))
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.Stop()
+			return nil, fmt.Errorf("proxybench: %s not listening on %s after %s (see %s)", name, addr, wait, logPath)
+		}
+	}
+}
+
+// PID is the process id of the started command.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Stop asks the process to terminate, and kills its group if it has not after a few
+// seconds.
+func (p *Process) Stop() error {
+	select {
+	case <-p.done:
+		return nil
+	default:
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(5 * time.Second):
+	}
+	err := syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+	if err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("proxybench: stop %s: %w", p.Name, err)
+	}
+	return nil
+}
+
+func tail(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	if len(data) > 2000 {
+		data = data[len(data)-2000:]
+	}
+	return string(data)
+}

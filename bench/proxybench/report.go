@@ -1,0 +1,261 @@
+package proxybench
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strings"
+)
+
+// Metric is one measured quantity of a target.
+type Metric int
+
+// The metrics, in table order.
+const (
+	MetricBulk     Metric = iota // CONNECT bulk throughput, MB/s (10^6 bytes)
+	MetricSetups                 // tunnel set-ups per second
+	MetricRequests               // forward HTTP requests per second
+	MetricP50                    // median forward request latency, µs
+	MetricP99                    // 99th percentile forward request latency, µs
+	MetricIdleRSS                // resident memory per idle tunnel, KiB
+	numMetrics
+)
+
+type metricInfo struct {
+	title        string
+	higherBetter bool
+	decimals     int
+}
+
+var metricInfos = [numMetrics]metricInfo{
+	MetricBulk:     {"CONNECT bulk MB/s", true, 0},
+	MetricSetups:   {"tunnel set-ups/s", true, 0},
+	MetricRequests: {"HTTP req/s", true, 0},
+	MetricP50:      {"p50 µs", false, 0},
+	MetricP99:      {"p99 µs", false, 0},
+	MetricIdleRSS:  {"KiB/idle tunnel", false, 1},
+}
+
+// Values holds one target's metrics; NaN marks one not measured.
+type Values [numMetrics]float64
+
+// NoValues is a Values with nothing measured.
+func NoValues() Values {
+	var v Values
+	for i := range v {
+		v[i] = math.NaN()
+	}
+	return v
+}
+
+// Report is the outcome of a run: every target's metrics and the roles the comparison
+// rows need. Role fields name a target, or are empty when it was not measured.
+type Report struct {
+	Targets []string // in measurement order
+	Values  map[string]Values
+	Errors  map[string]int64 // failed operations per target
+	Notes   []string
+
+	Direct           string
+	Compass          string   // compass-proxy with the public policy
+	CompassAllowlist string   // compass-proxy with the large allowlist
+	Peers            []string // squid, tinyproxy
+}
+
+func (r *Report) value(target string, m Metric) float64 {
+	v, ok := r.Values[target]
+	if !ok {
+		return math.NaN()
+	}
+	return v[m]
+}
+
+// betterPeer returns the peer with the best value of m, or "" if none has one.
+func (r *Report) betterPeer(m Metric) string {
+	best, bestV := "", math.NaN()
+	for _, p := range r.Peers {
+		v := r.value(p, m)
+		if math.IsNaN(v) {
+			continue
+		}
+		if best == "" || (metricInfos[m].higherBetter && v > bestV) || (!metricInfos[m].higherBetter && v < bestV) {
+			best, bestV = p, v
+		}
+	}
+	return best
+}
+
+// WriteMarkdown prints the report as Markdown tables: absolute numbers, ratios against
+// direct, ratios between compass-proxy and the peers, and the issue's targets.
+func (r *Report) WriteMarkdown(w io.Writer) {
+	var b strings.Builder
+	b.WriteString("### Absolute\n\n| target |")
+	for _, mi := range metricInfos {
+		b.WriteString(" " + mi.title + " |")
+	}
+	b.WriteString(" failed ops |\n|---|")
+	b.WriteString(strings.Repeat("---:|", int(numMetrics)+1) + "\n")
+	for _, t := range r.Targets {
+		b.WriteString("| " + t + " |")
+		for m := range numMetrics {
+			b.WriteString(" " + formatValue(r.value(t, m), metricInfos[m].decimals) + " |")
+		}
+		fmt.Fprintf(&b, " %d |\n", r.Errors[t])
+	}
+
+	if r.Direct != "" {
+		b.WriteString("\n### Against direct (target ÷ direct)\n\n| target |")
+		direct := []Metric{MetricBulk, MetricSetups, MetricRequests, MetricP50, MetricP99}
+		for _, m := range direct {
+			b.WriteString(" " + metricInfos[m].title + " |")
+		}
+		b.WriteString("\n|---|" + strings.Repeat("---:|", len(direct)) + "\n")
+		for _, t := range r.Targets {
+			if t == r.Direct {
+				continue
+			}
+			b.WriteString("| " + t + " |")
+			for _, m := range direct {
+				b.WriteString(" " + formatRatio(r.value(t, m), r.value(r.Direct, m)) + " |")
+			}
+			b.WriteString("\n")
+		}
+	}
+
+	rows := r.comparisonRows()
+	if len(rows) > 0 {
+		b.WriteString("\n### Against each other (left ÷ right; higher is better for rates, lower for latency and memory)\n\n| comparison |")
+		for _, mi := range metricInfos {
+			b.WriteString(" " + mi.title + " |")
+		}
+		b.WriteString("\n|---|" + strings.Repeat("---:|", int(numMetrics)) + "\n")
+		for _, row := range rows {
+			b.WriteString("| " + row.label + " |")
+			for m := range numMetrics {
+				right := row.right
+				if right == "" {
+					right = r.betterPeer(m)
+				}
+				cell := formatRatio(r.value(row.left, m), r.value(right, m))
+				if row.right == "" && right != "" && cell != "–" {
+					cell += " (" + right + ")"
+				}
+				b.WriteString(" " + cell + " |")
+			}
+			b.WriteString("\n")
+		}
+	}
+
+	if checks := r.Checks(); len(checks) > 0 {
+		b.WriteString("\n### Targets (issue 3; reported, not asserted)\n\n| target | measured | met |\n|---|---:|:---:|\n")
+		for _, c := range checks {
+			fmt.Fprintf(&b, "| %s | %s | %s |\n", c.Want, c.Got, c.verdict())
+		}
+	}
+	for _, n := range r.Notes {
+		b.WriteString("\n" + n + "\n")
+	}
+	io.WriteString(w, b.String())
+}
+
+type comparison struct {
+	label       string
+	left, right string // right == "": the better peer, per metric
+}
+
+func (r *Report) comparisonRows() []comparison {
+	var rows []comparison
+	for _, c := range []string{r.Compass, r.CompassAllowlist} {
+		if c == "" {
+			continue
+		}
+		if len(r.Peers) > 1 {
+			rows = append(rows, comparison{label: c + " ÷ better peer", left: c})
+		}
+		for _, p := range r.Peers {
+			rows = append(rows, comparison{label: c + " ÷ " + p, left: c, right: p})
+		}
+	}
+	if r.Compass != "" && r.CompassAllowlist != "" {
+		rows = append(rows, comparison{label: r.CompassAllowlist + " ÷ " + r.Compass, left: r.CompassAllowlist, right: r.Compass})
+	}
+	return rows
+}
+
+// Check is one of the issue's performance targets with the measured value.
+type Check struct {
+	Want string
+	Got  string
+	Met  bool
+	Skip bool // a value it needs was not measured
+}
+
+func (c Check) verdict() string {
+	switch {
+	case c.Skip:
+		return "n/a"
+	case c.Met:
+		return "yes"
+	}
+	return "**no**"
+}
+
+// Checks evaluates the issue's targets for compass-proxy.
+func (r *Report) Checks() []Check {
+	if r.Compass == "" {
+		return nil
+	}
+	c := r.Compass
+	var checks []Check
+	// ratio checks left/right ≥ min, or > min when strict.
+	ratio := func(want string, m Metric, left, right string, min float64, strict bool) {
+		l, rv := r.value(left, m), r.value(right, m)
+		if right == "" || math.IsNaN(l) || math.IsNaN(rv) || rv == 0 {
+			checks = append(checks, Check{Want: want, Got: "–", Skip: true})
+			return
+		}
+		q := l / rv
+		checks = append(checks, Check{Want: want, Got: fmt.Sprintf("%.2f×", q), Met: q > min || (!strict && q == min)})
+	}
+	ratio("bulk throughput ≥ 0.5× direct", MetricBulk, c, r.Direct, 0.5, false)
+	ratio("bulk throughput ≥ 1.3× the better peer", MetricBulk, c, r.betterPeer(MetricBulk), 1.3, false)
+	for _, m := range []Metric{MetricSetups, MetricRequests} {
+		name := metricInfos[m].title
+		ratio(name+" ahead of the better peer (> 1×)", m, c, r.betterPeer(m), 1, true)
+		ratio(name+" ≥ 1.5× squid", m, c, r.peerNamed("squid"), 1.5, false)
+	}
+	if v := r.value(c, MetricIdleRSS); math.IsNaN(v) {
+		checks = append(checks, Check{Want: "≤ 12 KiB per idle tunnel", Got: "–", Skip: true})
+	} else {
+		checks = append(checks, Check{Want: "≤ 12 KiB per idle tunnel", Got: fmt.Sprintf("%.1f KiB", v), Met: v <= 12})
+	}
+	if a := r.CompassAllowlist; a != "" {
+		for _, m := range []Metric{MetricBulk, MetricSetups, MetricRequests} {
+			ratio("100k allowlist "+metricInfos[m].title+" within 5% of public (≥ 0.95×)", m, a, c, 0.95, false)
+		}
+	}
+	return checks
+}
+
+func (r *Report) peerNamed(name string) string {
+	for _, p := range r.Peers {
+		if p == name {
+			return p
+		}
+	}
+	return ""
+}
+
+func formatValue(v float64, decimals int) string {
+	if math.IsNaN(v) {
+		return "–"
+	}
+	return fmt.Sprintf("%.*f", decimals, v)
+}
+
+func formatRatio(num, den float64) string {
+	if math.IsNaN(num) || math.IsNaN(den) || den == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f×", num/den)
+}

@@ -1,0 +1,89 @@
+package proxybench
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// RSS sums the resident set size (VmRSS) of the processes, in bytes.
+func RSS(pids []int) (int64, error) {
+	if len(pids) == 0 {
+		return 0, fmt.Errorf("rss: no process")
+	}
+	var total int64
+	for _, pid := range pids {
+		data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+		if err != nil {
+			return 0, fmt.Errorf("rss: %w", err)
+		}
+		kb, err := parseVmRSS(data)
+		if err != nil {
+			return 0, fmt.Errorf("rss: pid %d: %w", pid, err)
+		}
+		total += kb * 1024
+	}
+	return total, nil
+}
+
+// parseVmRSS returns the VmRSS field of a /proc/<pid>/status file, in kB.
+func parseVmRSS(status []byte) (int64, error) {
+	s := bufio.NewScanner(bytes.NewReader(status))
+	for s.Scan() {
+		rest, ok := strings.CutPrefix(s.Text(), "VmRSS:")
+		if !ok {
+			continue
+		}
+		fields := strings.Fields(rest)
+		if len(fields) != 2 || fields[1] != "kB" {
+			return 0, fmt.Errorf("unexpected VmRSS line %q", s.Text())
+		}
+		return strconv.ParseInt(fields[0], 10, 64)
+	}
+	return 0, fmt.Errorf("no VmRSS line")
+}
+
+// ProcessTree returns pid and all its descendants, found through the parent field of
+// /proc/<pid>/stat. Squid's kids (and tinyproxy's, if any) are part of its memory.
+func ProcessTree(pid int) []int {
+	children := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		if parent, ok := parentPID(data); ok {
+			children[parent] = append(children[parent], child)
+		}
+	}
+	tree := []int{pid}
+	for i := 0; i < len(tree); i++ {
+		tree = append(tree, children[tree[i]]...)
+	}
+	return tree
+}
+
+// parentPID extracts the fourth field of /proc/<pid>/stat. The second field, the command
+// name in parentheses, may itself contain spaces and parentheses, so parsing starts
+// after its last ')'.
+func parentPID(stat []byte) (int, bool) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, false
+	}
+	fields := strings.Fields(string(stat[i+1:]))
+	if len(fields) < 2 {
+		return 0, false
+	}
+	ppid, err := strconv.Atoi(fields[1])
+	return ppid, err == nil
+}

@@ -1,0 +1,66 @@
+package proxybench
+
+import (
+	"os"
+	"testing"
+)
+
+func TestParseVmRSS(t *testing.T) {
+	tests := []struct {
+		name    string
+		status  string
+		want    int64
+		wantErr bool
+	}{
+		{"present", "Name:\tsquid\nVmPeak:\t 9000 kB\nVmRSS:\t    4321 kB\nThreads:\t1\n", 4321, false},
+		{"kernel thread has none", "Name:\tkthreadd\nThreads:\t1\n", 0, true},
+		{"unexpected unit", "VmRSS:\t 12 MB\n", 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseVmRSS([]byte(tt.status))
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Errorf("parseVmRSS = %d, %v; want %d, error %v", got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestParentPID(t *testing.T) {
+	tests := []struct {
+		name string
+		stat string
+		want int
+		ok   bool
+	}{
+		{"plain", "1234 (squid) S 77 1234 1234 0 -1", 77, true},
+		{"name with spaces and parentheses", "99 (a) b (c)) R 5 99 99", 5, true},
+		{"truncated", "99 (x) S", 0, false},
+		{"garbage", "no parenthesis", 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := parentPID([]byte(tt.stat))
+			if got != tt.want || ok != tt.ok {
+				t.Errorf("parentPID(%q) = %d, %v; want %d, %v", tt.stat, got, ok, tt.want, tt.ok)
+			}
+		})
+	}
+}
+
+func TestRSSOfThisProcess(t *testing.T) {
+	tree := ProcessTree(os.Getpid())
+	if len(tree) == 0 || tree[0] != os.Getpid() {
+		t.Fatalf("ProcessTree(self) = %v, want it to start with %d", tree, os.Getpid())
+	}
+	rss, err := RSS([]int{os.Getpid()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rss <= 0 {
+		t.Errorf("RSS(self) = %d, want > 0", rss)
+	}
+	if _, err := RSS(nil); err == nil {
+		t.Error("RSS(nil) succeeded, want an error")
+	}
+}
