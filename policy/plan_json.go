@@ -1,6 +1,10 @@
 package policy
 
-import "encoding/json"
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+)
 
 // planJSON is the wire form of a plan (compassctl plan --json), fields in this order.
 type planJSON struct {
@@ -61,5 +65,29 @@ func (p *Plan) MarshalJSON() ([]byte, error) {
 		n := newPhasesJSON(p.Native)
 		w.Native = &n
 	}
-	return json.Marshal(w)
+	// The statement's '<' and '>' stay as written: json.Marshal would escape them, and
+	// an encoder that does not escape cannot undo that in a nested Marshaler.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(w); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// MarshalPlans writes plans as compassctl plan --json prints them: a JSON array,
+// indented by two spaces, with '<' and '>' of the restriction statement left as they are.
+func MarshalPlans(plans []*Plan) ([]byte, error) {
+	if plans == nil {
+		plans = []*Plan{}
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(plans); err != nil {
+		return nil, fmt.Errorf("policy: plan: %w", err)
+	}
+	return buf.Bytes(), nil
 }

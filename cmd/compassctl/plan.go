@@ -60,17 +60,16 @@ func runPlan(out io.Writer, o planOptions) error {
 	if err != nil {
 		return usageError{err}
 	}
-	var buf bytes.Buffer
 	if o.json {
-		enc := json.NewEncoder(&buf)
-		enc.SetIndent("", "  ")
-		enc.SetEscapeHTML(false)
-		if err := enc.Encode(plans); err != nil {
-			return fmt.Errorf("plan: %w", err)
+		b, err := policy.MarshalPlans(plans)
+		if err != nil {
+			return err
 		}
-	} else {
-		writePlanTables(&buf, plans)
+		_, err = out.Write(b)
+		return err
 	}
+	var buf bytes.Buffer
+	writePlanTables(&buf, plans)
 	_, err = out.Write(buf.Bytes())
 	return err
 }
