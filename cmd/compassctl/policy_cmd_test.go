@@ -1,0 +1,95 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestPolicyCheck(t *testing.T) {
+	tests := []struct {
+		name, policy string
+		code         int
+		stdout       string
+		stderr       string
+	}{
+		{"string form", `"no-network"`, 0, "\"no-network\"\n", ""},
+		{"object form of public", `{"network_mode":"public"}`, 0, "\"public\"\n", ""},
+		{"canonical form", `{"network_mode":"allowlist","allowed_hosts":["PyPI.org.","pypi.org",{"host":"registry.npmjs.org","port":443},"[2001:db8::1]:443"]}`, 0,
+			`{"network_mode":"allowlist","allowed_hosts":["pypi.org","registry.npmjs.org:443","[2001:db8::1]:443"]}` + "\n", ""},
+		{"bare word", `no-network`, 0, "\"no-network\"\n", ""},
+		{"YAML written by a person", "network_mode: denylist\ndenied_hosts: [exfil.test]", 0, `{"network_mode":"denylist","denied_hosts":["exfil.test"]}` + "\n", ""},
+		{"every error at once", `{"network_mode":"allowlist","allowed_hosts":["https://x","a.*.test","203.0.113.1/24"]}`, 2, "",
+			"compassctl: policy: allowed_hosts[0] \"https://x\": a URL scheme is not allowed: write the host alone, e.g. \"x\"\n" +
+				"policy: allowed_hosts[1] \"a.*.test\": only a leading wildcard is allowed (\"*.example.com\"), not an embedded or trailing one\n" +
+				"policy: allowed_hosts[2] \"203.0.113.1/24\": a CIDR must be canonical (host bits zero): did you mean 203.0.113.0/24?\n"},
+		{"provider-native knob", `{"network_mode":"no-network","block_network":true}`, 2, "", "block_network is a provider-native (modal) option"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, stdout, stderr := runCaptured(t, "policy", "check", tt.policy)
+			if code != tt.code || stdout != tt.stdout || !strings.Contains(stderr, tt.stderr) || (tt.stderr == "" && stderr != "") {
+				t.Errorf("exit %d stdout %q stderr %q; want exit %d stdout %q stderr containing %q", code, stdout, stderr, tt.code, tt.stdout, tt.stderr)
+			}
+		})
+	}
+	if code, stdout, _ := runCaptured(t, "policy", "check"); code != 2 || stdout != "" {
+		t.Errorf("policy check without an argument: exit %d stdout %q, want 2 and nothing", code, stdout)
+	}
+}
+
+func TestPolicyMatch(t *testing.T) {
+	allow := `{"network_mode":"allowlist","allowed_hosts":["pypi.org","registry.npmjs.org:443","*.example.test","203.0.113.0/24","[2001:db8::1]:8443"]}`
+	deny := `{"network_mode":"denylist","denied_hosts":["exfil.test:443"]}`
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{allow, "pypi.org"}, "allow rule=pypi.org reason=allowlisted\n"},
+		{[]string{allow, "PYPI.org."}, "allow rule=pypi.org reason=allowlisted\n"},
+		{[]string{allow, "registry.npmjs.org"}, "allow rule=registry.npmjs.org:443 reason=allowlisted\n"},
+		{[]string{allow, "registry.npmjs.org:80"}, "deny rule=- reason=not-allowlisted\n"},
+		{[]string{allow, "api.example.test:8080"}, "allow rule=*.example.test reason=allowlisted\n"},
+		{[]string{allow, "example.test"}, "deny rule=- reason=not-allowlisted\n"},
+		{[]string{allow, "cdn.other.test", "--resolve", "203.0.113.9"}, "allow rule=203.0.113.0/24 reason=allowlisted\n"},
+		{[]string{allow, "cdn.other.test"}, "deny rule=- reason=not-allowlisted\n"},
+		{[]string{allow, "203.0.113.200"}, "allow rule=203.0.113.0/24 reason=allowlisted\n"},
+		{[]string{allow, "[2001:db8::1]:8443"}, "allow rule=[2001:db8::1]:8443 reason=allowlisted\n"},
+		{[]string{allow, "2001:db8::1"}, "deny rule=- reason=not-allowlisted\n"},
+		{[]string{deny, "exfil.test"}, "deny rule=exfil.test:443 reason=denylisted\n"},
+		{[]string{deny, "exfil.test:80"}, "allow rule=- reason=not-denylisted\n"},
+		{[]string{`"no-network"`, "model.test"}, "deny rule=- reason=no-network\n"},
+		{[]string{`"public"`, "model.test"}, "allow rule=- reason=public\n"},
+		// A name that resolves to an internal address is blocked unless an IP rule allows it.
+		{[]string{`"public"`, "metadata.test", "--resolve", "169.254.169.254"}, "deny rule=- reason=internal-address\n"},
+		{[]string{allow, "pypi.org", "--resolve", "127.0.0.1"}, "deny rule=- reason=internal-address\n"},
+		{[]string{`{"network_mode":"allowlist","allowed_hosts":["local.test","127.0.0.1"]}`, "local.test", "--resolve", "127.0.0.1"}, "allow rule=local.test reason=allowlisted\n"},
+	}
+	for _, tt := range tests {
+		code, stdout, stderr := runCaptured(t, append([]string{"policy", "match"}, tt.args...)...)
+		if code != 0 || stdout != tt.want || stderr != "" {
+			t.Errorf("policy match %q: exit %d stdout %q stderr %q, want exit 0 and %q", tt.args, code, stdout, stderr, tt.want)
+		}
+	}
+}
+
+func TestPolicyMatchRefusesBadInput(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{`"allow"`, "x.test"}, `policy: policy "allow": unknown network mode`},
+		{[]string{`"public"`, "https://x.test"}, `destination "https://x.test": a URL scheme is not allowed`},
+		{[]string{`"public"`, "*.x.test"}, "a destination is one host name or address, not a wildcard or a range"},
+		{[]string{`"public"`, "203.0.113.0/24"}, "a destination is one host name or address"},
+		{[]string{`"public"`, "203.0.113.7", "--resolve", "203.0.113.7"}, `--resolve is for a host name; "203.0.113.7" is already an address`},
+		{[]string{`"public"`, "x.test", "--resolve", "x.test"}, `--resolve "x.test": not an IP address`},
+		{[]string{`"public"`, "x.test:0"}, "outside 1..65535"},
+		{[]string{`"public"`}, "expected 2 argument(s), got 1"},
+	}
+	for _, tt := range tests {
+		code, stdout, stderr := runCaptured(t, append([]string{"policy", "match"}, tt.args...)...)
+		if code != 2 || stdout != "" || !strings.Contains(stderr, tt.want) {
+			t.Errorf("policy match %q: exit %d stdout %q stderr %q, want exit 2, nothing on stdout, stderr containing %q", tt.args, code, stdout, stderr, tt.want)
+		}
+	}
+}
