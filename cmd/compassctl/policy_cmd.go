@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy"
 )
 
 func init() { subcommands = append(subcommands, newPolicyCommand) }
@@ -53,9 +54,10 @@ func newPolicyMatchCommand() *cobra.Command {
 		Short: "Print allow or deny for a destination, with the rule and the reason (port 443 by default)",
 		Long: `Print what the policy decides for a connection to HOST[:PORT]: "allow" or "deny",
 the rule that decided ("-" when none matched) and the reason. Host rules match the name;
-IP and CIDR rules match the address dialled, which --resolve gives for a name. A name
-resolved to a loopback, link-local or unspecified address is denied unless an IP or CIDR
-rule allows that address, as the proxy does. Exits 0 whatever the decision.`,
+IP and CIDR rules match the address dialled, which --resolve gives for a name. An
+internal address (loopback, link-local, unspecified, multicast, IPv4-mapped or
+-embedding) is denied unless an IP or CIDR rule allows it, with the proxy's own guard.
+Exits 0 whatever the decision.`,
 		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := policy.Parse([]byte(args[0]))
@@ -97,16 +99,16 @@ func parseDestination(dest, resolve string) (string, netip.Addr, uint16, error) 
 			if err != nil || a.Zone() != "" {
 				return "", netip.Addr{}, 0, fmt.Errorf("--resolve %q: not an IP address", resolve)
 			}
-			addr = a.Unmap()
+			addr = a
 		}
 		return t.Host, addr, port, nil
 	}
 	return "", netip.Addr{}, 0, fmt.Errorf("destination %q: a destination is one host name or address, not a wildcard or a range", dest)
 }
 
-// internalGuardReason is the reason printed when a name resolves to an address the proxy
-// never dials for a name (SPEC §7) and no IP or CIDR rule allows that address.
-const internalGuardReason = "internal-address"
+// internalGuard is the proxy's internal-address guard without operator exemptions or
+// the sidecar's own addresses, which only a running sidecar knows.
+var internalGuard = proxy.NewGuard(nil, nil)
 
 func writeMatch(w io.Writer, m *policy.Matcher, name string, addr netip.Addr, port uint16) error {
 	d := m.Decide(name, addr, port)
@@ -117,13 +119,11 @@ func writeMatch(w io.Writer, m *policy.Matcher, name string, addr netip.Addr, po
 	if d.Rule.Kind != 0 {
 		rule = d.Rule.String()
 	}
-	if d.Allowed && name != "" && addr.IsValid() && isInternal(addr) && !m.AllowsAddrExplicitly(addr, port) {
-		verdict, rule, reason = "deny", "-", internalGuardReason
+	if d.Allowed && addr.IsValid() {
+		if internal, _ := internalGuard.Internal(addr); internal && !m.AllowsAddrExplicitly(addr, port) {
+			verdict, rule, reason = "deny", "-", proxy.ReasonInternalAddress
+		}
 	}
 	_, err := fmt.Fprintf(w, "%s rule=%s reason=%s\n", verdict, rule, reason)
 	return err
-}
-
-func isInternal(a netip.Addr) bool {
-	return a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsUnspecified()
 }

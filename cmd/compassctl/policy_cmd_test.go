@@ -63,6 +63,10 @@ func TestPolicyMatch(t *testing.T) {
 		{[]string{`"public"`, "metadata.test", "--resolve", "169.254.169.254"}, "deny rule=- reason=internal-address\n"},
 		{[]string{allow, "pypi.org", "--resolve", "127.0.0.1"}, "deny rule=- reason=internal-address\n"},
 		{[]string{`{"network_mode":"allowlist","allowed_hosts":["local.test","127.0.0.1"]}`, "local.test", "--resolve", "127.0.0.1"}, "allow rule=local.test reason=allowlisted\n"},
+		{[]string{`"public"`, "169.254.169.254:80"}, "deny rule=- reason=internal-address\n"},
+		{[]string{`"public"`, "x.test", "--resolve", "::ffff:127.0.0.1"}, "deny rule=- reason=internal-address\n"},
+		{[]string{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.0/8"]}`, "127.0.0.1:8080"}, "allow rule=127.0.0.0/8 reason=allowlisted\n"},
+		{[]string{`{"network_mode":"denylist","denied_hosts":[]}`, "[::1]:443"}, "deny rule=- reason=internal-address\n"},
 	}
 	for _, tt := range tests {
 		code, stdout, stderr := runCaptured(t, append([]string{"policy", "match"}, tt.args...)...)
