@@ -84,6 +84,7 @@ type Server struct {
 	metricsLn  net.Listener
 	dnsAddr    net.Addr
 
+	tunnelMu sync.Mutex // orders tunnels.Add against the drain's Wait
 	tunnels  sync.WaitGroup
 	serving  sync.WaitGroup
 	ready    atomic.Bool
@@ -181,17 +182,11 @@ func (s *Server) Start() (err error) {
 
 	var dnsConns []any
 	if s.cfg.DNSListen != "" {
-		pc, err := net.ListenPacket("udp", s.cfg.DNSListen)
+		pc, tl, err := listenDNS(s.cfg.DNSListen)
 		if err != nil {
-			return fmt.Errorf("proxy: dns listen udp %s: %w", s.cfg.DNSListen, err)
+			return err
 		}
-		closers = append(closers, func() { pc.Close() })
-		// TCP on the port UDP got, so ":0" in tests yields one port for both.
-		tl, err := net.Listen("tcp", pc.LocalAddr().String())
-		if err != nil {
-			return fmt.Errorf("proxy: dns listen tcp %s: %w", pc.LocalAddr(), err)
-		}
-		closers = append(closers, func() { tl.Close() })
+		closers = append(closers, func() { pc.Close(); tl.Close() })
 		s.dnsAddr = pc.LocalAddr()
 		dnsConns = append(dnsConns, pc, tl)
 	}
@@ -225,6 +220,28 @@ func (s *Server) Start() (err error) {
 	s.serve(dnsConns)
 	s.checkReady()
 	return nil
+}
+
+// listenDNS binds UDP and TCP on one port. With port 0 the TCP port may be taken by
+// another socket, so it tries a few UDP ports.
+func listenDNS(addr string) (net.PacketConn, net.Listener, error) {
+	var lastErr error
+	for range 10 {
+		pc, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			return nil, nil, fmt.Errorf("proxy: dns listen udp %s: %w", addr, err)
+		}
+		tl, err := net.Listen("tcp", pc.LocalAddr().String())
+		if err == nil {
+			return pc, tl, nil
+		}
+		pc.Close()
+		lastErr = fmt.Errorf("proxy: dns listen tcp %s: %w", pc.LocalAddr(), err)
+		if _, port, _ := net.SplitHostPort(addr); port != "0" {
+			break
+		}
+	}
+	return nil, nil, lastErr
 }
 
 // ownAddrs are the host's interface addresses, the bound proxy and DNS addresses and
@@ -345,7 +362,9 @@ func (s *Server) Ready() (bool, string) {
 // Shutdown drains: stop accepting, let requests and tunnels finish until ctx ends, then
 // cut whatever is left and stop the admin and metrics servers.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.tunnelMu.Lock()
 	s.draining.Store(true)
+	s.tunnelMu.Unlock()
 	s.proxyLn.Close()
 	for _, d := range s.dnsServers {
 		_ = d.ShutdownContext(ctx)

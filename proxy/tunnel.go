@@ -63,8 +63,12 @@ func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 		up.Close()
 		return
 	}
+	if !s.addTunnel() {
+		s.tracker.remove(entry)
+		up.Close()
+		return
+	}
 	st.tunnel = true
-	s.tunnels.Add(1)
 	s.metrics.active.WithLabelValues(typeConnect).Inc()
 	buffered := st.buffered
 	go func() {
@@ -80,6 +84,17 @@ func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 			"addr", addr.String(), "client", r.RemoteAddr, "bytes_up", upBytes, "bytes_down", downBytes,
 			"duration_seconds", time.Since(start).Seconds(), "generation", rs.Generation, "task", rs.Task, "phase", rs.Phase)
 	}()
+}
+
+// addTunnel counts a new tunnel for the drain, unless the drain has begun.
+func (s *Server) addTunnel() bool {
+	s.tunnelMu.Lock()
+	defer s.tunnelMu.Unlock()
+	if s.draining.Load() {
+		return false
+	}
+	s.tunnels.Add(1)
+	return true
 }
 
 // halfCloser is what *net.TCPConn offers for a clean one-way EOF.

@@ -1,0 +1,221 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// TestBypassVectors tries the known ways of smuggling a destination past a proxy. The
+// policy allows a.test only; b.test (127.0.0.3) is the target an attacker wants.
+func TestBypassVectors(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+	ap, bp := h.a.httpPort, h.b.httpPort
+	cases := []struct {
+		name    string
+		request string // raw bytes sent to the proxy
+		want    string // substring of the answer
+		notWant string // substring that must not appear (what the upstream would echo)
+	}{
+		{"decimal IPv4", fmt.Sprintf("GET http://2130706435:%d/ HTTP/1.1\r\nHost: 2130706435:%d\r\n\r\n", bp, bp), "reason=non-canonical-address", "local="},
+		{"hex IPv4", fmt.Sprintf("GET http://0x7f.0.0.3:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", bp), "reason=non-canonical-address", "local="},
+		{"octal IPv4", fmt.Sprintf("GET http://0177.0.0.3:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", bp), "reason=non-canonical-address", "local="},
+		{"short IPv4", fmt.Sprintf("GET http://127.3:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", bp), "reason=non-canonical-address", "local="},
+		{"CONNECT short IPv4", fmt.Sprintf("CONNECT 127.3:%d HTTP/1.1\r\nHost: x\r\n\r\n", bp), "reason=non-canonical-address", ""},
+		{"CONNECT decimal IPv4", fmt.Sprintf("CONNECT 2130706435:%d HTTP/1.1\r\n\r\n", bp), "reason=non-canonical-address", ""},
+		{"CONNECT IP literal of an allowed name", fmt.Sprintf("CONNECT 127.0.0.2:%d HTTP/1.1\r\n\r\n", ap), "reason=not-allowlisted", ""},
+		{"GET IP literal of an allowed name", fmt.Sprintf("GET http://127.0.0.2:%d/ HTTP/1.1\r\nHost: a.test\r\n\r\n", ap), "reason=not-allowlisted", "local="},
+		{"Host header names a denied host", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: b.test:%d\r\nConnection: close\r\n\r\n", ap, bp), "host=a.test:", "host=b.test"},
+		{"Host header only (origin-form)", fmt.Sprintf("GET / HTTP/1.1\r\nHost: b.test:%d\r\n\r\n", bp), "reason=not-proxy-request", "local="},
+		{"userinfo in authority", fmt.Sprintf("GET http://a.test:%d@b.test:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", ap, bp), "reason=userinfo", "local="},
+		{"userinfo with allowed name last", fmt.Sprintf("GET http://b.test@a.test:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", ap), "reason=userinfo", "local="},
+		{"absolute URI with another port", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test:%d\r\n\r\n", bp, ap), "", ""},
+		{"trailing dot and case of a denied name", fmt.Sprintf("GET http://B.TEST.:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", bp), "reason=not-allowlisted", "local="},
+		{"double trailing dot", fmt.Sprintf("GET http://a.test..:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", ap), "reason=invalid-host", "local="},
+		{"percent-encoded host", fmt.Sprintf("GET http://b%%2etest:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", bp), "HTTP/1.1 4", "local="},
+		{"unbracketed IPv6", fmt.Sprintf("CONNECT ::ffff:127.0.0.3:%d HTTP/1.1\r\n\r\n", bp), "HTTP/1.1 4", ""},
+		{"IPv6 zone", fmt.Sprintf("CONNECT [fe80::1%%25lo]:%d HTTP/1.1\r\n\r\n", bp), "403", ""},
+		{"bracketed name", fmt.Sprintf("CONNECT [b.test]:%d HTTP/1.1\r\n\r\n", bp), "HTTP/1.1 4", ""},
+		{"CONNECT without a port", "CONNECT a.test HTTP/1.1\r\n\r\n", "reason=invalid-port", ""},
+		{"CONNECT port 0", "CONNECT a.test:0 HTTP/1.1\r\n\r\n", "reason=invalid-port", ""},
+		{"CONNECT port out of range", "CONNECT a.test:70000 HTTP/1.1\r\n\r\n", "reason=invalid-port", ""},
+		{"unsupported scheme", fmt.Sprintf("GET ftp://a.test:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", ap), "reason=unsupported-scheme", ""},
+		{"h2c upgrade", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n", ap), "reason=unsupported-upgrade", "local="},
+		{"HTTP/2 prior knowledge", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "HTTP/1.1 ", "local="},
+		{"garbage", "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n", "HTTP/1.1 400", "local="},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			req := tc.request
+			if !strings.Contains(req, "Connection: close") && !strings.HasPrefix(req, "CONNECT") && !strings.HasPrefix(req, "PRI") && !strings.HasPrefix(req, "\x16") {
+				req = strings.Replace(req, "\r\n\r\n", "\r\nConnection: close\r\n\r\n", 1)
+			}
+			out := h.raw(req)
+			if tc.want == "" {
+				// The port mismatch: a.test is allowed on every port, so this is
+				// allowed, and the proxy must dial the port of the URI (where b's
+				// server is not): nothing at 127.0.0.2 listens there.
+				if strings.Contains(out, "local=127.0.0.3") {
+					t.Fatalf("dialled another address: %q", out)
+				}
+				return
+			}
+			if !strings.Contains(out, tc.want) {
+				t.Errorf("answer %q lacks %q", firstLine(out), tc.want)
+			}
+			if tc.notWant != "" && strings.Contains(out, tc.notWant) {
+				t.Errorf("answer %q contains %q", out, tc.notWant)
+			}
+			if strings.Contains(out, " 407 ") {
+				t.Errorf("a refusal must never be 407: %q", firstLine(out))
+			}
+		})
+	}
+}
+
+// TestPortMismatchWithPortRule: an allowlist rule for one port does not allow the same
+// name on another port in the absolute URI.
+func TestPortMismatchWithPortRule(t *testing.T) {
+	h := newHarness(t)
+	h.apply(fmt.Sprintf(`{"network_mode":"allowlist","allowed_hosts":["a.test:%d"]}`, h.a.httpPort))
+	out := h.raw(fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test:%d\r\nConnection: close\r\n\r\n", h.a.echoPort, h.a.httpPort))
+	if !strings.Contains(out, "reason=not-allowlisted") {
+		t.Fatalf("answer %q", firstLine(out))
+	}
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\r\n")
+	return line
+}
+
+// TestInternalAddressGuard: without --allow-internal, names that resolve to internal
+// addresses and internal literals are refused unless an IP/CIDR rule names them.
+func TestInternalAddressGuard(t *testing.T) {
+	own := netip.MustParseAddr("192.0.2.77")
+	h := newHarness(t, func(c *Config) {
+		c.AllowInternal = []netip.Prefix{netip.MustParsePrefix("127.0.0.4/32")}
+		c.OwnAddrs = []netip.Addr{own}
+	})
+	h.dns.set("meta.test", netip.MustParseAddr("169.254.169.254"))
+	h.dns.set("self.test", own)
+	h.dns.set("v6loop.test", netip.MustParseAddr("::1"))
+	ap := h.a.httpPort
+	cases := []struct {
+		policy string
+		target string
+		reason string // "" = allowed
+	}{
+		{`"public"`, fmt.Sprintf("a.test:%d", ap), ReasonInternalAddress},
+		{`"public"`, fmt.Sprintf("127.0.0.2:%d", ap), ReasonInternalAddress},
+		{`"public"`, "meta.test:80", ReasonInternalAddress},
+		{`"public"`, "169.254.169.254:80", ReasonInternalAddress},
+		{`"public"`, "self.test:80", ReasonInternalAddress},
+		{`"public"`, "v6loop.test:80", ReasonInternalAddress},
+		{`"public"`, "[::1]:80", ReasonInternalAddress},
+		{`"public"`, "0.0.0.0:80", ReasonInternalAddress},
+		{`"public"`, "[::]:80", ReasonInternalAddress},
+		{`"public"`, "224.0.0.1:80", ReasonInternalAddress},
+		{`"public"`, "[fe80::1]:80", ReasonInternalAddress},
+		{`"public"`, fmt.Sprintf("[::ffff:127.0.0.2]:%d", ap), ReasonInternalAddress},
+		{`"public"`, "[64:ff9b::7f00:2]:80", ReasonInternalAddress},
+		{`"public"`, "[64:ff9b:1::7f00:2]:80", ReasonInternalAddress},
+		{`"public"`, "[2002:7f00:2::]:80", ReasonInternalAddress},
+		{`"public"`, "[2001:0:4136:e378:8000:63bf:80ff:fffd]:80", ReasonInternalAddress},
+		{`"public"`, "[::127.0.0.2]:80", ReasonInternalAddress},
+		{`"public"`, "[fd00:ec2::254]:80", ReasonInternalAddress},
+		{`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`, fmt.Sprintf("a.test:%d", ap), ReasonInternalAddress},
+		{`{"network_mode":"denylist","denied_hosts":[]}`, fmt.Sprintf("a.test:%d", ap), ReasonInternalAddress},
+		// An explicit IP or CIDR rule lifts the guard for the addresses it covers.
+		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.2"]}`, fmt.Sprintf("a.test:%d", ap), ""},
+		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.0/30"]}`, fmt.Sprintf("127.0.0.2:%d", ap), ""},
+		{`{"network_mode":"allowlist","allowed_hosts":["a.test", "127.0.0.3"]}`, fmt.Sprintf("a.test:%d", ap), ReasonInternalAddress},
+		// The operator's exempt range.
+		{`"public"`, fmt.Sprintf("x.svc.test:%d", h.c.httpPort), ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.policy+" "+tc.target, func(t *testing.T) {
+			h.apply(tc.policy)
+			status, header := h.connectStatus(tc.target)
+			checkOutcome(t, "CONNECT "+tc.target, status, header, tc.reason)
+		})
+	}
+}
+
+// rebindingResolver answers the first lookup of each name with first and every later
+// one with later, the classic DNS-rebinding sequence.
+type rebindingResolver struct {
+	mu     sync.Mutex
+	first  []netip.Addr
+	later  []netip.Addr
+	counts map[string]int
+}
+
+func (r *rebindingResolver) LookupNetIP(_ context.Context, name string) ([]netip.Addr, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.counts[name]++
+	if r.counts[name] == 1 {
+		return r.first, nil
+	}
+	return r.later, nil
+}
+
+// TestDNSRebinding: the proxy resolves once and dials the address it checked, so a
+// resolver that turns to loopback after the check never gets its second answer used.
+func TestDNSRebinding(t *testing.T) {
+	res := &rebindingResolver{
+		first:  []netip.Addr{netip.MustParseAddr("127.0.0.2")},
+		later:  []netip.Addr{netip.MustParseAddr("127.0.0.1")},
+		counts: map[string]int{},
+	}
+	h := newHarness(t, func(c *Config) {
+		c.Resolver = res
+		c.AllowInternal = []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}
+	})
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["rebind.test"]}`)
+	status, _, body := h.get(fmt.Sprintf("http://rebind.test:%d/", h.a.httpPort))
+	if status != 200 || !strings.Contains(body, "local=127.0.0.2") {
+		t.Fatalf("first request: %d %q", status, body)
+	}
+	if res.counts["rebind.test"] != 1 {
+		t.Fatalf("resolved %d times for one request, want once", res.counts["rebind.test"])
+	}
+	// The next decision sees the rebound (loopback) answer and refuses it.
+	status, header := h.connectStatus(fmt.Sprintf("rebind.test:%d", h.a.httpPort))
+	if status != 403 || header != "denied; reason="+ReasonInternalAddress {
+		t.Fatalf("rebound lookup: %d %q", status, header)
+	}
+
+	// A mixed answer: the loopback candidate is skipped, the checked one dialled.
+	res.mu.Lock()
+	res.first = []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2")}
+	res.counts = map[string]int{}
+	res.mu.Unlock()
+	status, _, body = h.get(fmt.Sprintf("http://rebind.test:%d/x", h.a.httpPort))
+	if status != 200 || !strings.Contains(body, "local=127.0.0.2") {
+		t.Fatalf("mixed answer: %d %q", status, body)
+	}
+}
+
+// TestRefusedNamesAreNotResolved: a name no rule can allow never reaches a resolver.
+func TestRefusedNamesAreNotResolved(t *testing.T) {
+	res := &rebindingResolver{counts: map[string]int{}}
+	h := newHarness(t, func(c *Config) { c.Resolver = res })
+	for _, p := range []string{`"no-network"`, `{"network_mode":"allowlist","allowed_hosts":["a.test"]}`, `{"network_mode":"denylist","denied_hosts":["exfil.test"]}`} {
+		h.apply(p)
+		if status, _ := h.connectStatus("secret.exfil.test:443"); p != `{"network_mode":"denylist","denied_hosts":["exfil.test"]}` && status != 403 {
+			t.Fatalf("%s: status %d", p, status)
+		}
+		if status, _ := h.connectStatus("exfil.test:443"); status != 403 {
+			t.Fatalf("%s: status %d", p, status)
+		}
+	}
+	if res.counts["exfil.test"] != 0 {
+		t.Fatalf("refused name was resolved %d times", res.counts["exfil.test"])
+	}
+}

@@ -1,0 +1,144 @@
+package proxy
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/miekg/dns"
+)
+
+func TestDNS(t *testing.T) {
+	h := newHarness(t)
+	h.dns.set("dual.test", netip.MustParseAddr("127.0.0.2"), netip.MustParseAddr("127.0.0.3"), netip.MustParseAddr("2001:db8::3"))
+	cases := []struct {
+		policy string
+		name   string
+		qtype  uint16
+		// want is the answer's addresses in order, or nil for REFUSED with EDE 15.
+		want []string
+	}{
+		{`"public"`, "a.test", dns.TypeA, []string{"127.0.0.2"}},
+		{`"public"`, "dual.test", dns.TypeAAAA, []string{"2001:db8::3"}},
+		{`"no-network"`, "a.test", dns.TypeA, nil},
+		{`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`, "a.test", dns.TypeA, []string{"127.0.0.2"}},
+		{`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`, "A.Test", dns.TypeA, []string{"127.0.0.2"}},
+		{`{"network_mode":"allowlist","allowed_hosts":["a.test:443"]}`, "a.test", dns.TypeA, []string{"127.0.0.2"}},
+		{`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`, "b.test", dns.TypeA, nil},
+		{`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`, "b.test", dns.TypeTXT, nil},
+		{`{"network_mode":"allowlist","allowed_hosts":["*.svc.test"]}`, "x.svc.test", dns.TypeA, []string{"127.0.0.4"}},
+		{`{"network_mode":"allowlist","allowed_hosts":["*.svc.test"]}`, "svc.test", dns.TypeA, nil},
+		// Allowed only through an IP rule: resolves, answers filtered to allowed addresses.
+		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.3"]}`, "dual.test", dns.TypeA, []string{"127.0.0.3"}},
+		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.0/30"]}`, "dual.test", dns.TypeA, []string{"127.0.0.2", "127.0.0.3"}},
+		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.3"]}`, "a.test", dns.TypeA, nil},
+		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.3"]}`, "dual.test", dns.TypeTXT, nil},
+		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.3"]}`, "missing.test", dns.TypeA, nil},
+		{`{"network_mode":"denylist","denied_hosts":["b.test"]}`, "a.test", dns.TypeA, []string{"127.0.0.2"}},
+		{`{"network_mode":"denylist","denied_hosts":["b.test"]}`, "b.test.", dns.TypeA, nil},
+		{`{"network_mode":"denylist","denied_hosts":["b.test:443"]}`, "b.test", dns.TypeA, []string{"127.0.0.3"}},
+		{`{"network_mode":"denylist","denied_hosts":["*.svc.test"]}`, "x.svc.test", dns.TypeA, nil},
+		{`{"network_mode":"denylist","denied_hosts":["127.0.0.2"]}`, "dual.test", dns.TypeA, []string{"127.0.0.3"}},
+		{`{"network_mode":"denylist","denied_hosts":["127.0.0.2"]}`, "a.test", dns.TypeA, nil},
+		{`"public"`, "127.1", dns.TypeA, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.policy+" "+tc.name+" "+dns.TypeToString[tc.qtype], func(t *testing.T) {
+			h.apply(tc.policy)
+			for _, network := range []string{"udp", "tcp"} {
+				resp := h.query(tc.name, tc.qtype, network)
+				if tc.want == nil {
+					code, ok := ede(resp)
+					if resp.Rcode != dns.RcodeRefused || !ok || code != dns.ExtendedErrorCodeBlocked {
+						t.Fatalf("%s: rcode %s ede %d/%v, want REFUSED with EDE 15", network, dns.RcodeToString[resp.Rcode], code, ok)
+					}
+					continue
+				}
+				var got []string
+				for _, a := range answerAddrs(resp) {
+					got = append(got, a.String())
+				}
+				if resp.Rcode != dns.RcodeSuccess || strings.Join(got, ",") != strings.Join(tc.want, ",") {
+					t.Fatalf("%s: rcode %s answers %v, want %v", network, dns.RcodeToString[resp.Rcode], got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestDNSUpstreamBehaviour(t *testing.T) {
+	// The first upstream refuses everything: the proxy must fail over to the second.
+	h := newHarness(t, func(c *Config) { c.DNSUpstreams = append([]string{refusingAddr(t)}, c.DNSUpstreams...) })
+	h.apply(`"public"`)
+
+	t.Run("fail-over", func(t *testing.T) {
+		resp := h.query("a.test", dns.TypeA, "udp")
+		if len(answerAddrs(resp)) != 1 {
+			t.Fatalf("answer %v", resp)
+		}
+	})
+	t.Run("truncated answers are retried over TCP", func(t *testing.T) {
+		h.dns.set("big.test", netip.MustParseAddr("127.0.0.9"))
+		h.dns.mu.Lock()
+		h.dns.truncate["big.test."] = true
+		h.dns.mu.Unlock()
+		resp := h.query("big.test", dns.TypeA, "udp")
+		if got := answerAddrs(resp); len(got) != 1 || got[0].String() != "127.0.0.9" {
+			t.Fatalf("answer %v", resp)
+		}
+	})
+	t.Run("fresh query IDs", func(t *testing.T) {
+		before := len(h.dns.seenIDs())
+		for range 3 {
+			m := new(dns.Msg)
+			m.SetQuestion("a.test.", dns.TypeA)
+			m.Id = 4242
+			c := &dns.Client{Net: "udp"}
+			resp, _, err := c.Exchange(m, h.srv.DNSAddr().String())
+			if err != nil || resp.Id != 4242 {
+				t.Fatalf("resp %v err %v", resp, err)
+			}
+		}
+		ids := h.dns.seenIDs()[before:]
+		same := 0
+		for _, id := range ids {
+			if id == 4242 {
+				same++
+			}
+		}
+		if len(ids) < 3 || same == len(ids) {
+			t.Fatalf("upstream saw ids %v: the client's ID leaked through", ids)
+		}
+	})
+	t.Run("not a query", func(t *testing.T) {
+		m := new(dns.Msg)
+		m.SetNotify("a.test.")
+		c := &dns.Client{Net: "udp"}
+		resp, _, err := c.Exchange(m, h.srv.DNSAddr().String())
+		if err != nil || resp.Rcode != dns.RcodeRefused {
+			t.Fatalf("resp %v err %v", resp, err)
+		}
+	})
+}
+
+// refusingAddr is an upstream that answers REFUSED to everything.
+func refusingAddr(t *testing.T) string {
+	t.Helper()
+	pc, ln, err := listenDNS("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	srv := &dns.Server{PacketConn: pc, Net: "udp", Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetRcode(r, dns.RcodeRefused)
+		_ = w.WriteMsg(m)
+	})}
+	started := make(chan struct{})
+	srv.NotifyStartedFunc = func() { close(started) }
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.ActivateAndServe() }()
+	<-started
+	t.Cleanup(func() { _ = srv.Shutdown(); <-done })
+	return pc.LocalAddr().String()
+}
