@@ -42,8 +42,9 @@ func StartProcess(name, dir, addr string, wait time.Duration, argv ...string) (*
 	cmd.Dir = dir
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
-	// Its own process group, so a terminal's ^C reaches the benchmark, which stops it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own process group, so a terminal's ^C reaches the benchmark, which stops it;
+	// and SIGTERM if the benchmark dies without stopping it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
 		return nil, fmt.Errorf("proxybench: %s: %w", name, err)

@@ -76,8 +76,8 @@ func StartTinyproxy(bin, dir string) (*Process, error) {
 }
 
 // StartCompass runs compass-proxy (binary path bin) with the policy document policyJSON,
-// allowing loopback upstreams, with DNS and metrics listeners off.
-func StartCompass(name, bin, dir string, policyJSON []byte) (*Process, error) {
+// allowing loopback upstreams, with DNS and metrics listeners off, and any further flags.
+func StartCompass(name, bin, dir string, policyJSON []byte, extra ...string) (*Process, error) {
 	addr, err := FreePort()
 	if err != nil {
 		return nil, err
@@ -86,7 +86,7 @@ func StartCompass(name, bin, dir string, policyJSON []byte) (*Process, error) {
 	if err := os.WriteFile(policyFile, policyJSON, 0o644); err != nil {
 		return nil, fmt.Errorf("proxybench: %s: %w", name, err)
 	}
-	return StartProcess(name, dir, addr, 60*time.Second, bin,
+	argv := []string{bin,
 		"--listen", addr,
 		"--dns-listen", "",
 		"--metrics-listen", "",
@@ -94,5 +94,6 @@ func StartCompass(name, bin, dir string, policyJSON []byte) (*Process, error) {
 		"--policy", policyFile,
 		"--allow-internal", "127.0.0.0/8",
 		"--require-no-forwarding=false",
-	)
+	}
+	return StartProcess(name, dir, addr, 60*time.Second, append(argv, extra...)...)
 }

@@ -12,12 +12,15 @@ type Metric int
 
 // The metrics, in table order.
 const (
-	MetricBulk     Metric = iota // CONNECT bulk throughput, MB/s (10^6 bytes)
-	MetricSetups                 // tunnel set-ups per second
-	MetricRequests               // forward HTTP requests per second
-	MetricP50                    // median forward request latency, µs
-	MetricP99                    // 99th percentile forward request latency, µs
-	MetricIdleRSS                // resident memory per idle tunnel, KiB
+	MetricBulk       Metric = iota // CONNECT bulk throughput, MB/s (10^6 bytes)
+	MetricSetups                   // tunnel set-ups per second
+	MetricRequests                 // forward HTTP requests per second
+	MetricP50                      // median forward request latency, µs
+	MetricP99                      // 99th percentile forward request latency, µs
+	MetricIdleRSS                  // resident memory per idle tunnel, KiB
+	MetricBulkCPU                  // proxy CPU time per GB of bulk, ms
+	MetricSetupCPU                 // proxy CPU time per tunnel set-up, µs
+	MetricRequestCPU               // proxy CPU time per forward request, µs
 	numMetrics
 )
 
@@ -28,12 +31,15 @@ type metricInfo struct {
 }
 
 var metricInfos = [numMetrics]metricInfo{
-	MetricBulk:     {"CONNECT bulk MB/s", true, 0},
-	MetricSetups:   {"tunnel set-ups/s", true, 0},
-	MetricRequests: {"HTTP req/s", true, 0},
-	MetricP50:      {"p50 µs", false, 0},
-	MetricP99:      {"p99 µs", false, 0},
-	MetricIdleRSS:  {"KiB/idle tunnel", false, 1},
+	MetricBulk:       {"CONNECT bulk MB/s", true, 0},
+	MetricSetups:     {"tunnel set-ups/s", true, 0},
+	MetricRequests:   {"HTTP req/s", true, 0},
+	MetricP50:        {"p50 µs", false, 0},
+	MetricP99:        {"p99 µs", false, 0},
+	MetricIdleRSS:    {"KiB/idle tunnel", false, 1},
+	MetricBulkCPU:    {"CPU ms/GB bulk", false, 0},
+	MetricSetupCPU:   {"CPU µs/set-up", false, 0},
+	MetricRequestCPU: {"CPU µs/request", false, 0},
 }
 
 // Values holds one target's metrics; NaN marks one not measured.
@@ -85,64 +91,80 @@ func (r *Report) betterPeer(m Metric) string {
 	return best
 }
 
+// The two groups of metrics, each printed as its own tables: how fast, and at what cost
+// to the proxy's host.
+var (
+	speedMetrics = []Metric{MetricBulk, MetricSetups, MetricRequests, MetricP50, MetricP99}
+	costMetrics  = []Metric{MetricIdleRSS, MetricBulkCPU, MetricSetupCPU, MetricRequestCPU}
+)
+
 // WriteMarkdown prints the report as Markdown tables: absolute numbers, ratios against
 // direct, ratios between compass-proxy and the peers, and the targets.
 func (r *Report) WriteMarkdown(w io.Writer) {
 	var b strings.Builder
-	b.WriteString("### Absolute\n\n| target |")
-	for _, mi := range metricInfos {
-		b.WriteString(" " + mi.title + " |")
-	}
-	b.WriteString(" failed ops |\n|---|")
-	b.WriteString(strings.Repeat("---:|", int(numMetrics)+1) + "\n")
-	for _, t := range r.Targets {
-		b.WriteString("| " + t + " |")
-		for m := range numMetrics {
-			b.WriteString(" " + formatValue(r.value(t, m), metricInfos[m].decimals) + " |")
+	absolute := func(metrics []Metric, withErrors bool) {
+		var rows [][]string
+		for _, t := range r.Targets {
+			row := []string{t}
+			for _, m := range metrics {
+				row = append(row, formatValue(r.value(t, m), metricInfos[m].decimals))
+			}
+			if withErrors {
+				row = append(row, fmt.Sprint(r.Errors[t]))
+			}
+			rows = append(rows, row)
 		}
-		fmt.Fprintf(&b, " %d |\n", r.Errors[t])
+		extra := []string(nil)
+		if withErrors {
+			extra = []string{"failed ops"}
+		}
+		writeTable(&b, "target", metrics, extra, rows)
 	}
+	b.WriteString("### Speed\n\n")
+	absolute(speedMetrics, true)
+	b.WriteString("\n### Cost to the proxy's host (memory per idle tunnel; proxy CPU time per unit of work)\n\n")
+	absolute(costMetrics, false)
 
 	if r.Direct != "" {
-		b.WriteString("\n### Against direct (target ÷ direct)\n\n| target |")
-		direct := []Metric{MetricBulk, MetricSetups, MetricRequests, MetricP50, MetricP99}
-		for _, m := range direct {
-			b.WriteString(" " + metricInfos[m].title + " |")
-		}
-		b.WriteString("\n|---|" + strings.Repeat("---:|", len(direct)) + "\n")
+		var rows [][]string
 		for _, t := range r.Targets {
 			if t == r.Direct {
 				continue
 			}
-			b.WriteString("| " + t + " |")
-			for _, m := range direct {
-				b.WriteString(" " + formatRatio(r.value(t, m), r.value(r.Direct, m)) + " |")
+			row := []string{t}
+			for _, m := range speedMetrics {
+				row = append(row, formatRatio(r.value(t, m), r.value(r.Direct, m)))
 			}
-			b.WriteString("\n")
+			rows = append(rows, row)
 		}
+		b.WriteString("\n### Against direct (target ÷ direct)\n\n")
+		writeTable(&b, "target", speedMetrics, nil, rows)
 	}
 
-	rows := r.comparisonRows()
-	if len(rows) > 0 {
-		b.WriteString("\n### Against each other (left ÷ right; higher is better for rates, lower for latency and memory)\n\n| comparison |")
-		for _, mi := range metricInfos {
-			b.WriteString(" " + mi.title + " |")
-		}
-		b.WriteString("\n|---|" + strings.Repeat("---:|", int(numMetrics)) + "\n")
-		for _, row := range rows {
-			b.WriteString("| " + row.label + " |")
-			for m := range numMetrics {
-				right := row.right
-				if right == "" {
-					right = r.betterPeer(m)
+	if comps := r.comparisonRows(); len(comps) > 0 {
+		for _, group := range [][]Metric{speedMetrics, costMetrics} {
+			var rows [][]string
+			for _, c := range comps {
+				row := []string{c.label}
+				for _, m := range group {
+					right := c.right
+					if right == "" {
+						right = r.betterPeer(m)
+					}
+					cell := formatRatio(r.value(c.left, m), r.value(right, m))
+					if c.right == "" && right != "" && cell != "–" {
+						cell += " (" + right + ")"
+					}
+					row = append(row, cell)
 				}
-				cell := formatRatio(r.value(row.left, m), r.value(right, m))
-				if row.right == "" && right != "" && cell != "–" {
-					cell += " (" + right + ")"
-				}
-				b.WriteString(" " + cell + " |")
+				rows = append(rows, row)
 			}
-			b.WriteString("\n")
+			if group[0] == speedMetrics[0] {
+				b.WriteString("\n### Against each other: speed (left ÷ right; rates: higher is better, latency: lower)\n\n")
+			} else {
+				b.WriteString("\n### Against each other: cost (left ÷ right; lower is better)\n\n")
+			}
+			writeTable(&b, "comparison", group, nil, rows)
 		}
 	}
 
@@ -156,6 +178,22 @@ func (r *Report) WriteMarkdown(w io.Writer) {
 		b.WriteString("\n" + n + "\n")
 	}
 	io.WriteString(w, b.String())
+}
+
+// writeTable writes a Markdown table: a first text column, one right-aligned column per
+// metric and per extra title.
+func writeTable(b *strings.Builder, first string, metrics []Metric, extra []string, rows [][]string) {
+	b.WriteString("| " + first + " |")
+	for _, m := range metrics {
+		b.WriteString(" " + metricInfos[m].title + " |")
+	}
+	for _, e := range extra {
+		b.WriteString(" " + e + " |")
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---:|", len(metrics)+len(extra)) + "\n")
+	for _, row := range rows {
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+	}
 }
 
 type comparison struct {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // RSS sums the resident set size (VmRSS) of the processes, in bytes.
@@ -70,6 +71,43 @@ func ProcessTree(pid int) []int {
 		tree = append(tree, children[tree[i]]...)
 	}
 	return tree
+}
+
+// clockTicks is USER_HZ, the unit of the CPU times in /proc/<pid>/stat; it is 100 on
+// every Linux architecture Go supports.
+const clockTicks = 100
+
+// CPUTime sums the user and system CPU time the processes have used so far.
+func CPUTime(pids []int) (time.Duration, error) {
+	var total time.Duration
+	for _, pid := range pids {
+		data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+		if err != nil {
+			return 0, fmt.Errorf("cpu time: %w", err)
+		}
+		ticks, ok := cpuTicks(data)
+		if !ok {
+			return 0, fmt.Errorf("cpu time: pid %d: unexpected stat %q", pid, data)
+		}
+		total += time.Duration(ticks) * time.Second / clockTicks
+	}
+	return total, nil
+}
+
+// cpuTicks returns utime+stime, the 14th and 15th fields of /proc/<pid>/stat.
+func cpuTicks(stat []byte) (int64, bool) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, false
+	}
+	// After the name: state is field 3, so utime (14) is index 11 and stime index 12.
+	fields := strings.Fields(string(stat[i+1:]))
+	if len(fields) < 13 {
+		return 0, false
+	}
+	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
+	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
+	return utime + stime, err1 == nil && err2 == nil
 }
 
 // parentPID extracts the fourth field of /proc/<pid>/stat. The second field, the command

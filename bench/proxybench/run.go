@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -20,8 +20,43 @@ type Config struct {
 	Rounds        int // every rate is measured once per round; the report keeps the median
 	Limits        Limits
 	Settle        time.Duration // wait before reading memory with the idle tunnels open
+	Workloads     Workloads     // which measurements run (profiling one at a time)
+	CompassArgs   []string      // further compass-proxy flags
 	Dir           string        // scratch directory for configurations and logs
 	Progress      io.Writer
+}
+
+// Workloads selects measurements; the zero value runs none, AllWorkloads every one.
+type Workloads struct {
+	Bulk, Setups, Requests, Latency, Idle bool
+}
+
+// AllWorkloads runs every measurement.
+func AllWorkloads() Workloads { return Workloads{true, true, true, true, true} }
+
+// ParseWorkloads reads a comma-separated list of bulk, setups, requests, latency, idle
+// (or "all").
+func ParseWorkloads(list string) (Workloads, error) {
+	var w Workloads
+	for _, name := range strings.Split(list, ",") {
+		switch strings.TrimSpace(name) {
+		case "all":
+			w = AllWorkloads()
+		case "bulk":
+			w.Bulk = true
+		case "setups":
+			w.Setups = true
+		case "requests":
+			w.Requests = true
+		case "latency":
+			w.Latency = true
+		case "idle":
+			w.Idle = true
+		default:
+			return w, fmt.Errorf("proxybench: unknown workload %q (want bulk, setups, requests, latency, idle or all)", name)
+		}
+	}
+	return w, nil
 }
 
 // Target names, as printed.
@@ -88,7 +123,7 @@ func Run(cfg Config) (*Report, error) {
 	}
 	if cfg.Compass != "" {
 		if err := add(NameCompass, func() (*Process, error) {
-			return StartCompass("compass-public", cfg.Compass, cfg.Dir, []byte(`"public"`))
+			return StartCompass("compass-public", cfg.Compass, cfg.Dir, []byte(`"public"`), cfg.CompassArgs...)
 		}, false); err != nil {
 			return nil, err
 		}
@@ -98,7 +133,7 @@ func Run(cfg Config) (*Report, error) {
 			return nil, err
 		}
 		if err := add(NameCompassAllowlist, func() (*Process, error) {
-			return StartCompass("compass-allowlist", cfg.Compass, cfg.Dir, policyJSON)
+			return StartCompass("compass-allowlist", cfg.Compass, cfg.Dir, policyJSON, cfg.CompassArgs...)
 		}, false); err != nil {
 			return nil, err
 		}
@@ -118,49 +153,76 @@ func Run(cfg Config) (*Report, error) {
 	}
 
 	// Every round measures every target in turn, so that a disturbance of the machine
-	// spreads over all of them instead of favouring whichever ran at a quiet moment.
-	rounds := map[string]*[3][]float64{}
+	// spreads over all of them instead of favouring whichever ran at a quiet moment; each
+	// round starts one target further, so none always follows the same neighbour.
+	perRound := map[string]*[numMetrics][]float64{}
 	samples := map[string][]time.Duration{}
 	for _, t := range targets {
 		rep.Targets = append(rep.Targets, t.Name)
-		rounds[t.Name] = &[3][]float64{}
+		perRound[t.Name] = &[numMetrics][]float64{}
 	}
-	lim := cfg.Limits
+	lim, work := cfg.Limits, cfg.Workloads
 	for round := 1; round <= cfg.Rounds; round++ {
-		for _, t := range targets {
-			per := rounds[t.Name]
-			bulk, err := Bulk(t, up.StreamAddr(), lim)
-			if err != nil {
-				logf("%s: %v", t.Name, err)
-				rep.Errors[t.Name]++
-			} else {
-				per[0] = append(per[0], float64(bulk.Ops)/1e6/bulk.Elapsed.Seconds())
+		for i := range targets {
+			t := targets[(i+round-1)%len(targets)]
+			per := perRound[t.Name]
+			// record keeps one round's rate (scaled to the metric's unit) and, for a proxy,
+			// its CPU seconds per operation scaled by cpuUnit.
+			record := func(rate, cost Metric, r Rate, scale float64, cpu time.Duration, cpuUnit float64) {
+				rep.Errors[t.Name] += r.Errors
+				per[rate] = append(per[rate], r.PerSecond()*scale)
+				if cpu >= 0 && r.Ops > 0 {
+					per[cost] = append(per[cost], cpu.Seconds()*cpuUnit/float64(r.Ops))
+				}
 			}
-			setups := Setups(t, up.StreamAddr(), lim)
-			per[1] = append(per[1], setups.PerSecond())
-			rep.Errors[t.Name] += setups.Errors
-			reqs := Requests(t, up.HTTPAddr(), lim)
-			per[2] = append(per[2], reqs.PerSecond())
-			rep.Errors[t.Name] += reqs.Errors
-			lat, err := Latencies(t, up.HTTPAddr(), lim)
-			if err != nil {
-				logf("%s: %v", t.Name, err)
-				rep.Errors[t.Name]++
+			line := fmt.Sprintf("round %d %-26s", round, t.Name)
+			if work.Bulk {
+				var bulk Rate
+				cpu := cpuDuring(t, func() {
+					var err error
+					if bulk, err = Bulk(t, up.StreamAddr(), lim); err != nil {
+						logf("%s: %v", t.Name, err)
+						rep.Errors[t.Name]++
+					}
+				})
+				// Bytes/s to MB/s; CPU seconds per byte to ms per GB.
+				record(MetricBulk, MetricBulkCPU, bulk, 1e-6, cpu, 1e12)
+				line += fmt.Sprintf("  bulk %5.0f MB/s", bulk.PerSecond()/1e6)
 			}
-			samples[t.Name] = append(samples[t.Name], lat...)
-			logf("round %d %-26s bulk %8.0f MB/s  set-ups %7.0f/s (%d failed)  requests %7.0f/s (%d failed)  p50 %v",
-				round, t.Name, last(per[0]), setups.PerSecond(), setups.Errors, reqs.PerSecond(), reqs.Errors, Percentile(lat, 50))
+			if work.Setups {
+				var setups Rate
+				cpu := cpuDuring(t, func() { setups = Setups(t, up.StreamAddr(), lim) })
+				record(MetricSetups, MetricSetupCPU, setups, 1, cpu, 1e6)
+				line += fmt.Sprintf("  set-ups %6.0f/s (%d failed)", setups.PerSecond(), setups.Errors)
+			}
+			if work.Requests {
+				var reqs Rate
+				cpu := cpuDuring(t, func() { reqs = Requests(t, up.HTTPAddr(), lim) })
+				record(MetricRequests, MetricRequestCPU, reqs, 1, cpu, 1e6)
+				line += fmt.Sprintf("  requests %6.0f/s (%d failed)", reqs.PerSecond(), reqs.Errors)
+			}
+			if work.Latency {
+				lat, err := Latencies(t, up.HTTPAddr(), lim)
+				if err != nil {
+					logf("%s: %v", t.Name, err)
+					rep.Errors[t.Name]++
+				}
+				samples[t.Name] = append(samples[t.Name], lat...)
+				line += fmt.Sprintf("  p50 %v", Percentile(lat, 50).Round(time.Microsecond))
+			}
+			logf("%s", line)
 		}
 	}
 	for _, t := range targets {
 		v := NoValues()
-		per := rounds[t.Name]
-		v[MetricBulk], v[MetricSetups], v[MetricRequests] = Median(per[0]), Median(per[1]), Median(per[2])
+		for m, vals := range perRound[t.Name] {
+			v[m] = Median(vals)
+		}
 		if s := samples[t.Name]; len(s) > 0 {
 			v[MetricP50] = float64(Percentile(s, 50)) / float64(time.Microsecond)
 			v[MetricP99] = float64(Percentile(s, 99)) / float64(time.Microsecond)
 		}
-		if !t.Direct() {
+		if work.Idle && !t.Direct() {
 			per, opened, err := IdleMemory(t, up.StreamAddr(), lim, cfg.Settle)
 			switch {
 			case err != nil:
@@ -187,9 +249,21 @@ func Run(cfg Config) (*Report, error) {
 	return rep, errors.Join(stopErrs...)
 }
 
-func last(vals []float64) float64 {
-	if len(vals) == 0 {
-		return math.NaN()
+// cpuDuring runs fn and returns the CPU time the target's processes used meanwhile, or
+// -1 for a direct target or when it cannot be read.
+func cpuDuring(t Target, fn func()) time.Duration {
+	if t.PIDs == nil {
+		fn()
+		return -1
 	}
-	return vals[len(vals)-1]
+	before, err := CPUTime(t.PIDs())
+	fn()
+	if err != nil {
+		return -1
+	}
+	after, err := CPUTime(t.PIDs())
+	if err != nil {
+		return -1
+	}
+	return after - before
 }

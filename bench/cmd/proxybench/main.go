@@ -27,8 +27,18 @@ func main() {
 	flag.IntVar(&lim.IdleTunnels, "idle-tunnels", lim.IdleTunnels, "idle tunnels for the memory measurement")
 	flag.IntVar(&lim.LatencyRequests, "latency-requests", lim.LatencyRequests, "sequential requests per round for latency")
 	keep := flag.Bool("keep", false, "keep the scratch directory (configurations, proxy logs)")
+	workloads := flag.String("workloads", "all", "comma-separated measurements to run: bulk, setups, requests, latency, idle, all")
+	flag.Func("compass-arg", "further compass-proxy flag, e.g. --log-level=warn (repeatable)", func(v string) error {
+		cfg.CompassArgs = append(cfg.CompassArgs, v)
+		return nil
+	})
 	flag.Parse()
 	cfg.Limits = lim
+	var err error
+	if cfg.Workloads, err = proxybench.ParseWorkloads(*workloads); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 
 	if err := run(cfg, *keep); err != nil {
 		slog.New(slog.NewJSONHandler(os.Stderr, nil)).Error("proxybench failed", "err", err)
