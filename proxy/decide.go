@@ -21,6 +21,7 @@ const (
 	ReasonNotProxyRequest = "not-proxy-request"     // origin-form request, PRI, etc.
 	ReasonResolveFailed   = "resolve-failed"        // the name did not resolve
 	ReasonUnsupported     = "unsupported-upgrade"   // an Upgrade other than websocket
+	ReasonPolicyChanged   = "policy-changed"        // cut by a swap while being set up
 )
 
 // Verdict is the outcome of one destination check.

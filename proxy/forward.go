@@ -277,6 +277,11 @@ type proxyResponseWriter struct {
 func (w *proxyResponseWriter) Write(p []byte) (int, error) {
 	n, err := w.ResponseWriter.Write(p)
 	w.st.down.Add(int64(n))
+	// goproxy flushes only responses it recognises as streams; a proxy must not
+	// hold back any response body (long polls, chunked streams), so flush each write.
+	if f, ok := w.ResponseWriter.(http.Flusher); ok && err == nil {
+		f.Flush()
+	}
 	return n, err
 }
 

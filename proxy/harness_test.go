@@ -257,7 +257,7 @@ func newHarness(t *testing.T, tune ...func(*Config)) *harness {
 		DNSUpstreams:  []string{h.dns.addr},
 		AllowInternal: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
 		DNSTimeout:    time.Second,
-		DialTimeout:   2 * time.Second,
+		DialTimeout:   10 * time.Second,
 		DrainTimeout:  2 * time.Second,
 		Logger:        slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
@@ -424,3 +424,5 @@ func ede(m *dns.Msg) (uint16, bool) {
 	}
 	return 0, false
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewJSONHandler(io.Discard, nil)) }

@@ -118,7 +118,7 @@ func New(cfg Config) (*Server, error) {
 	s.upstreams = NewUpstreams(cfg.DNSUpstreams, cfg.DNSTimeout)
 	resolver := cfg.Resolver
 	if resolver == nil {
-		resolver = UpstreamResolver{Upstreams: s.upstreams}
+		resolver = NewUpstreamResolver(s.upstreams)
 	}
 	s.decider = &Decider{Resolver: resolver}
 	s.metrics.connectionsCap.Set(float64(cfg.MaxConnections))
@@ -386,7 +386,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.serving.Wait()
 	_ = os.Remove(s.cfg.AdminSocket)
-	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+	if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 		return fmt.Errorf("proxy: shutdown: %w", err)
 	}
 	return nil

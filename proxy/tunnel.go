@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/elazarl/goproxy"
@@ -47,18 +48,49 @@ func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 		fail("502 Bad Gateway", "error; reason=dial-failed")
 		return
 	}
+	// Until the 200 is written, a swap that cuts this tunnel closes only the upstream
+	// side, so the client still gets a clean 403 rather than a bare EOF.
+	var (
+		mu          sync.Mutex
+		established bool
+		cut         bool
+	)
 	entry := &liveConn{typ: typeConnect, name: v.Name, addr: addr, port: v.Port}
-	entry.close = func() { client.Close(); up.Close() }
+	entry.close = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		up.Close()
+		if established {
+			client.Close()
+		}
+		cut = true
+	}
 	s.tracker.add(entry)
-	if cur := s.current.Load(); cur != rs && !s.decider.Recheck(cur, v.Name, addr, v.Port) {
+	refuse := func() {
 		s.tracker.remove(entry)
 		up.Close()
+		cur := s.current.Load()
 		v = s.redecide(cur, v)
+		if v.Allowed { // cut by a swap that has since been swapped back
+			v.Allowed, v.Reason = false, ReasonPolicyChanged
+		}
 		s.record(cur, typeConnect, v, r.RemoteAddr)
 		_ = refusalResponse(r, cur, typeConnect, v).Write(client)
+	}
+	if cur := s.current.Load(); cur != rs && !s.decider.Recheck(cur, v.Name, addr, v.Port) {
+		refuse()
 		return
 	}
-	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+	mu.Lock()
+	if cut {
+		mu.Unlock()
+		refuse()
+		return
+	}
+	_, err = io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n")
+	established = true
+	mu.Unlock()
+	if err != nil {
 		s.tracker.remove(entry)
 		up.Close()
 		return

@@ -44,6 +44,11 @@ func (u *Upstreams) Exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) 
 		}
 		out.Id = dns.Id()
 		resp, _, err := u.udp.ExchangeContext(ctx, out, server)
+		if isTimeout(err) && ctx.Err() == nil {
+			// One lost datagram should not fail a decision: ask once more.
+			out.Id = dns.Id()
+			resp, _, err = u.udp.ExchangeContext(ctx, out, server)
+		}
 		if err == nil && resp.Truncated {
 			out.Id = dns.Id()
 			resp, _, err = u.tcp.ExchangeContext(ctx, out, server)
@@ -62,6 +67,11 @@ func (u *Upstreams) Exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) 
 	return nil, fmt.Errorf("proxy: dns upstream: %w", lastErr)
 }
 
+func isTimeout(err error) bool {
+	var te interface{ Timeout() bool }
+	return errors.As(err, &te) && te.Timeout()
+}
+
 // Resolver turns a canonical host name into candidate addresses. The proxy resolves a
 // name once per decision and dials only an address it checked.
 type Resolver interface {
@@ -69,15 +79,89 @@ type Resolver interface {
 }
 
 // UpstreamResolver resolves through Upstreams: the same resolvers the sandbox's DNS
-// answers come from, so a name means the same thing to both.
-type UpstreamResolver struct{ Upstreams *Upstreams }
+// answers come from, so a name means the same thing to both. Answers are cached for
+// their TTL (bounded) and concurrent lookups of one name share one query: a burst of
+// CONNECTs to one host costs one lookup, not one each.
+type UpstreamResolver struct {
+	upstreams *Upstreams
+	mu        sync.Mutex
+	cache     map[string]cachedAnswer
+	inflight  map[string]*lookup
+}
 
-// LookupNetIP asks for A and AAAA records in parallel and returns IPv4 answers first.
-func (r UpstreamResolver) LookupNetIP(ctx context.Context, name string) ([]netip.Addr, error) {
+type cachedAnswer struct {
+	addrs   []netip.Addr
+	expires time.Time
+}
+
+type lookup struct {
+	done  chan struct{}
+	addrs []netip.Addr
+	err   error
+}
+
+const (
+	resolverCacheSize = 4096
+	resolverMaxTTL    = 5 * time.Minute
+)
+
+// NewUpstreamResolver builds a caching resolver over u.
+func NewUpstreamResolver(u *Upstreams) *UpstreamResolver {
+	return &UpstreamResolver{upstreams: u, cache: map[string]cachedAnswer{}, inflight: map[string]*lookup{}}
+}
+
+// LookupNetIP returns the addresses of name, IPv4 first.
+func (r *UpstreamResolver) LookupNetIP(ctx context.Context, name string) ([]netip.Addr, error) {
+	r.mu.Lock()
+	if c, ok := r.cache[name]; ok && time.Now().Before(c.expires) {
+		r.mu.Unlock()
+		return c.addrs, nil
+	}
+	l, ok := r.inflight[name]
+	if !ok {
+		l = &lookup{done: make(chan struct{})}
+		r.inflight[name] = l
+		go r.resolve(name, l)
+	}
+	r.mu.Unlock()
+	select {
+	case <-l.done:
+		return l.addrs, l.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("proxy: resolve %s: %w", name, ctx.Err())
+	}
+}
+
+// resolve runs one shared lookup with its own deadline (a waiter's cancellation must
+// not fail the others).
+func (r *UpstreamResolver) resolve(name string, l *lookup) {
+	budget := r.upstreams.udp.Timeout * time.Duration(2*max(1, len(r.upstreams.servers)))
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	addrs, ttl, err := r.query(ctx, name)
+	l.addrs, l.err = addrs, err
+	r.mu.Lock()
+	delete(r.inflight, name)
+	if err == nil && ttl > 0 {
+		if len(r.cache) >= resolverCacheSize {
+			for k := range r.cache { // evict an arbitrary entry
+				delete(r.cache, k)
+				break
+			}
+		}
+		r.cache[name] = cachedAnswer{addrs: addrs, expires: time.Now().Add(ttl)}
+	}
+	r.mu.Unlock()
+	close(l.done)
+}
+
+// query asks for A and AAAA records in parallel.
+func (r *UpstreamResolver) query(ctx context.Context, name string) ([]netip.Addr, time.Duration, error) {
 	fqdn := dns.Fqdn(name)
 	var (
 		wg      sync.WaitGroup
 		results [2][]netip.Addr
+		ttls    [2]time.Duration
 		errs    [2]error
 	)
 	for i, qtype := range []uint16{dns.TypeA, dns.TypeAAAA} {
@@ -87,7 +171,7 @@ func (r UpstreamResolver) LookupNetIP(ctx context.Context, name string) ([]netip
 			q := new(dns.Msg)
 			q.SetQuestion(fqdn, qtype)
 			q.RecursionDesired = true
-			resp, err := r.Upstreams.Exchange(ctx, q)
+			resp, err := r.upstreams.Exchange(ctx, q)
 			if err != nil {
 				errs[i] = err
 				return
@@ -97,17 +181,25 @@ func (r UpstreamResolver) LookupNetIP(ctx context.Context, name string) ([]netip
 				return
 			}
 			results[i] = answerAddrs(resp)
+			ttls[i] = resolverMaxTTL
+			for _, rr := range resp.Answer {
+				ttls[i] = min(ttls[i], time.Duration(rr.Header().Ttl)*time.Second)
+			}
 		}()
 	}
 	wg.Wait()
 	addrs := append(results[0], results[1]...)
 	if len(addrs) == 0 {
 		if err := errors.Join(errs[0], errs[1]); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		return nil, &net.DNSError{Err: "no addresses", Name: name, IsNotFound: true}
+		return nil, 0, &net.DNSError{Err: "no addresses", Name: name, IsNotFound: true}
 	}
-	return addrs, nil
+	ttl := ttls[0]
+	if len(results[1]) > 0 && (len(results[0]) == 0 || ttls[1] < ttl) {
+		ttl = ttls[1]
+	}
+	return addrs, ttl, nil
 }
 
 // answerAddrs collects the A and AAAA records of an answer section.

@@ -1,0 +1,206 @@
+package proxy
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+func TestAdminPolicy(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Task, c.Phase = "t0", "baseline" })
+
+	code, got := h.admin("GET", "/v1/policy", "")
+	if code != 200 || got["mode"] != "no-network" || got["generation"] != float64(1) || got["task"] != "t0" || got["phase"] != "baseline" {
+		t.Fatalf("initial: %d %v", code, got)
+	}
+	// Something blocked under generation 1 shows up as previous_blocked of the swap.
+	if status, _ := h.connectStatus("a.test:443"); status != 403 {
+		t.Fatalf("no-network CONNECT: %d", status)
+	}
+
+	code, got = h.admin("PUT", "/v1/policy", `{"network_mode":"allowlist","allowed_hosts":["A.test.","a.test"]}`)
+	if code != 200 || got["generation"] != float64(2) || got["mode"] != "allowlist" || got["task"] != "t0" {
+		t.Fatalf("bare PUT: %d %v", code, got)
+	}
+	want := policy.Policy{Mode: policy.ModeAllowlist, Targets: []policy.Target{{Kind: policy.KindHost, Host: "a.test"}}}
+	if got["digest"] != want.Digest() {
+		t.Fatalf("digest %v, want %s", got["digest"], want.Digest())
+	}
+	if fmt.Sprint(got["policy"]) != "map[allowed_hosts:[a.test] network_mode:allowlist]" {
+		t.Fatalf("canonical policy %v", got["policy"])
+	}
+	prev, _ := got["previous_blocked"].(map[string]any)
+	if prev["generation"] != float64(1) || prev["total"] != float64(1) {
+		t.Fatalf("previous_blocked %v", got["previous_blocked"])
+	}
+	if top := prev["top"].([]any); len(top) != 1 || fmt.Sprint(top[0]) != "map[count:1 host:a.test port:443 reason:no-network type:connect]" {
+		t.Fatalf("previous_blocked.top %v", prev["top"])
+	}
+
+	code, got = h.admin("PUT", "/v1/policy", `{"policy":"public","task":"t1","phase":"run"}`)
+	if code != 200 || got["generation"] != float64(3) || got["task"] != "t1" || got["phase"] != "run" || got["policy"] != "public" {
+		t.Fatalf("envelope PUT: %d %v", code, got)
+	}
+	if _, got = h.admin("GET", "/v1/policy", ""); got["phase"] != "run" || got["mode"] != "public" {
+		t.Fatalf("GET after PUT: %v", got)
+	}
+
+	bad := []struct {
+		body string
+		want string // a substring of one of the errors
+	}{
+		{`{"network_mode":"allowlist","allowed_hosts":["https://x.test","ok.test","*"]}`, `allowed_hosts[0] "https://x.test": a URL scheme`},
+		{`{"network_mode":"allowlist"}`, "allowed_hosts: is required"},
+		{`{"network_mode":"public","allowed_hosts":[]}`, "takes no host list"},
+		{`{"network_mode":"allowlist","allowed_hosts":[],"block_network":true}`, "provider-native"},
+		{`"allowlist"`, "needs the object form"},
+		{`{"policy":{"network_mode":"denylist","allowed_hosts":[]},"task":"t2"}`, "policy.allowed_hosts"},
+		{`{"policy":"public","task":7}`, "task: must be a string"},
+		{`{"policy":"public","owner":"x"}`, "owner: unknown key"},
+		{`{"network_mode":"public","network_mode":"no-network"}`, "appears twice"},
+		{`not json`, "invalid JSON"},
+		{``, "invalid JSON"},
+	}
+	for _, b := range bad {
+		code, got := h.admin("PUT", "/v1/policy", b.body)
+		errs, _ := got["errors"].([]any)
+		if code != 400 || got["error"] == nil || !strings.Contains(fmt.Sprint(errs), b.want) {
+			t.Errorf("PUT %s: %d %v, want 400 mentioning %q", b.body, code, got, b.want)
+		}
+	}
+	if _, got = h.admin("GET", "/v1/policy", ""); got["generation"] != float64(3) || got["mode"] != "public" {
+		t.Fatalf("a rejected PUT changed the policy: %v", got)
+	}
+	if code, _ := h.admin("POST", "/v1/policy", `"public"`); code != 405 {
+		t.Fatalf("POST: %d", code)
+	}
+	if code, _ := h.admin("GET", "/readyz", ""); code != 200 {
+		t.Fatalf("readyz: %d", code)
+	}
+	if err := Healthcheck(t.Context(), h.socket); err != nil {
+		t.Fatalf("healthcheck: %v", err)
+	}
+	fi, err := os.Stat(h.socket)
+	if err != nil || fi.Mode().Perm() != 0o660 {
+		t.Fatalf("socket mode %v %v", fi.Mode(), err)
+	}
+}
+
+func TestAdminBlockedSummary(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+	for range 3 {
+		h.connectStatus("b.test:443")
+	}
+	h.get(fmt.Sprintf("http://b.test:%d/", h.b.httpPort))
+	h.query("evil.test", 1, "udp")
+	_, got := h.admin("GET", "/v1/blocked", "")
+	top := fmt.Sprint(got["top"])
+	if got["generation"] != float64(2) || got["total"] != float64(5) ||
+		!strings.HasPrefix(top, "[map[count:3 host:b.test port:443 reason:not-allowlisted type:connect]") ||
+		!strings.Contains(top, "host:evil.test port:0 reason:not-allowlisted type:dns") {
+		t.Fatalf("blocked %v", got)
+	}
+	// Bounded memory: many distinct targets keep at most the capacity.
+	rs := h.srv.Current()
+	for i := range blockedCapacity + 100 {
+		rs.blocked.add(fmt.Sprintf("h%d.test", i), 443, typeConnect, "x")
+	}
+	if n := len(rs.blocked.counts); n > blockedCapacity {
+		t.Fatalf("blocked map holds %d entries", n)
+	}
+	if s := rs.blocked.summary(rs.Generation); len(s.Top) != blockedTop || s.Total != 5+blockedCapacity+100 {
+		t.Fatalf("summary: %d top, total %d", len(s.Top), s.Total)
+	}
+}
+
+func TestStaleSocketAndStartupPolicy(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "admin.sock")
+	if err := os.WriteFile(sock, []byte("stale"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "policy.json")
+	if err := os.WriteFile(file, []byte(`{"network_mode":"denylist","denied_hosts":["b.test"]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, func(c *Config) { c.AdminSocket, c.PolicyFile = sock, file })
+	h.socket = sock
+	if code, got := h.admin("GET", "/v1/policy", ""); code != 200 || got["mode"] != "denylist" {
+		t.Fatalf("%d %v", code, got)
+	}
+
+	// SIGHUP's reload: a broken file keeps the running policy; a good one applies.
+	if err := os.WriteFile(file, []byte(`{"network_mode":"denylist","denied_hosts":["x y"]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.srv.Reload(); err == nil {
+		t.Fatal("a broken file reloaded")
+	}
+	if rs := h.srv.Current(); rs.Generation != 1 || rs.Mode() != policy.ModeDenylist {
+		t.Fatalf("after broken reload: generation %d mode %s", rs.Generation, rs.Mode())
+	}
+	if err := os.WriteFile(file, []byte(`"no-network"`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.srv.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if rs := h.srv.Current(); rs.Generation != 2 || rs.Mode() != policy.ModeNoNetwork {
+		t.Fatalf("after reload: generation %d mode %s", rs.Generation, rs.Mode())
+	}
+	if !strings.Contains(h.logs.String(), `"msg":"policy rejected; the previous policy stays in force","source":"sighup"`) {
+		t.Fatalf("rejected reload not logged")
+	}
+}
+
+func TestStartupWithBrokenPolicyFileFails(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "policy.json")
+	if err := os.WriteFile(file, []byte(`{"network_mode":"allowlist"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{PolicyFile: file}); err == nil || !strings.Contains(err.Error(), "allowed_hosts") {
+		t.Fatalf("err %v", err)
+	}
+}
+
+func TestReadinessNeedsForwardingOff(t *testing.T) {
+	cases := []struct {
+		ipv4, ipv6 string // "" = file absent
+		ready      bool
+	}{
+		{"0\n", "0\n", true},
+		{"0\n", "", true},
+		{"1\n", "0\n", false},
+		{"0\n", "1\n", false},
+		{"", "0\n", false},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("%q/%q", tc.ipv4, tc.ipv6), func(t *testing.T) {
+			proc := t.TempDir()
+			for path, v := range map[string]string{"sys/net/ipv4/ip_forward": tc.ipv4, "sys/net/ipv6/conf/all/forwarding": tc.ipv6} {
+				if v == "" {
+					continue
+				}
+				if err := os.MkdirAll(filepath.Join(proc, filepath.Dir(path)), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(proc, path), []byte(v), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h := newHarness(t, func(c *Config) { c.RequireNoForwarding, c.ProcRoot = true, proc })
+			code, _ := h.admin("GET", "/readyz", "")
+			if ready := code == 200; ready != tc.ready {
+				t.Fatalf("readyz %d, want ready=%v", code, tc.ready)
+			}
+			if err := Healthcheck(t.Context(), h.socket); (err == nil) != tc.ready {
+				t.Fatalf("healthcheck %v, want ready=%v", err, tc.ready)
+			}
+		})
+	}
+}
