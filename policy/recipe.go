@@ -62,7 +62,7 @@ func LoadRecipes(file string) ([]Recipe, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy: recipe file: %w", err)
 	}
-	v, err := DecodeDocument(data)
+	v, err := decodeSingleDocument(data)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", file, err)
 	}
@@ -163,6 +163,11 @@ func stringList(obj map[string]any, key, p string, errs *ErrorList, bad func(str
 	list, ok := raw.([]any)
 	if !ok {
 		*errs = append(*errs, &FieldError{Path: joinPath(p, key), Value: display(raw), Rule: "must be a list of strings, not " + describe(raw)})
+		return nil
+	}
+	if len(list) == 0 {
+		// An empty list reads as "matches nothing" to some and "no restriction" to others.
+		*errs = append(*errs, &FieldError{Path: joinPath(p, key), Rule: "is empty; omit it to match every value"})
 		return nil
 	}
 	var out []string

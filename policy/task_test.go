@@ -115,6 +115,16 @@ func TestLoadTasksPrefixesTheFile(t *testing.T) {
 	if err == nil || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "\n"+file+`: run_network_policy "allowlist": allowlist needs the object form`) {
 		t.Errorf("LoadTasks error\n%v\nwant every line prefixed with the file", err)
 	}
+	multi := filepath.Join(dir, "tasks.yaml")
+	if err := os.WriteFile(multi, []byte("task_id: a\n---\ntask_id: b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadTasks(multi); err == nil || err.Error() != multi+": invalid YAML: the file holds more than one document; put several entries in one list" {
+		t.Errorf("a second YAML document must be refused, not dropped: %v", err)
+	}
+	if _, err := LoadRecipes(multi); err == nil || !strings.Contains(err.Error(), "more than one document") {
+		t.Errorf("LoadRecipes of two YAML documents: %v", err)
+	}
 	if _, err := LoadTasks(filepath.Join(dir, "missing.yaml")); err == nil {
 		t.Error("LoadTasks of a missing file succeeded")
 	}
@@ -204,6 +214,8 @@ required_endpoints:
 		{`{"name":"r","required_endpoints":"model.test"}`, `required_endpoints "model.test": must be a list of endpoints, not a string`},
 		{`{"name":"r","run_network_policy":{"network_mode":"allowlist","allowed_hosts":["x"],"block_network":true}}`, "run_network_policy.block_network: block_network is a provider-native (modal) option"},
 		{`[{"name":"a"},7]`, "[1] 7: a recipe is an object, not a number"},
+		{`{"name":"r","match":{"task_ids":[]}}`, "match.task_ids: is empty; omit it to match every value"},
+		{`{"name":"r","match":{"providers":[]}}`, "match.providers: is empty; omit it to match every value"},
 	}
 	for _, tt := range tests {
 		v, err := DecodeDocument([]byte(tt.doc))
