@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/compass-egress/compass-egress/controller/docker"
+)
+
+func init() { subcommands = append(subcommands, newEnvCommand) }
+
+// envFlags are the flags every `env` subcommand shares.
+type envFlags struct {
+	stateDir, egress, pool, proxyImage, probeImage, owner string
+	subnetBits                                            int
+	dnsUpstreams, proxyArgs                               []string
+	stepDelay                                             time.Duration
+	json, verbose                                         bool
+}
+
+func (f *envFlags) provider() (*docker.Provider, func(), error) {
+	cfg := docker.Config{
+		StateDir: f.stateDir, EgressNetwork: f.egress, ProxyImage: f.proxyImage, ProbeImage: f.probeImage,
+		Owner: f.owner, SubnetBits: f.subnetBits, DNSUpstreams: f.dnsUpstreams, ExtraProxyArg: f.proxyArgs,
+		StepDelay: f.stepDelay,
+	}
+	if f.pool != "" {
+		p, err := netip.ParsePrefix(f.pool)
+		if err != nil {
+			return nil, nil, usageError{fmt.Errorf("--pool: %w", err)}
+		}
+		cfg.Pool = p
+	}
+	cli, err := docker.NewClient()
+	if err != nil {
+		return nil, nil, err
+	}
+	level := slog.LevelWarn
+	if f.verbose {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	p, err := docker.New(cli, cfg, log)
+	if err != nil {
+		cli.Close()
+		return nil, nil, usageError{err}
+	}
+	return p, func() { cli.Close() }, nil
+}
+
+// print writes v as JSON with --json, or calls text otherwise.
+func (f *envFlags) print(w io.Writer, v any, text func(io.Writer)) error {
+	if f.json {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	text(w)
+	return nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// signalContext is cancelled on SIGINT/SIGTERM, so that a switch interrupted from the
+// terminal still runs its fail-closed path.
+func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+}
+
+func newEnvCommand() *cobra.Command {
+	f := &envFlags{}
+	cmd := &cobra.Command{
+		Use:   "env",
+		Short: "Open, switch, verify and close Docker environments under egress control",
+		Long: `env drives the Docker provider: each environment is an agent container on a
+per-task internal network whose only way out is a compass-proxy sidecar. See docs/docker.md.`,
+	}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&f.stateDir, "state-dir", envOr("COMPASS_STATE_DIR", docker.DefaultStateDir), "state directory (admin sockets, intended policies, transitions.jsonl); env COMPASS_STATE_DIR")
+	pf.StringVar(&f.egress, "egress-network", envOr("COMPASS_EGRESS_NETWORK", docker.DefaultEgressNetwork), "shared network with a way out; env COMPASS_EGRESS_NETWORK")
+	pf.StringVar(&f.pool, "pool", envOr("COMPASS_POOL", docker.DefaultPool.String()), "address range of the per-task networks; env COMPASS_POOL")
+	pf.IntVar(&f.subnetBits, "subnet-bits", docker.DefaultSubnetBits, "prefix length of one per-task network")
+	pf.StringVar(&f.proxyImage, "proxy-image", envOr("COMPASS_PROXY_IMAGE", docker.DefaultProxyImage), "compass-proxy sidecar image; env COMPASS_PROXY_IMAGE")
+	pf.StringVar(&f.probeImage, "probe-image", envOr("COMPASS_PROBE_IMAGE", docker.DefaultProbeImage), "verify probe image; env COMPASS_PROBE_IMAGE")
+	pf.StringVar(&f.owner, "owner", envOr("COMPASS_OWNER", docker.DefaultOwner), "owner label value: the controller manages only objects carrying it; env COMPASS_OWNER")
+	pf.StringArrayVar(&f.dnsUpstreams, "dns-upstream", splitList(os.Getenv("COMPASS_DNS_UPSTREAM")), "resolver host:port the sidecar forwards allowed names to (repeatable); env COMPASS_DNS_UPSTREAM (comma-separated)")
+	pf.StringArrayVar(&f.proxyArgs, "proxy-arg", nil, "extra compass-proxy flag for new sidecars (repeatable)")
+	pf.DurationVar(&f.stepDelay, "step-delay", 0, "pause between the steps of a switch (testing: lets a kill land mid-switch)")
+	_ = pf.MarkHidden("step-delay")
+	pf.BoolVar(&f.json, "json", false, "print JSON")
+	pf.BoolVarP(&f.verbose, "verbose", "v", false, "log each step (JSON on stderr)")
+	for _, sub := range []func(*envFlags) *cobra.Command{
+		newEnvOpenCommand, newEnvAttachCommand, newEnvSwitchCommand, newEnvStatusCommand,
+		newEnvVerifyCommand, newEnvCloseCommand, newEnvListCommand, newEnvDoctorCommand, newEnvImageCommand,
+	} {
+		cmd.AddCommand(sub(f))
+	}
+	return cmd
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, x := range strings.Split(s, ",") {
+		if x = strings.TrimSpace(x); x != "" {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// errFailed makes a command exit 1 after it printed its own report.
+var errFailed = errors.New("check failed (see report)")

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/controller/docker"
+)
+
+func newEnvCloseCommand(f *envFlags) *cobra.Command {
+	var (
+		task, role string
+		retain     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "close --task ID [--retain]",
+		Short: "Remove what open/attach made (idempotent); --retain keeps the environment running",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if task == "" {
+				return usageError{fmt.Errorf("--task is required")}
+			}
+			p, done, err := f.provider()
+			if err != nil {
+				return err
+			}
+			defer done()
+			env := docker.EnvID(task, controller.Role(role))
+			result := map[string]any{"env": env, "retained": retain}
+			e, err := p.Lookup(cmd.Context(), env)
+			switch {
+			case errors.Is(err, docker.ErrNoEnvironment):
+				// Idempotent: a second close, or one after a half-finished open, removes
+				// whatever is left by name.
+				if !retain {
+					if err := p.RemoveByName(cmd.Context(), env); err != nil {
+						return err
+					}
+				}
+			case err != nil:
+				return err
+			default:
+				if err := e.Close(cmd.Context(), retain); err != nil {
+					return err
+				}
+			}
+			return f.print(cmd.OutOrStdout(), result, func(w io.Writer) {
+				if retain {
+					fmt.Fprintf(w, "%s retained (still running under the policy in force)\n", env)
+				} else {
+					fmt.Fprintf(w, "%s closed\n", env)
+				}
+			})
+		},
+	}
+	cmd.Flags().StringVar(&task, "task", "", "task ID")
+	cmd.Flags().StringVar(&role, "role", string(controller.RoleAgent), "agent or evaluation")
+	cmd.Flags().BoolVar(&retain, "retain", false, "keep the environment (for debugging); a later close removes it")
+	return cmd
+}

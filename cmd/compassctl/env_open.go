@@ -1,0 +1,187 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/controller/docker"
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// openResult is what open and attach print.
+type openResult struct {
+	Env       string        `json:"env"`
+	Task      string        `json:"task"`
+	Agent     string        `json:"agent"`
+	Sidecar   string        `json:"sidecar"`
+	Network   string        `json:"network"`
+	SidecarIP string        `json:"sidecar_ip"`
+	Duration  time.Duration `json:"duration_ns"`
+}
+
+func (r openResult) text(w io.Writer) {
+	fmt.Fprintf(w, "environment %s open in %s\n", r.Env, r.Duration.Round(time.Millisecond))
+	fmt.Fprintf(w, "  agent    %s\n  sidecar  %s (%s)\n  network  %s\n", r.Agent, r.Sidecar, r.SidecarIP, r.Network)
+}
+
+// policySource is the --policy / --phase --plan pair shared by open and switch.
+type policySource struct {
+	policy, phase, plan string
+}
+
+func (s *policySource) bind(cmd *cobra.Command, phaseHelp string) {
+	cmd.Flags().StringVar(&s.policy, "policy", "", `policy in the shared wire format, e.g. '"no-network"' or '{"network_mode":"allowlist","allowed_hosts":["pypi.org"]}'`)
+	cmd.Flags().StringVar(&s.plan, "plan", "", "plan file to take the phase's policy from")
+	cmd.Flags().StringVar(&s.phase, "phase", "", phaseHelp)
+}
+
+// resolve returns the policy and the phase label. def is the phase used with --plan
+// when --phase is absent.
+func (s *policySource) resolve(def string) (policy.Policy, string, error) {
+	switch {
+	case s.policy != "" && s.plan != "":
+		return policy.Policy{}, "", usageError{fmt.Errorf("give --policy or --plan, not both")}
+	case s.policy != "":
+		p, err := policy.Parse([]byte(s.policy))
+		if err != nil {
+			return policy.Policy{}, "", usageError{fmt.Errorf("--policy: %w", err)}
+		}
+		phase := s.phase
+		if phase == "" {
+			phase = def
+		}
+		return p, phase, nil
+	case s.plan != "":
+		phase := s.phase
+		if phase == "" {
+			phase = def
+		}
+		p, err := policyFromPlan(s.plan, phase)
+		if err != nil {
+			return policy.Policy{}, "", usageError{err}
+		}
+		return p, phase, nil
+	}
+	return policy.Policy{}, "", nil
+}
+
+func newEnvOpenCommand(f *envFlags) *cobra.Command {
+	var (
+		task, image, role string
+		env               []string
+		timeout           time.Duration
+		src               policySource
+	)
+	cmd := &cobra.Command{
+		Use:   "open --task ID --image IMAGE [--plan FILE | --policy POLICY] [--env K=V]... [-- CMD...]",
+		Short: "Create a task's networks, sidecar and agent container with the baseline policy in force",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if task == "" || image == "" {
+				return usageError{fmt.Errorf("--task and --image are required")}
+			}
+			baseline, _, err := src.resolve("baseline")
+			if err != nil {
+				return err
+			}
+			if !baseline.Mode.Valid() {
+				baseline = policy.Public
+			}
+			vars, err := parseEnvVars(env)
+			if err != nil {
+				return err
+			}
+			p, done, err := f.provider()
+			if err != nil {
+				return err
+			}
+			defer done()
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			start := time.Now()
+			e, err := p.OpenEnv(ctx, controller.EnvSpec{
+				Task: task, Role: controller.Role(role), Image: image, Env: vars, Cmd: args,
+				Baseline: baseline, ProxyStartTimeout: timeout,
+			})
+			if err != nil {
+				return err
+			}
+			r := describeEnv(e, time.Since(start))
+			return f.print(cmd.OutOrStdout(), r, r.text)
+		},
+	}
+	cmd.Flags().StringVar(&task, "task", "", "task ID (names the environment's Docker objects)")
+	cmd.Flags().StringVar(&image, "image", "", "agent container image (present locally)")
+	cmd.Flags().StringVar(&role, "role", string(controller.RoleAgent), "agent or evaluation (fresh mode's second environment, named <task>-eval)")
+	cmd.Flags().StringArrayVar(&env, "env", nil, "environment variable K=V for the agent (repeatable)")
+	cmd.Flags().DurationVar(&timeout, "proxy-start-timeout", 30*time.Second, "how long the sidecar may take to become ready")
+	src.bind(cmd, "phase of --plan to open under (default baseline)")
+	return cmd
+}
+
+func describeEnv(e *docker.Env, d time.Duration) openResult {
+	return openResult{
+		Env: e.ID(), Task: e.Task(), Agent: e.AgentContainer(), Sidecar: e.SidecarContainer(),
+		Network: e.Network(), SidecarIP: e.SidecarAddr().String(), Duration: d,
+	}
+}
+
+func parseEnvVars(list []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, kv := range list {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, usageError{fmt.Errorf("--env %q: want K=V", kv)}
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+func newEnvAttachCommand(f *envFlags) *cobra.Command {
+	var (
+		task, ctr, role string
+		timeout         time.Duration
+		src             policySource
+	)
+	cmd := &cobra.Command{
+		Use:   "attach --task ID --container NAME_OR_ID [--plan FILE | --policy POLICY]",
+		Short: "Bring a running container under control (refuses network modes none, host, container:<id>)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if task == "" || ctr == "" {
+				return usageError{fmt.Errorf("--task and --container are required")}
+			}
+			baseline, _, err := src.resolve("baseline")
+			if err != nil {
+				return err
+			}
+			if !baseline.Mode.Valid() {
+				baseline = policy.Public
+			}
+			p, done, err := f.provider()
+			if err != nil {
+				return err
+			}
+			defer done()
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			start := time.Now()
+			e, err := p.Attach(ctx, controller.EnvSpec{Task: task, Role: controller.Role(role), Baseline: baseline, ProxyStartTimeout: timeout}, ctr)
+			if err != nil {
+				return err
+			}
+			r := describeEnv(e, time.Since(start))
+			return f.print(cmd.OutOrStdout(), r, r.text)
+		},
+	}
+	cmd.Flags().StringVar(&task, "task", "", "task ID")
+	cmd.Flags().StringVar(&ctr, "container", "", "the container to attach")
+	cmd.Flags().StringVar(&role, "role", string(controller.RoleAgent), "agent or evaluation")
+	cmd.Flags().DurationVar(&timeout, "proxy-start-timeout", 30*time.Second, "how long the sidecar may take to become ready")
+	src.bind(cmd, "phase of --plan to attach under (default baseline)")
+	return cmd
+}

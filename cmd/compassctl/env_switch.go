@@ -1,0 +1,89 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/controller/docker"
+)
+
+func newEnvSwitchCommand(f *envFlags) *cobra.Command {
+	var (
+		task, role, labelPhase string
+		src                    policySource
+	)
+	cmd := &cobra.Command{
+		Use:   "switch --task ID (--policy POLICY | --phase baseline|run|evaluation [--plan FILE]) [--label-phase NAME]",
+		Short: "Put a policy in force; returns when the sidecar acknowledged it and the wiring matches",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if task == "" {
+				return usageError{fmt.Errorf("--task is required")}
+			}
+			if src.policy == "" && src.plan == "" {
+				return usageError{fmt.Errorf("give --policy, or --phase with --plan")}
+			}
+			pol, phase, err := src.resolve("switch")
+			if err != nil {
+				return err
+			}
+			if labelPhase != "" {
+				phase = labelPhase
+			}
+			p, done, err := f.provider()
+			if err != nil {
+				return err
+			}
+			defer done()
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			e, err := p.Lookup(ctx, docker.EnvID(task, controller.Role(role)))
+			if err != nil {
+				return err
+			}
+			r, err := e.Switch(ctx, pol, controller.PhaseLabel{Phase: phase})
+			if perr := f.print(cmd.OutOrStdout(), r, func(w io.Writer) { switchText(w, r) }); perr != nil && err == nil {
+				err = perr
+			}
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&task, "task", "", "task ID")
+	cmd.Flags().StringVar(&role, "role", string(controller.RoleAgent), "agent or evaluation")
+	cmd.Flags().StringVar(&labelPhase, "label-phase", "", "phase name for logs, metrics and the transition record")
+	src.bind(cmd, "baseline, run, evaluation or evaluation_baseline: the plan's phase to apply")
+	return cmd
+}
+
+func switchText(w io.Writer, r docker.SwitchReport) {
+	verdict := "in force"
+	if !r.OK {
+		verdict = "FAILED"
+	}
+	fmt.Fprintf(w, "%s: %s -> %s (%s) generation %d %s in %s\n", r.Environment, orNone(string(r.FromMode)), r.ToMode, r.Digest, r.Generation, verdict, r.Duration.Round(time.Microsecond))
+	for _, c := range r.Changes {
+		fmt.Fprintf(w, "  changed: %s\n", c)
+	}
+	parts := make([]string, 0, len(r.Parts))
+	for k := range r.Parts {
+		parts = append(parts, k)
+	}
+	sort.Strings(parts)
+	for _, k := range parts {
+		fmt.Fprintf(w, "  %-8s %s\n", k, r.Parts[k].Round(time.Microsecond))
+	}
+	for _, c := range r.FailClosed {
+		fmt.Fprintf(w, "  fail-closed: %s\n", c)
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}

@@ -1,0 +1,299 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/network"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// Parts of a switch, as named in transition records.
+const (
+	partRules   = "rules"   // the sidecar acknowledged the new rule set
+	partWiring  = "wiring"  // Docker network connect/disconnect of the agent
+	partRoutes  = "routes"  // default routes in the agent's namespace
+	partSidecar = "sidecar" // sidecar restarted or reconnected (repair)
+)
+
+// SwitchReport is a transition plus what the switch changed, for people.
+type SwitchReport struct {
+	controller.Transition
+	Changes           []string `json:"changes"`
+	ClosedConnections uint64   `json:"closed_connections"`
+	FailClosed        []string `json:"fail_closed,omitempty"`
+}
+
+// Apply puts pol in force. It returns only when the sidecar has acknowledged the new
+// generation and the agent's wiring matches the mode; on error the agent has no egress.
+func (e *Env) Apply(ctx context.Context, pol policy.Policy, label controller.PhaseLabel) (controller.Transition, error) {
+	r, err := e.Switch(ctx, pol, label)
+	return r.Transition, err
+}
+
+// Switch is Apply with a report of the changes made.
+//
+// The order of steps keeps the agent's egress within what both the old and the new
+// policy allow at every instant: a restricting switch cuts the wiring before it changes
+// the rules, a widening switch changes the rules before it connects.
+func (e *Env) Switch(ctx context.Context, pol policy.Policy, label controller.PhaseLabel) (SwitchReport, error) {
+	clk := e.p.cfg.Clock
+	r := SwitchReport{Transition: controller.Transition{
+		Time: clk.Now(), Task: e.task, Environment: e.names.Env, Phase: label.Phase,
+		ToMode: pol.Mode, Digest: pol.Digest(), Parts: map[string]time.Duration{},
+	}}
+	if !pol.Mode.Valid() {
+		return r, fmt.Errorf("docker: switch %s: invalid policy", e.names.Env)
+	}
+	unlock, err := e.lock()
+	if err != nil {
+		return r, err
+	}
+	defer unlock()
+	start := clk.Now()
+	if prev, ok, err := e.dir.readIntent(); err == nil && ok {
+		r.FromMode = prev.Policy.Mode
+	}
+	err = e.dir.writeIntent(intent{Policy: pol, Digest: pol.Digest(), Phase: label.Phase, Time: r.Time})
+	if err == nil {
+		err = e.switchSteps(ctx, pol, label, &r)
+	}
+	if err != nil {
+		r.FailClosed, err = e.failClosed(ctx, err)
+		r.Error = err.Error()
+	} else {
+		r.OK = true
+	}
+	r.Duration = clk.Since(start)
+	if lerr := e.dir.appendTransition(r.Transition); lerr != nil {
+		e.p.log.Error("transition log", "env", e.names.Env, "err", lerr)
+		if err == nil {
+			err = lerr
+		}
+	}
+	e.p.log.Info("switch", "env", e.names.Env, "phase", label.Phase, "from", r.FromMode, "to", r.ToMode,
+		"digest", r.Digest, "generation", r.Generation, "ok", r.OK, "duration_ms", r.Duration.Milliseconds())
+	return r, err
+}
+
+func (e *Env) timed(r *SwitchReport, part string, f func() error) error {
+	if e.p.cfg.StepDelay > 0 {
+		time.Sleep(e.p.cfg.StepDelay)
+	}
+	t := e.p.cfg.Clock.Now()
+	err := f()
+	r.Parts[part] += e.p.cfg.Clock.Since(t)
+	return err
+}
+
+func (e *Env) switchSteps(ctx context.Context, pol policy.Policy, label controller.PhaseLabel, r *SwitchReport) error {
+	agent, err := e.p.api.ContainerInspect(ctx, e.agentRef)
+	if err != nil {
+		return fmt.Errorf("docker: inspect agent %s: %w", e.agentRef, err)
+	}
+	if agent.State == nil || !agent.State.Running {
+		return fmt.Errorf("docker: agent %s is not running", e.agentRef)
+	}
+	if err := e.timed(r, partSidecar, func() error { return e.ensureSidecarRunning(ctx, r) }); err != nil {
+		return err
+	}
+	onEgress := connectedTo(agent, e.egressNet)
+	if pol.Restricted() {
+		if onEgress {
+			if err := e.timed(r, partWiring, func() error { return e.disconnectAgent(ctx) }); err != nil {
+				return err
+			}
+			r.Changes = append(r.Changes, "agent disconnected from "+e.egressNet)
+		}
+		if err := e.timed(r, partRoutes, func() error { return e.cutRoutes(agent.State.Pid, r) }); err != nil {
+			return err
+		}
+		if err := e.timed(r, partRules, func() error { return e.putRules(ctx, pol, label, r) }); err != nil {
+			return err
+		}
+		return e.timed(r, partSidecar, func() error { return e.ensureSidecarEgress(ctx, r) })
+	}
+	if err := e.timed(r, partRules, func() error { return e.putRules(ctx, pol, label, r) }); err != nil {
+		return err
+	}
+	if err := e.timed(r, partSidecar, func() error { return e.ensureSidecarEgress(ctx, r) }); err != nil {
+		return err
+	}
+	if !onEgress {
+		err := e.timed(r, partWiring, func() error {
+			if err := e.p.api.NetworkConnect(ctx, e.egressNet, e.agentRef, &network.EndpointSettings{}); err != nil {
+				return fmt.Errorf("docker: connect agent to %s: %w", e.egressNet, err)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		r.Changes = append(r.Changes, "agent connected to "+e.egressNet)
+	}
+	return e.timed(r, partRoutes, func() error { return e.publicRoute(ctx, agent.State.Pid, r) })
+}
+
+func connectedTo(ci container.InspectResponse, net string) bool {
+	if ci.NetworkSettings == nil {
+		return false
+	}
+	_, ok := ci.NetworkSettings.Networks[net]
+	return ok
+}
+
+func (e *Env) disconnectAgent(ctx context.Context) error {
+	if err := e.p.api.NetworkDisconnect(ctx, e.egressNet, e.agentRef, true); err != nil && !ignorableDisconnect(err) {
+		return fmt.Errorf("docker: disconnect agent from %s: %w", e.egressNet, err)
+	}
+	return nil
+}
+
+// cutRoutes removes every default route in the agent's namespace and checks none is left.
+func (e *Env) cutRoutes(pid int, r *SwitchReport) error {
+	removed, err := e.p.routes.RemoveDefaultRoutes(pid, netip.Addr{})
+	if err != nil {
+		return err
+	}
+	for _, gw := range removed {
+		r.Changes = append(r.Changes, "default route via "+gw.String()+" removed")
+	}
+	left, err := e.p.routes.DefaultRoutes(pid)
+	if err != nil {
+		return err
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("docker: default routes still present in the agent namespace: %v", left)
+	}
+	return nil
+}
+
+// publicRoute leaves exactly one default route, via the egress network's gateway.
+func (e *Env) publicRoute(ctx context.Context, pid int, r *SwitchReport) error {
+	gw, err := e.egressGateway(ctx)
+	if err != nil {
+		return err
+	}
+	removed, err := e.p.routes.RemoveDefaultRoutes(pid, gw)
+	if err != nil {
+		return err
+	}
+	for _, g := range removed {
+		r.Changes = append(r.Changes, "default route via "+g.String()+" removed")
+	}
+	left, err := e.p.routes.DefaultRoutes(pid)
+	if err != nil {
+		return err
+	}
+	if len(left) == 0 {
+		if err := e.p.routes.AddDefaultRoute(pid, gw); err != nil {
+			return err
+		}
+		r.Changes = append(r.Changes, "default route via "+gw.String()+" added")
+	}
+	return nil
+}
+
+func (e *Env) egressGateway(ctx context.Context) (netip.Addr, error) {
+	ni, err := e.p.api.NetworkInspect(ctx, e.egressNet, network.InspectOptions{})
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("docker: inspect %s: %w", e.egressNet, err)
+	}
+	for _, c := range ni.IPAM.Config {
+		if gw, err := netip.ParseAddr(c.Gateway); err == nil && gw.Is4() {
+			return gw, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("docker: egress network %s has no IPv4 gateway", e.egressNet)
+}
+
+func (e *Env) putRules(ctx context.Context, pol policy.Policy, label controller.PhaseLabel, r *SwitchReport) error {
+	ack, err := e.admin.PutPolicy(ctx, pol, e.task, label.Phase)
+	if err != nil {
+		return fmt.Errorf("docker: sidecar %s: %w", e.names.Sidecar, err)
+	}
+	r.Generation = ack.Generation
+	r.ClosedConnections = ack.ClosedConnections
+	r.Changes = append(r.Changes, fmt.Sprintf("sidecar rules: %s generation %d", pol.Mode, ack.Generation))
+	if ack.ClosedConnections > 0 {
+		r.Changes = append(r.Changes, fmt.Sprintf("%d live connections closed", ack.ClosedConnections))
+	}
+	return nil
+}
+
+// ensureSidecarRunning restarts a stopped sidecar (repair after a crash or a Docker
+// restart); it comes back with no network allowed until the rules are put again.
+func (e *Env) ensureSidecarRunning(ctx context.Context, r *SwitchReport) error {
+	sc, err := e.p.api.ContainerInspect(ctx, e.names.Sidecar)
+	if err != nil {
+		return fmt.Errorf("docker: inspect sidecar %s: %w", e.names.Sidecar, err)
+	}
+	if sc.State != nil && sc.State.Running {
+		return nil
+	}
+	if err := e.p.api.ContainerStart(ctx, e.names.Sidecar, container.StartOptions{}); err != nil {
+		return fmt.Errorf("docker: restart sidecar %s: %w", e.names.Sidecar, err)
+	}
+	r.Changes = append(r.Changes, "sidecar restarted")
+	return e.waitReady(ctx, defaultProxyTimeout)
+}
+
+// ensureSidecarEgress reconnects a sidecar that a failed switch cut from the egress
+// network; it runs only after the sidecar acknowledged the new rules.
+func (e *Env) ensureSidecarEgress(ctx context.Context, r *SwitchReport) error {
+	sc, err := e.p.api.ContainerInspect(ctx, e.names.Sidecar)
+	if err != nil {
+		return fmt.Errorf("docker: inspect sidecar %s: %w", e.names.Sidecar, err)
+	}
+	if connectedTo(sc, e.egressNet) {
+		return nil
+	}
+	if err := e.p.api.NetworkConnect(ctx, e.egressNet, e.names.Sidecar, &network.EndpointSettings{}); err != nil {
+		return fmt.Errorf("docker: reconnect sidecar to %s: %w", e.egressNet, err)
+	}
+	r.Changes = append(r.Changes, "sidecar reconnected to "+e.egressNet)
+	return nil
+}
+
+// failClosed leaves the agent with no egress after a failed switch: no direct wiring,
+// no default route, and a sidecar that either denies everything or has no way out.
+func (e *Env) failClosed(ctx context.Context, cause error) ([]string, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 20*time.Second)
+	defer cancel()
+	var done []string
+	var errs []error
+	if err := e.disconnectAgent(ctx); err != nil {
+		errs = append(errs, err)
+	} else {
+		done = append(done, "agent not connected to "+e.egressNet)
+	}
+	if ci, err := e.p.api.ContainerInspect(ctx, e.agentRef); err == nil && ci.State != nil && ci.State.Running {
+		if _, err := e.p.routes.RemoveDefaultRoutes(ci.State.Pid, netip.Addr{}); err != nil {
+			errs = append(errs, err)
+		} else {
+			done = append(done, "agent default routes removed")
+		}
+	}
+	pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+	ack, err := e.admin.PutPolicy(pctx, policy.NoNetwork, e.task, "fail-closed")
+	pcancel()
+	if err == nil {
+		done = append(done, fmt.Sprintf("sidecar rules: no-network generation %d", ack.Generation))
+	} else if derr := e.p.api.NetworkDisconnect(ctx, e.egressNet, e.names.Sidecar, true); derr != nil && !ignorableDisconnect(derr) {
+		errs = append(errs, fmt.Errorf("sidecar unreachable (%v) and could not be cut from %s: %w", err, e.egressNet, derr))
+	} else {
+		done = append(done, "sidecar unreachable, cut from "+e.egressNet)
+	}
+	msg := fmt.Sprintf("docker: switch of %s failed, agent left with no egress (%s): %v", e.names.Env, strings.Join(done, "; "), cause)
+	if len(errs) > 0 {
+		return done, fmt.Errorf("%s; FAIL-CLOSED INCOMPLETE: %w", msg, errors.Join(errs...))
+	}
+	return done, errors.New(msg)
+}

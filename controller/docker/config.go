@@ -1,0 +1,140 @@
+package docker
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+	"time"
+)
+
+// Defaults of Config.
+const (
+	DefaultStateDir      = "/var/lib/compass-egress"
+	DefaultEgressNetwork = "compass-egress"
+	DefaultProxyImage    = "compass-proxy:latest"
+	DefaultProbeImage    = "compass-probe:latest"
+	DefaultOwner         = "compassctl"
+	DefaultSubnetBits    = 28
+	defaultProxyTimeout  = 30 * time.Second
+	proxyUID             = 65532 // the sidecar image's USER
+	proxyPort            = 3128
+	dnsPort              = 53
+)
+
+// DefaultPool is the private range per-task networks are carved from: 4096 /28s, none
+// of them in Docker's default address pools.
+var DefaultPool = netip.MustParsePrefix("10.213.0.0/16")
+
+// Config says where the provider keeps its state and which names and images it uses.
+type Config struct {
+	StateDir      string       // per-environment admin sockets, intended state, transitions
+	EgressNetwork string       // the shared network with a way out
+	Pool          netip.Prefix // address range of the per-task internal networks
+	SubnetBits    int          // prefix length of one per-task network
+	ProxyImage    string       // the compass-proxy sidecar image
+	ProbeImage    string       // the verify probe image
+	DNSUpstreams  []string     // host:port resolvers the sidecar forwards allowed names to
+	Owner         string       // label value marking what this controller owns
+	Clock         Clock        // time source of transition records and durations
+	ExtraProxyArg []string     // extra compass-proxy flags (tests: --allow-internal ...)
+	ProxyEnv      map[string]string
+	// StepDelay pauses between the steps of a switch. Tests only: it lets a kill of the
+	// controller land in the middle of a switch.
+	StepDelay time.Duration
+}
+
+// withDefaults fills every unset field.
+func (c Config) withDefaults() Config {
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if c.EgressNetwork == "" {
+		c.EgressNetwork = DefaultEgressNetwork
+	}
+	if !c.Pool.IsValid() {
+		c.Pool = DefaultPool
+	}
+	if c.SubnetBits == 0 {
+		c.SubnetBits = DefaultSubnetBits
+	}
+	if c.ProxyImage == "" {
+		c.ProxyImage = DefaultProxyImage
+	}
+	if c.ProbeImage == "" {
+		c.ProbeImage = DefaultProbeImage
+	}
+	if c.Owner == "" {
+		c.Owner = DefaultOwner
+	}
+	if c.Clock == nil {
+		c.Clock = realClock{}
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if !c.Pool.Addr().Is4() || c.Pool.Masked() != c.Pool {
+		return fmt.Errorf("docker: pool %s: want a canonical IPv4 prefix", c.Pool)
+	}
+	if c.SubnetBits < c.Pool.Bits() || c.SubnetBits > 29 {
+		return fmt.Errorf("docker: subnet size /%d does not fit pool %s (want /%d../29)", c.SubnetBits, c.Pool, c.Pool.Bits())
+	}
+	if !nameRE.MatchString(c.EgressNetwork) {
+		return fmt.Errorf("docker: egress network name %q is not a valid Docker name", c.EgressNetwork)
+	}
+	return nil
+}
+
+// Clock is the provider's time source.
+type Clock interface {
+	Now() time.Time
+	Since(t time.Time) time.Duration
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                  { return time.Now() }
+func (realClock) Since(t time.Time) time.Duration { return time.Since(t) }
+
+// Docker names: the task ID becomes part of container and network names.
+var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+
+// ValidateTask rejects a task ID that cannot name Docker objects.
+func ValidateTask(task string) error {
+	if !nameRE.MatchString(task) {
+		return fmt.Errorf("docker: task ID %q: use 1-63 characters of [a-zA-Z0-9_.-], starting with a letter or digit", task)
+	}
+	return nil
+}
+
+// Label keys. Container labels are immutable, so they hold only what never changes;
+// the intended policy lives in the state directory and the acknowledged one in the sidecar.
+const (
+	labelManaged     = "compass-egress.managed"
+	labelOwner       = "compass-egress.owner"
+	labelEnv         = "compass-egress.env"
+	labelTask        = "compass-egress.task"
+	labelEnvRole     = "compass-egress.env-role" // agent or evaluation (controller.Role)
+	labelRole        = "compass-egress.role"     // network, sidecar, agent, probe
+	labelAgent       = "compass-egress.agent"    // on the sidecar: the agent container's ID
+	labelAgentOwned  = "compass-egress.agent-owned"
+	labelCreatedUnix = "compass-egress.created"
+)
+
+// Object roles (labelRole values).
+const (
+	roleNetwork = "network"
+	roleEgress  = "egress"
+	roleSidecar = "sidecar"
+	roleAgent   = "agent"
+	roleProbe   = "probe"
+)
+
+// names of one environment's Docker objects.
+type names struct {
+	Env, Network, Sidecar, Agent string
+}
+
+func namesFor(env string) names {
+	return names{Env: env, Network: "compass-net-" + env, Sidecar: "compass-proxy-" + env, Agent: "compass-agent-" + env}
+}

@@ -1,0 +1,123 @@
+package docker
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
+)
+
+// Finding is one doctor check: what was checked, whether it passed, and the fix.
+type Finding struct {
+	Check  string `json:"check"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+	Fix    string `json:"fix,omitempty"`
+}
+
+// Doctor checks what the provider needs from this host. It changes nothing.
+func (p *Provider) Doctor(ctx context.Context) []Finding {
+	var out []Finding
+	add := func(check string, ok bool, detail, fix string) {
+		f := Finding{Check: check, OK: ok, Detail: detail}
+		if !ok {
+			f.Fix = fix
+		}
+		out = append(out, f)
+	}
+	v, err := p.api.ServerVersion(ctx)
+	if err != nil {
+		add("docker reachable", false, err.Error(), "start the Docker daemon, or point DOCKER_HOST at it; the controller needs access to its socket (root or the docker group)")
+		return out
+	}
+	add("docker reachable", true, fmt.Sprintf("Engine %s, API %s (minimum %s)", v.Version, v.APIVersion, v.MinAPIVersion), "")
+	add("engine API version", apiAtLeast(v.APIVersion, 1, 41), "API "+v.APIVersion+"; 1.41 (Docker 20.10) or later is supported",
+		"upgrade Docker Engine to 20.10 or later")
+
+	info, err := p.api.Info(ctx)
+	if err != nil {
+		add("bridge driver", false, err.Error(), "check the Docker daemon's health (docker info)")
+	} else {
+		bridge := false
+		for _, d := range info.Plugins.Network {
+			bridge = bridge || d == "bridge"
+		}
+		add("bridge driver", bridge, "network drivers: "+strings.Join(info.Plugins.Network, ", "), "the bridge network driver is required; check the daemon's configuration (e.g. \"bridge\": \"none\" in daemon.json disables only the default bridge, which is fine)")
+	}
+
+	for _, img := range []struct{ tag, what, fix string }{
+		{p.cfg.ProxyImage, "proxy image", "run `compassctl env image build` (needs the compass-proxy binary), or `compassctl env image load FILE` on an air-gapped host"},
+		{p.cfg.ProbeImage, "probe image (verify)", "run `compassctl env image build --probe` (needs the probe binary), or `image load FILE`"},
+	} {
+		_, err := p.api.ImageInspect(ctx, img.tag)
+		switch {
+		case err == nil:
+			add(img.what, true, img.tag+" present", "")
+		case cerrdefs.IsNotFound(err):
+			add(img.what, false, img.tag+" missing", img.fix)
+		default:
+			add(img.what, false, err.Error(), img.fix)
+		}
+	}
+
+	p.checkNamespaceAccess(ctx, add)
+
+	if free, total, err := p.PoolUsage(ctx); err != nil {
+		add("address pool", false, err.Error(), "check the Docker daemon's health")
+	} else {
+		add("address pool", free > 0, fmt.Sprintf("%d of %d /%d subnets free in %s", free, total, p.cfg.SubnetBits, p.cfg.Pool),
+			"close unused environments (compassctl env ls), or give a wider --pool; make sure no other network uses the range")
+	}
+
+	state := "absent"
+	if b, err := os.ReadFile("/proc/sys/net/bridge/bridge-nf-call-iptables"); err == nil {
+		state = strings.TrimSpace(string(b))
+	}
+	add("br_netfilter", true, "bridge-nf-call-iptables="+state+" (either way works: the design does not route agent traffic through the sidecar)", "")
+
+	if err := os.MkdirAll(p.cfg.StateDir, 0o750); err != nil {
+		add("state directory", false, err.Error(), "create "+p.cfg.StateDir+" writable by the controller, or pass --state-dir / COMPASS_STATE_DIR")
+	} else {
+		add("state directory", true, p.cfg.StateDir+" writable", "")
+	}
+	return out
+}
+
+func apiAtLeast(v string, major, minor int) bool {
+	var a, b int
+	if _, err := fmt.Sscanf(v, "%d.%d", &a, &b); err != nil {
+		return false
+	}
+	return a > major || (a == major && b >= minor)
+}
+
+// checkNamespaceAccess opens the network namespace of a running container, as every
+// switch does to edit the agent's routes.
+func (p *Provider) checkNamespaceAccess(ctx context.Context, add func(check string, ok bool, detail, fix string)) {
+	const fix = "run the controller as root (or with CAP_SYS_ADMIN and CAP_SYS_PTRACE) on the Docker host, in the host PID namespace"
+	cs, err := p.api.ContainerList(ctx, container.ListOptions{Limit: 1})
+	if err != nil || len(cs) == 0 {
+		add("namespace access", true, "not checked: no running container (open one and run doctor again)", "")
+		return
+	}
+	ci, err := p.api.ContainerInspect(ctx, cs[0].ID)
+	if err != nil || ci.State == nil || ci.State.Pid == 0 {
+		add("namespace access", true, "not checked: the running container vanished", "")
+		return
+	}
+	path := fmt.Sprintf("/proc/%d/ns/net", ci.State.Pid)
+	f, err := os.Open(path)
+	if err != nil {
+		add("namespace access", false, err.Error(), fix)
+		return
+	}
+	f.Close()
+	if _, err := p.routes.DefaultRoutes(ci.State.Pid); err != nil {
+		add("namespace access", false, err.Error(), fix)
+		return
+	}
+	add("namespace access", true, "can read routes in "+path+" (container "+cs[0].Names[0]+")", "")
+}

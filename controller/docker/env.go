@@ -1,0 +1,197 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/network"
+
+	"github.com/compass-egress/compass-egress/controller"
+)
+
+// Env is one Docker environment: a sidecar, a per-task internal network and an agent.
+// Everything it knows it can re-read from Docker labels and the state directory, so a
+// fresh process (Lookup) works on an environment another process opened.
+type Env struct {
+	p          *Provider
+	names      names
+	task       string
+	role       controller.Role
+	plan       subnetPlan
+	dir        stateDir
+	admin      *adminClient
+	egressNet  string
+	agentRef   string // agent container name or ID
+	agentOwned bool   // open created it (close removes it)
+}
+
+var _ controller.Environment = (*Env)(nil)
+
+// ID is the environment name.
+func (e *Env) ID() string { return e.names.Env }
+
+// Task is the task the environment belongs to.
+func (e *Env) Task() string { return e.task }
+
+// AgentContainer is the agent container's name or ID.
+func (e *Env) AgentContainer() string { return e.agentRef }
+
+// SidecarContainer is the sidecar container's name.
+func (e *Env) SidecarContainer() string { return e.names.Sidecar }
+
+// Network is the name of the per-task internal network.
+func (e *Env) Network() string { return e.names.Network }
+
+// SidecarAddr is the sidecar's address on the task network (proxy :3128, DNS :53).
+func (e *Env) SidecarAddr() netip.Addr { return e.plan.Sidecar }
+
+// StateDir is the environment's directory under the provider's state directory.
+func (e *Env) StateDir() string { return string(e.dir) }
+
+// ErrNoEnvironment means no environment of that name exists on this host.
+var ErrNoEnvironment = errors.New("docker: no such environment")
+
+// Lookup finds an environment by name (EnvID) from its Docker labels.
+func (p *Provider) Lookup(ctx context.Context, env string) (*Env, error) {
+	n := namesFor(env)
+	sc, err := p.api.ContainerInspect(ctx, n.Sidecar)
+	if cerrdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("%w: %s", ErrNoEnvironment, env)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("docker: inspect sidecar %s: %w", n.Sidecar, err)
+	}
+	l := sc.Config.Labels
+	if l[labelManaged] != "true" || l[labelOwner] != p.cfg.Owner {
+		return nil, fmt.Errorf("docker: %s is not managed by this controller (owner %q)", n.Sidecar, l[labelOwner])
+	}
+	e := &Env{
+		p: p, names: n, task: l[labelTask], role: controller.Role(l[labelEnvRole]),
+		dir: stateDir(filepath.Join(p.cfg.StateDir, env)), egressNet: p.cfg.EgressNetwork,
+		agentRef: l[labelAgent],
+	}
+	e.agentOwned, _ = strconv.ParseBool(l[labelAgentOwned])
+	e.admin = newAdminClient(e.dir.socket())
+	ni, err := p.api.NetworkInspect(ctx, n.Network, network.InspectOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("docker: inspect task network %s: %w", n.Network, err)
+	}
+	if len(ni.IPAM.Config) == 0 {
+		return nil, fmt.Errorf("docker: task network %s has no subnet", n.Network)
+	}
+	sub, err := netip.ParsePrefix(ni.IPAM.Config[0].Subnet)
+	if err != nil {
+		return nil, fmt.Errorf("docker: task network %s: %w", n.Network, err)
+	}
+	e.plan = planFor(sub)
+	return e, nil
+}
+
+// lock serialises switches of one environment across processes (flock on the state
+// directory), so two controllers never interleave wiring steps.
+func (e *Env) lock() (unlock func(), err error) {
+	f, err := os.OpenFile(filepath.Join(string(e.dir), "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("state: lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("state: lock: %w", err)
+	}
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+// Blocked summarises the blocked attempts under the policy in force.
+func (e *Env) Blocked(ctx context.Context) (controller.BlockedSummary, error) {
+	s, err := e.admin.Blocked(ctx)
+	if err != nil {
+		return s, fmt.Errorf("docker: %s: %w", e.names.Env, err)
+	}
+	return s, nil
+}
+
+// Close removes the environment. With retain nothing is touched: the environment keeps
+// running under the policy in force, and a later Close without retain removes it.
+func (e *Env) Close(ctx context.Context, retain bool) error {
+	if retain {
+		return nil
+	}
+	return e.remove(ctx)
+}
+
+// remove deletes everything the environment owns; objects already gone are fine, so it
+// is idempotent. An attached container is left on no network at all: handing it back
+// its old networks would give it egress nobody decided on.
+func (e *Env) remove(ctx context.Context) error {
+	var errs []error
+	if e.agentRef != "" {
+		if e.agentOwned {
+			if err := e.p.api.ContainerRemove(ctx, e.agentRef, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("docker: remove agent: %w", err))
+			}
+		} else {
+			for _, net := range []string{e.names.Network, e.egressNet} {
+				if err := e.p.api.NetworkDisconnect(ctx, net, e.agentRef, true); err != nil && !ignorableDisconnect(err) {
+					errs = append(errs, fmt.Errorf("docker: detach agent from %s: %w", net, err))
+				}
+			}
+		}
+	}
+	if err := e.p.api.ContainerRemove(ctx, e.names.Sidecar, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("docker: remove sidecar: %w", err))
+	}
+	if err := e.removeNetwork(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(string(e.dir)); err != nil {
+		errs = append(errs, fmt.Errorf("state: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// removeNetwork retries briefly: Docker may still be releasing the endpoints of
+// containers removed a moment ago.
+func (e *Env) removeNetwork(ctx context.Context) error {
+	var err error
+	for try := 0; try < 20; try++ {
+		err = e.p.api.NetworkRemove(ctx, e.names.Network)
+		if err == nil || cerrdefs.IsNotFound(err) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("docker: remove network %s: %w", e.names.Network, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("docker: remove network %s: %w", e.names.Network, err)
+}
+
+func ignorableDisconnect(err error) bool {
+	return cerrdefs.IsNotFound(err) || containsAny(err.Error(), "is not connected", "not found", "No such")
+}
+
+// RemoveByName removes whatever is left of an environment whose sidecar is gone (a
+// half-finished open, or a second close): its network, its state directory, and an
+// agent container only if it carries this controller's labels.
+func (p *Provider) RemoveByName(ctx context.Context, env string) error {
+	n := namesFor(env)
+	e := &Env{p: p, names: n, dir: stateDir(filepath.Join(p.cfg.StateDir, env)), egressNet: p.cfg.EgressNetwork}
+	if ci, err := p.api.ContainerInspect(ctx, n.Agent); err == nil && ci.Config != nil &&
+		ci.Config.Labels[labelManaged] == "true" && ci.Config.Labels[labelOwner] == p.cfg.Owner {
+		e.agentRef, e.agentOwned = n.Agent, true
+	}
+	return e.remove(ctx)
+}

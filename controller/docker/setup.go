@@ -1,0 +1,269 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/pkg/stdcopy"
+
+	"github.com/compass-egress/compass-egress/controller"
+)
+
+// setUp builds one environment: networks, sidecar, agent (created, or the attached
+// container attachID moved onto the task network), then applies the baseline. On error
+// everything it created is removed.
+func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID string) (e *Env, err error) {
+	if err := ValidateTask(spec.Task); err != nil {
+		return nil, err
+	}
+	n := namesFor(EnvID(spec.Task, spec.Role))
+	if _, ierr := p.api.ContainerInspect(ctx, n.Sidecar); ierr == nil {
+		return nil, fmt.Errorf("docker: environment %s already exists (close it first)", n.Env)
+	}
+	egress, err := p.ensureEgressNetwork(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, ierr := p.api.ImageInspect(ctx, p.cfg.ProxyImage); ierr != nil {
+		if cerrdefs.IsNotFound(ierr) {
+			return nil, fmt.Errorf("docker: proxy image %s is missing: run `compassctl env image build` (or `image load FILE` on an air-gapped host)", p.cfg.ProxyImage)
+		}
+		return nil, fmt.Errorf("docker: inspect proxy image %s: %w", p.cfg.ProxyImage, ierr)
+	}
+	timeout := spec.ProxyStartTimeout
+	if timeout <= 0 {
+		timeout = defaultProxyTimeout
+	}
+
+	e = &Env{p: p, names: n, task: spec.Task, role: spec.Role, dir: stateDir(filepath.Join(p.cfg.StateDir, n.Env)), agentOwned: attachID == ""}
+	e.admin = newAdminClient(e.dir.socket())
+	e.egressNet = egress.Name
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if cerr := e.remove(cctx); cerr != nil {
+				err = fmt.Errorf("%w (and cleanup failed: %v)", err, cerr)
+			}
+		}
+	}()
+	if err := e.dir.create(); err != nil {
+		return e, err
+	}
+	plan, err := p.createTaskNetwork(ctx, n, p.labels(n, spec.Task, spec.Role, roleNetwork))
+	if err != nil {
+		return e, err
+	}
+	e.plan = plan
+
+	agentRef := n.Agent
+	if attachID != "" {
+		agentRef = attachID
+	}
+	e.agentRef = agentRef
+	if err := p.createSidecar(ctx, e, agentRef); err != nil {
+		return e, err
+	}
+	if err := e.waitReady(ctx, timeout); err != nil {
+		return e, err
+	}
+	if attachID == "" {
+		if err := p.createAgent(ctx, e, spec); err != nil {
+			return e, err
+		}
+	} else if err := p.moveAgent(ctx, e, attachID); err != nil {
+		return e, err
+	}
+	baseline := spec.Baseline
+	if !baseline.Mode.Valid() {
+		return e, errors.New("docker: open: the baseline policy is missing or invalid")
+	}
+	if _, err := e.Apply(ctx, baseline, controller.PhaseLabel{Phase: "baseline"}); err != nil {
+		return e, err
+	}
+	return e, nil
+}
+
+func (p *Provider) proxyArgs(e *Env) []string {
+	args := []string{
+		"--listen", netip.AddrPortFrom(e.plan.Sidecar, proxyPort).String(),
+		"--dns-listen", netip.AddrPortFrom(e.plan.Sidecar, dnsPort).String(),
+		"--admin-socket", "/run/compass/admin.sock",
+		"--task", e.task,
+		"--phase", "start",
+	}
+	for _, u := range p.cfg.DNSUpstreams {
+		args = append(args, "--dns-upstream", u)
+	}
+	return append(args, p.cfg.ExtraProxyArg...)
+}
+
+func (p *Provider) createSidecar(ctx context.Context, e *Env, agentRef string) error {
+	labels := p.labels(e.names, e.task, e.role, roleSidecar)
+	labels[labelAgent] = agentRef
+	labels[labelAgentOwned] = strconv.FormatBool(e.agentOwned)
+	var env []string
+	for k, v := range p.cfg.ProxyEnv {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	_, err := p.api.ContainerCreate(ctx,
+		&container.Config{Image: p.cfg.ProxyImage, Cmd: p.proxyArgs(e), Labels: labels, Env: env},
+		&container.HostConfig{
+			NetworkMode: container.NetworkMode(e.egressNet),
+			Sysctls: map[string]string{
+				// Binding :53 as the image's unprivileged user.
+				"net.ipv4.ip_unprivileged_port_start": "0",
+				// A forwarding sidecar would be a router out of the sandbox.
+				"net.ipv4.ip_forward":          "0",
+				"net.ipv6.conf.all.forwarding": "0",
+			},
+			Mounts:    []mount.Mount{{Type: mount.TypeBind, Source: e.dir.admin(), Target: "/run/compass"}},
+			LogConfig: container.LogConfig{Type: "json-file", Config: map[string]string{"max-size": "10m", "max-file": "2"}},
+		},
+		nil, nil, e.names.Sidecar)
+	if err != nil {
+		return fmt.Errorf("docker: create sidecar %s: %w", e.names.Sidecar, err)
+	}
+	err = p.api.NetworkConnect(ctx, e.names.Network, e.names.Sidecar, &network.EndpointSettings{
+		IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: e.plan.Sidecar.String()},
+	})
+	if err != nil {
+		return fmt.Errorf("docker: connect sidecar to %s: %w", e.names.Network, err)
+	}
+	if err := p.api.ContainerStart(ctx, e.names.Sidecar, container.StartOptions{}); err != nil {
+		return fmt.Errorf("docker: start sidecar %s: %w", e.names.Sidecar, err)
+	}
+	return nil
+}
+
+// proxyEnv is what the agent's tools read to find the proxy.
+func proxyEnv(plan subnetPlan) map[string]string {
+	u := "http://" + netip.AddrPortFrom(plan.Sidecar, proxyPort).String()
+	no := "localhost,127.0.0.1,::1"
+	return map[string]string{
+		"HTTP_PROXY": u, "HTTPS_PROXY": u, "NO_PROXY": no,
+		"http_proxy": u, "https_proxy": u, "no_proxy": no,
+	}
+}
+
+func envList(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (p *Provider) createAgent(ctx context.Context, e *Env, spec controller.EnvSpec) error {
+	env := proxyEnv(e.plan)
+	for k, v := range spec.Env {
+		env[k] = v
+	}
+	// Docker's embedded resolver (127.0.0.11) does not forward on an internal network,
+	// so the agent gets a resolv.conf naming the sidecar directly.
+	resolv, err := e.dir.writeResolvConf(e.plan.Sidecar)
+	if err != nil {
+		return err
+	}
+	_, err = p.api.ContainerCreate(ctx,
+		&container.Config{Image: spec.Image, Cmd: spec.Cmd, Env: envList(env), Labels: p.labels(e.names, e.task, e.role, roleAgent)},
+		&container.HostConfig{
+			NetworkMode: container.NetworkMode(e.names.Network),
+			DNS:         []string{e.plan.Sidecar.String()},
+			Mounts:      []mount.Mount{{Type: mount.TypeBind, Source: resolv, Target: "/etc/resolv.conf", ReadOnly: true}},
+		},
+		&network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{
+			e.names.Network: {IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: e.plan.Agent.String()}},
+		}},
+		nil, e.names.Agent)
+	if err != nil {
+		return fmt.Errorf("docker: create agent %s: %w", e.names.Agent, err)
+	}
+	if err := p.api.ContainerStart(ctx, e.names.Agent, container.StartOptions{}); err != nil {
+		return fmt.Errorf("docker: start agent %s: %w", e.names.Agent, err)
+	}
+	return nil
+}
+
+// moveAgent puts an attached container on the task network and takes it off every
+// other network (each of which may lead out).
+func (p *Provider) moveAgent(ctx context.Context, e *Env, id string) error {
+	err := p.api.NetworkConnect(ctx, e.names.Network, id, &network.EndpointSettings{
+		IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: e.plan.Agent.String()},
+	})
+	if err != nil {
+		return fmt.Errorf("docker: attach: connect %s to %s: %w", id, e.names.Network, err)
+	}
+	ci, err := p.api.ContainerInspect(ctx, id)
+	if err != nil {
+		return fmt.Errorf("docker: attach: inspect %s: %w", id, err)
+	}
+	for name := range ci.NetworkSettings.Networks {
+		if name == e.names.Network {
+			continue
+		}
+		if err := p.api.NetworkDisconnect(ctx, name, id, true); err != nil {
+			return fmt.Errorf("docker: attach: disconnect %s from %s: %w", id, name, err)
+		}
+	}
+	return nil
+}
+
+// waitReady polls the sidecar's readiness over its admin socket until timeout, failing
+// early with the sidecar's last log lines if it exits.
+func (e *Env) waitReady(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var lastErr error
+	for {
+		rctx, rcancel := context.WithTimeout(ctx, time.Second)
+		lastErr = e.admin.Ready(rctx)
+		rcancel()
+		if lastErr == nil {
+			return nil
+		}
+		ci, err := e.p.api.ContainerInspect(ctx, e.names.Sidecar)
+		if err == nil && ci.State != nil && !ci.State.Running {
+			return fmt.Errorf("docker: sidecar %s exited (code %d) before becoming ready: %s", e.names.Sidecar, ci.State.ExitCode, e.p.logTail(context.WithoutCancel(ctx), e.names.Sidecar))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("docker: sidecar %s not ready within %s (last check: %v): %s", e.names.Sidecar, timeout, lastErr, e.p.logTail(context.WithoutCancel(ctx), e.names.Sidecar))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// logTail returns the last lines a container wrote, for error messages.
+func (p *Provider) logTail(ctx context.Context, ref string) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	rc, err := p.api.ContainerLogs(ctx, ref, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: "5"})
+	if err != nil {
+		return "no logs: " + err.Error()
+	}
+	defer rc.Close()
+	var out, errb strings.Builder
+	if _, err := stdcopy.StdCopy(&out, &errb, io.LimitReader(rc, 8192)); err != nil {
+		return "no logs: " + err.Error()
+	}
+	s := strings.TrimSpace(errb.String() + out.String())
+	if s == "" {
+		return "no log output"
+	}
+	return "logs: " + s
+}

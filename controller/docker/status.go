@@ -1,0 +1,227 @@
+package docker
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// Status compares what the controller intended with what it finds in Docker, in the
+// sidecar and in the agent's namespace. Problems lists every mismatch; a switch to the
+// intended policy repairs them.
+type Status struct {
+	Env         string                  `json:"env"`
+	Task        string                  `json:"task"`
+	Role        string                  `json:"role"`
+	Intended    *IntendedPolicy         `json:"intended,omitempty"`
+	Sidecar     SidecarState            `json:"sidecar"`
+	Wiring      Wiring                  `json:"wiring"`
+	Transitions []controller.Transition `json:"transitions"`
+	Problems    []string                `json:"problems"`
+	OK          bool                    `json:"ok"`
+}
+
+// IntendedPolicy is the policy the last switch set out to put in force.
+type IntendedPolicy struct {
+	Mode   policy.Mode   `json:"mode"`
+	Digest string        `json:"digest"`
+	Phase  string        `json:"phase"`
+	Policy policy.Policy `json:"policy"`
+	Since  time.Time     `json:"since"`
+}
+
+// SidecarState is what the sidecar container and its admin API say.
+type SidecarState struct {
+	Running    bool        `json:"running"`
+	Ready      bool        `json:"ready"`
+	Generation uint64      `json:"generation"`
+	Digest     string      `json:"digest"`
+	Mode       policy.Mode `json:"mode"`
+	Phase      string      `json:"phase"`
+	OnEgress   bool        `json:"on_egress_network"`
+	OnTaskNet  bool        `json:"on_task_network"`
+	Error      string      `json:"error,omitempty"`
+}
+
+// Wiring is the agent's connectivity as Docker and the kernel see it.
+type Wiring struct {
+	AgentRunning  bool     `json:"agent_running"`
+	Networks      []string `json:"networks"`
+	OnEgress      bool     `json:"on_egress_network"`
+	DefaultRoutes []string `json:"default_routes"`
+	Error         string   `json:"error,omitempty"`
+}
+
+// Status inspects the environment; it never changes anything.
+func (e *Env) Status(ctx context.Context) (Status, error) {
+	st := Status{Env: e.names.Env, Task: e.task, Role: string(e.role), Problems: []string{}}
+	problem := func(format string, args ...any) { st.Problems = append(st.Problems, fmt.Sprintf(format, args...)) }
+
+	in, ok, err := e.dir.readIntent()
+	if err != nil {
+		return st, err
+	}
+	if ok {
+		st.Intended = &IntendedPolicy{Mode: in.Policy.Mode, Digest: in.Digest, Phase: in.Phase, Policy: in.Policy, Since: in.Time}
+	} else {
+		problem("no intended policy recorded (open or switch did not complete)")
+	}
+
+	sc, err := e.p.api.ContainerInspect(ctx, e.names.Sidecar)
+	switch {
+	case cerrdefs.IsNotFound(err):
+		problem("sidecar %s is missing", e.names.Sidecar)
+	case err != nil:
+		return st, fmt.Errorf("docker: inspect sidecar: %w", err)
+	default:
+		st.Sidecar.Running = sc.State != nil && sc.State.Running
+		st.Sidecar.OnEgress = connectedTo(sc, e.egressNet)
+		st.Sidecar.OnTaskNet = connectedTo(sc, e.names.Network)
+	}
+	if st.Sidecar.Running {
+		if err := e.admin.Ready(ctx); err != nil {
+			st.Sidecar.Error = err.Error()
+		} else {
+			st.Sidecar.Ready = true
+		}
+		if ack, err := e.admin.GetPolicy(ctx); err != nil {
+			st.Sidecar.Error = err.Error()
+		} else {
+			st.Sidecar.Generation, st.Sidecar.Digest, st.Sidecar.Mode, st.Sidecar.Phase = ack.Generation, ack.Digest, ack.Mode, ack.Phase
+		}
+	}
+	switch {
+	case !st.Sidecar.Running:
+		problem("sidecar is not running: degraded, the agent has no egress through it")
+	case !st.Sidecar.Ready:
+		problem("sidecar is not ready: %s", st.Sidecar.Error)
+	}
+	if st.Sidecar.Running && !st.Sidecar.OnEgress {
+		problem("sidecar is not connected to %s (cut by a failed switch?)", e.egressNet)
+	}
+	if st.Sidecar.Running && !st.Sidecar.OnTaskNet {
+		problem("sidecar is not connected to %s", e.names.Network)
+	}
+	if st.Intended != nil && st.Sidecar.Ready && st.Sidecar.Digest != st.Intended.Digest {
+		problem("sidecar enforces %s (%s) but %s (%s) is intended", st.Sidecar.Mode, short(st.Sidecar.Digest), st.Intended.Mode, short(st.Intended.Digest))
+	}
+
+	e.inspectWiring(ctx, &st, problem)
+	st.Transitions, err = e.dir.lastTransitions(5)
+	if err != nil {
+		return st, err
+	}
+	st.OK = len(st.Problems) == 0
+	return st, nil
+}
+
+func (e *Env) inspectWiring(ctx context.Context, st *Status, problem func(string, ...any)) {
+	agent, err := e.p.api.ContainerInspect(ctx, e.agentRef)
+	if err != nil {
+		st.Wiring.Error = err.Error()
+		problem("agent %s: %v", e.agentRef, err)
+		return
+	}
+	st.Wiring.AgentRunning = agent.State != nil && agent.State.Running
+	st.Wiring.Networks = []string{}
+	if agent.NetworkSettings != nil {
+		for n := range agent.NetworkSettings.Networks {
+			st.Wiring.Networks = append(st.Wiring.Networks, n)
+			if n != e.names.Network && n != e.egressNet {
+				problem("agent is connected to %s, which this controller does not manage", n)
+			}
+		}
+	}
+	sort.Strings(st.Wiring.Networks)
+	st.Wiring.OnEgress = connectedTo(agent, e.egressNet)
+	if !st.Wiring.AgentRunning {
+		problem("agent %s is not running", e.agentRef)
+		return
+	}
+	routes, err := e.p.routes.DefaultRoutes(agent.State.Pid)
+	if err != nil {
+		st.Wiring.Error = err.Error()
+		problem("cannot read the agent's routes: %v", err)
+		return
+	}
+	st.Wiring.DefaultRoutes = []string{}
+	for _, r := range routes {
+		st.Wiring.DefaultRoutes = append(st.Wiring.DefaultRoutes, r.String())
+	}
+	if st.Intended == nil {
+		return
+	}
+	if st.Intended.Mode == policy.ModePublic {
+		if !st.Wiring.OnEgress {
+			problem("public is intended but the agent is not connected to %s", e.egressNet)
+		}
+		gw, err := e.egressGateway(ctx)
+		if err == nil && !containsAddr(routes, gw) {
+			problem("public is intended but the agent has no default route via %s", gw)
+		}
+		return
+	}
+	if st.Wiring.OnEgress {
+		problem("%s is intended but the agent is connected to %s", st.Intended.Mode, e.egressNet)
+	}
+	if len(routes) > 0 {
+		problem("%s is intended but the agent has default routes %v", st.Intended.Mode, st.Wiring.DefaultRoutes)
+	}
+}
+
+func containsAddr(list []netip.Addr, a netip.Addr) bool {
+	for _, x := range list {
+		if x == a {
+			return true
+		}
+	}
+	return false
+}
+
+func short(digest string) string {
+	const n = len("sha256:") + 12
+	if len(digest) > n {
+		return digest[:n]
+	}
+	return digest
+}
+
+// Summary is one managed environment in a listing.
+type Summary struct {
+	Env     string `json:"env"`
+	Task    string `json:"task"`
+	Role    string `json:"role"`
+	Sidecar string `json:"sidecar"`
+	Agent   string `json:"agent"`
+	State   string `json:"sidecar_state"`
+	Created string `json:"created"`
+}
+
+// List returns the environments this controller manages on this host.
+func (p *Provider) List(ctx context.Context) ([]Summary, error) {
+	cs, err := p.listManaged(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Summary, 0, len(cs))
+	for _, c := range cs {
+		name := ""
+		if len(c.Names) > 0 {
+			name = c.Names[0][1:]
+		}
+		out = append(out, Summary{
+			Env: c.Labels[labelEnv], Task: c.Labels[labelTask], Role: c.Labels[labelEnvRole],
+			Sidecar: name, Agent: c.Labels[labelAgent], State: string(c.State),
+			Created: time.Unix(c.Created, 0).UTC().Format(time.RFC3339),
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Env < out[j].Env })
+	return out, nil
+}

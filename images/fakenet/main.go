@@ -1,0 +1,142 @@
+// Command fakenet is the e2e tests' fake internet: one container on the egress network
+// that answers every *.test name with its own address (DNS on :53, UDP and TCP) and
+// serves HTTP on :80 and HTTPS on :443 (a self-signed certificate made at start) for
+// any of those names. /stream sends a line every 100 ms until the client goes away.
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+func main() {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	ip, err := ownAddress()
+	if err != nil {
+		log.Error("fakenet: own address", "err", err)
+		os.Exit(1)
+	}
+	cert, err := selfSigned()
+	if err != nil {
+		log.Error("fakenet: certificate", "err", err)
+		os.Exit(1)
+	}
+	dnsHandler := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) { answer(w, q, ip) })
+	errs := make(chan error, 4)
+	for _, n := range []string{"udp", "tcp"} {
+		srv := &dns.Server{Addr: ":53", Net: n, Handler: dnsHandler}
+		go func() { errs <- srv.ListenAndServe() }()
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/stream", streamLines)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "fakenet %s\n", r.Host)
+	})
+	plain := &http.Server{Addr: ":80", Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	secure := &http.Server{Addr: ":443", Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
+	go func() { errs <- plain.ListenAndServe() }()
+	go func() { errs <- secure.ListenAndServeTLS("", "") }()
+	log.Info("fakenet: serving", "addr", ip.String())
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	select {
+	case err := <-errs:
+		log.Error("fakenet: server", "err", err)
+		os.Exit(1)
+	case <-sig:
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = plain.Shutdown(ctx)
+		_ = secure.Shutdown(ctx)
+	}
+}
+
+// answer gives every *.test name this container's address and refuses everything else.
+func answer(w dns.ResponseWriter, q *dns.Msg, ip net.IP) {
+	m := new(dns.Msg)
+	m.SetReply(q)
+	for _, question := range q.Question {
+		if !strings.HasSuffix(strings.ToLower(question.Name), ".test.") {
+			m.Rcode = dns.RcodeNameError
+			continue
+		}
+		if question.Qtype == dns.TypeA {
+			m.Answer = append(m.Answer, &dns.A{
+				Hdr: dns.RR_Header{Name: question.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5},
+				A:   ip,
+			})
+		}
+	}
+	_ = w.WriteMsg(m)
+}
+
+func streamLines(w http.ResponseWriter, r *http.Request) {
+	fl, _ := w.(http.Flusher)
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for i := 0; ; i++ {
+		if _, err := fmt.Fprintf(w, "line %d\n", i); err != nil {
+			return
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func ownAddress() (net.IP, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
+			return n.IP.To4(), nil
+		}
+	}
+	return nil, fmt.Errorf("no IPv4 address")
+}
+
+func selfSigned() (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "fakenet.test"},
+		DNSNames:     []string{"*.test", "fakenet.test"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+}

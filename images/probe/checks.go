@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// Check is one connectivity test. Kinds:
+//
+//	proxy    fetch https://Target (or http:// for port 80) through the proxy at Proxy;
+//	         reachable: the origin answered 200
+//	http     fetch http://Target directly; reachable: any HTTP response
+//	tcp      dial Target directly; reachable: connected, or refused (a reply came back)
+//	dns      ask Server (UDP, or TCP with Net "tcp") for Name's A record;
+//	         reachable: any DNS reply; resolved: at least one address
+//	admin    GET Target/v1/policy directly; reachable: a policy document came back
+type Check struct {
+	Name      string `json:"name"`
+	Kind      string `json:"kind"`
+	Target    string `json:"target,omitempty"`
+	Proxy     string `json:"proxy,omitempty"`
+	Server    string `json:"server,omitempty"`
+	Net       string `json:"net,omitempty"`
+	QName     string `json:"qname,omitempty"`
+	TimeoutMS int    `json:"timeout_ms,omitempty"`
+}
+
+// Result is what a check observed.
+type Result struct {
+	Name      string `json:"name"`
+	Reachable bool   `json:"reachable"`
+	Resolved  bool   `json:"resolved,omitempty"`
+	Detail    string `json:"detail"`
+}
+
+func runChecks(checks []Check) []Result {
+	out := make([]Result, len(checks))
+	var wg sync.WaitGroup
+	for i, c := range checks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			timeout := 3 * time.Second
+			if c.TimeoutMS > 0 {
+				timeout = time.Duration(c.TimeoutMS) * time.Millisecond
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			r := run(ctx, c)
+			r.Name = c.Name
+			out[i] = r
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func run(ctx context.Context, c Check) Result {
+	switch c.Kind {
+	case "proxy":
+		return viaProxy(ctx, c.Target, c.Proxy)
+	case "http":
+		return directHTTP(ctx, "http://"+c.Target+"/")
+	case "admin":
+		return admin(ctx, c.Target)
+	case "tcp":
+		return directTCP(ctx, c.Target)
+	case "dns":
+		return query(ctx, c)
+	}
+	return Result{Detail: "unknown check kind " + c.Kind}
+}
+
+func viaProxy(ctx context.Context, target, proxy string) Result {
+	host, port, err := net.SplitHostPort(target)
+	if err != nil {
+		return Result{Detail: err.Error()}
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", proxy)
+	if err != nil {
+		return Result{Detail: "proxy: " + err.Error()}
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	br := bufio.NewReader(conn)
+	if port == "80" {
+		fmt.Fprintf(conn, "GET http://%s/ HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", target, host)
+		return originAnswer(br, "GET via proxy")
+	}
+	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return Result{Detail: "CONNECT: " + err.Error()}
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return Result{Detail: "CONNECT: proxy answered " + resp.Status}
+	}
+	tc := tls.Client(&bufferedConn{Conn: conn, r: br}, &tls.Config{ServerName: host, InsecureSkipVerify: true}) //nolint:gosec // the fake internet's certificate is self-signed; the check is about reachability
+	fmt.Fprintf(tc, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
+	return originAnswer(bufio.NewReader(tc), "GET through CONNECT tunnel")
+}
+
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (b *bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }
+
+func originAnswer(br *bufio.Reader, what string) Result {
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return Result{Detail: what + ": " + err.Error()}
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	resp.Body.Close()
+	detail := what + ": " + resp.Status
+	if resp.StatusCode == http.StatusOK {
+		return Result{Reachable: true, Detail: detail + " " + strings.TrimSpace(string(body))}
+	}
+	return Result{Detail: detail}
+}
+
+func directHTTP(ctx context.Context, url string) Result {
+	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return Result{Detail: err.Error()}
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return Result{Detail: err.Error()}
+	}
+	resp.Body.Close()
+	return Result{Reachable: true, Detail: "direct GET: " + resp.Status}
+}
+
+func admin(ctx context.Context, target string) Result {
+	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+target+"/v1/policy", nil)
+	if err != nil {
+		return Result{Detail: err.Error()}
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return Result{Detail: err.Error()}
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode == http.StatusOK && strings.Contains(string(body), `"generation"`) {
+		return Result{Reachable: true, Detail: "admin API answered: " + resp.Status}
+	}
+	return Result{Detail: "no admin API there (" + resp.Status + ")"}
+}
+
+func directTCP(ctx context.Context, target string) Result {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", target)
+	if err == nil {
+		conn.Close()
+		return Result{Reachable: true, Detail: "connected"}
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return Result{Reachable: true, Detail: "refused (the host answered)"}
+	}
+	return Result{Detail: err.Error()}
+}
+
+func query(ctx context.Context, c Check) Result {
+	network := c.Net
+	if network == "" {
+		network = "udp"
+	}
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(c.QName), dns.TypeA)
+	cl := &dns.Client{Net: network}
+	resp, _, err := cl.ExchangeContext(ctx, m, c.Server)
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return Result{Reachable: true, Detail: network + " DNS: refused (the host answered)"}
+	}
+	if err != nil {
+		return Result{Detail: network + " DNS: " + err.Error()}
+	}
+	r := Result{Reachable: true, Detail: network + " DNS: " + dns.RcodeToString[resp.Rcode]}
+	for _, a := range resp.Answer {
+		if rec, ok := a.(*dns.A); ok {
+			r.Resolved = true
+			r.Detail += " " + rec.A.String()
+		}
+	}
+	return r
+}
