@@ -1,62 +1,41 @@
 package policy
 
-import "strings"
+import (
+	"hash/maphash"
+	"math/bits"
+	"strings"
+)
 
-// hostSet finds the rules of exact host names and of wildcard suffixes. Its map keys
-// are the policy's own Host strings, so compiling copies no name.
+// hostSet finds the rules of exact host names and of wildcard suffixes.
 type hostSet struct {
-	exact  map[string]uint32 // name -> group in exactRules
-	suffix map[string]uint32 // wildcard suffix (after "*.") -> group in suffixRules
-
-	exactRules  ruleGroups
-	suffixRules ruleGroups
+	exact  nameTable // keyed by Host of KindHost rules
+	suffix nameTable // keyed by Host (the part after "*.") of KindWildcard rules
 
 	// suffixLabels has bit n set when some wildcard suffix has n labels (n < 256), so
 	// the walk over a long name looks up only suffixes that could exist.
 	suffixLabels [4]uint64
 }
 
-func newHostSet(targets []Target) hostSet {
-	s := hostSet{exact: map[string]uint32{}, suffix: map[string]uint32{}}
-	var exact, suffix []groupItem
-	for i, t := range targets {
-		switch t.Kind {
-		case KindHost:
-			exact = append(exact, groupItem{group: groupOf(s.exact, t.Host), port: t.Port, rule: uint32(i)})
-		case KindWildcard:
-			suffix = append(suffix, groupItem{group: groupOf(s.suffix, t.Host), port: t.Port, rule: uint32(i)})
-			if n := strings.Count(t.Host, ".") + 1; n < 256 {
-				s.suffixLabels[n/64] |= 1 << (n % 64)
-			}
+func newHostSet(targets []Target, seed maphash.Seed) hostSet {
+	s := hostSet{exact: newNameTable(targets, KindHost, seed), suffix: newNameTable(targets, KindWildcard, seed)}
+	for _, t := range targets {
+		if n := strings.Count(t.Host, ".") + 1; t.Kind == KindWildcard && n < 256 {
+			s.suffixLabels[n/64] |= 1 << (n % 64)
 		}
 	}
-	s.exactRules = newRuleGroups(len(s.exact), exact)
-	s.suffixRules = newRuleGroups(len(s.suffix), suffix)
 	return s
-}
-
-// groupOf returns the group of key, adding a new group when the key is new.
-func groupOf(groups map[string]uint32, key string) uint32 {
-	g, ok := groups[key]
-	if !ok {
-		g = uint32(len(groups))
-		groups[key] = g
-	}
-	return g
 }
 
 // lookup returns the host or wildcard rule that decides name on port, or -1. An exact
 // name wins over a wildcard, and a longer wildcard suffix over a shorter one.
-func (s *hostSet) lookup(name string, port uint16, allowlist bool) int {
+func (s *hostSet) lookup(targets []Target, name string, port uint16, allowlist bool) int {
 	if name == "" {
 		return -1
 	}
-	if g, ok := s.exact[name]; ok {
-		if r := s.exactRules.pick(g, port, allowlist); r >= 0 {
-			return r
-		}
+	if r := s.exact.lookup(targets, name, port, allowlist); r >= 0 {
+		return r
 	}
-	if len(s.suffix) == 0 {
+	if s.suffix.empty() {
 		return -1
 	}
 	// Walk the suffixes after each dot, longest first. A wildcard needs at least one
@@ -66,16 +45,96 @@ func (s *hostSet) lookup(name string, port uint16, allowlist bool) int {
 		if name[i] != '.' {
 			continue
 		}
-		n := labels // labels in name[i+1:]: the dots after i, plus one
+		n := labels // labels in name[i+1:]: the dots from i on
 		labels--
 		if n >= 256 || s.suffixLabels[n/64]&(1<<(n%64)) == 0 {
 			continue
 		}
-		if g, ok := s.suffix[name[i+1:]]; ok {
-			if r := s.suffixRules.pick(g, port, allowlist); r >= 0 {
-				return r
-			}
+		if r := s.suffix.lookup(targets, name[i+1:], port, allowlist); r >= 0 {
+			return r
 		}
 	}
 	return -1
+}
+
+// nameTable is an open-addressing hash table from a name to the rules written for it.
+// A slot holds 32 bits of the name's hash and a ruleRef, not the name: the name is
+// compared through the rule, whose Target a hit loads anyway. With at most half of
+// the slots used, a slot costs 8 bytes and a lookup usually reads one.
+type nameTable struct {
+	seed   maphash.Seed
+	slots  []nameSlot // a power of two of them; ref 0 marks an empty slot
+	rules  ruleGroups
+	hasKey bool
+}
+
+type nameSlot struct {
+	tag uint32 // the high half of the name's hash
+	ref ruleRef
+}
+
+func newNameTable(targets []Target, kind Kind, seed maphash.Seed) nameTable {
+	keys := 0
+	for _, t := range targets {
+		if t.Kind == kind {
+			keys++
+		}
+	}
+	tab := nameTable{seed: seed, slots: make([]nameSlot, 1<<bits.Len(uint(2*keys)))}
+	// While building, a slot's ref is the key's number plus one; firstRule of a key
+	// gives its name.
+	items := make([]groupItem, 0, keys)
+	firstRule := make([]uint32, 0, keys)
+	for i, t := range targets {
+		if t.Kind != kind {
+			continue
+		}
+		slot, tag := tab.find(t.Host, targets, firstRule)
+		if tab.slots[slot].ref == 0 {
+			firstRule = append(firstRule, uint32(i))
+			tab.slots[slot] = nameSlot{tag: tag, ref: ruleRef(len(firstRule))}
+		}
+		items = append(items, groupItem{group: uint32(tab.slots[slot].ref - 1), port: t.Port, rule: uint32(i)})
+	}
+	tab.rules = newRuleGroups(len(firstRule), items)
+	for i, sl := range tab.slots {
+		if sl.ref != 0 {
+			tab.slots[i].ref = tab.rules.ref(uint32(sl.ref - 1))
+		}
+	}
+	tab.hasKey = len(firstRule) > 0
+	return tab
+}
+
+func (tab *nameTable) empty() bool { return !tab.hasKey }
+
+// find returns, while building, the slot holding name or the empty slot where it would
+// go, and name's tag.
+func (tab *nameTable) find(name string, targets []Target, firstRule []uint32) (int, uint32) {
+	h := maphash.String(tab.seed, name)
+	tag, mask := uint32(h>>32), uint64(len(tab.slots)-1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		sl := tab.slots[i]
+		if sl.ref == 0 || sl.tag == tag && targets[firstRule[sl.ref-1]].Host == name {
+			return int(i), tag
+		}
+	}
+}
+
+// lookup returns the rule for name that decides port, or -1.
+func (tab *nameTable) lookup(targets []Target, name string, port uint16, allowlist bool) int {
+	if !tab.hasKey {
+		return -1
+	}
+	h := maphash.String(tab.seed, name)
+	tag, mask := uint32(h>>32), uint64(len(tab.slots)-1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		sl := tab.slots[i]
+		if sl.ref == 0 {
+			return -1
+		}
+		if sl.tag == tag && targets[tab.rules.first(sl.ref)].Host == name {
+			return tab.rules.pickRef(sl.ref, targets, port, allowlist)
+		}
+	}
 }

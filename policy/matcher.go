@@ -1,6 +1,9 @@
 package policy
 
-import "net/netip"
+import (
+	"hash/maphash"
+	"net/netip"
+)
 
 // Reason is the machine-readable why of a Decision. The values are stable: logs,
 // metrics labels and the proxy's X-Compass-Egress header carry them.
@@ -25,9 +28,9 @@ type Decision struct {
 
 // Matcher is a compiled policy. It is immutable and safe for concurrent use.
 //
-// A decision costs the same whatever the number of rules: one map lookup for the exact
-// name, one per label of the name for wildcard suffixes, and a binary search plus a walk
-// over at most one enclosing prefix per length for the address (see hostSet, ipSet).
+// A decision costs the same whatever the number of rules: one hash lookup for the exact
+// name, one per label of the name for wildcard suffixes, and for the address an indexed
+// search plus a walk over at most one enclosing prefix per length (see hostSet, ipSet).
 type Matcher struct {
 	policy       Policy
 	hosts        hostSet
@@ -40,7 +43,7 @@ type Matcher struct {
 func Compile(p Policy) *Matcher {
 	m := &Matcher{policy: p}
 	if p.Mode == ModeAllowlist || p.Mode == ModeDenylist {
-		m.hosts = newHostSet(p.Targets)
+		m.hosts = newHostSet(p.Targets, maphash.MakeSeed())
 		m.addrs = newIPSet(p.Targets)
 		m.addressRules = !m.addrs.empty()
 	}
@@ -89,22 +92,25 @@ func (m *Matcher) Decide(name string, addr netip.Addr, port uint16) Decision {
 
 // match returns the index of the deciding rule, or -1.
 func (m *Matcher) match(name string, addr netip.Addr, port uint16, allowlist bool) int {
-	if r := m.hosts.lookup(name, port, allowlist); r >= 0 {
+	// Locate the address before looking up the name, though host rules come first: the
+	// two searches read unrelated memory, and starting both lets the reads overlap.
+	at := addrSpot{inner: -1}
+	if m.addressRules {
+		at = m.addrs.locate(addr)
+	}
+	if r := m.hosts.lookup(m.policy.Targets, name, port, allowlist); r >= 0 {
 		return r
 	}
-	if !m.addressRules || !addr.IsValid() {
-		return -1
-	}
-	return m.addrs.lookup(addr, port, allowlist)
+	return at.pick(m.policy.Targets, port, allowlist)
 }
 
 // AllowsAddrExplicitly reports whether an IP or CIDR rule of an allowlist covers addr on
 // port (0: some port). Only such a rule lifts the proxy's internal-address guard.
 func (m *Matcher) AllowsAddrExplicitly(addr netip.Addr, port uint16) bool {
-	if m.policy.Mode != ModeAllowlist || !m.addressRules || !addr.IsValid() {
+	if m.policy.Mode != ModeAllowlist || !m.addressRules {
 		return false
 	}
-	return m.addrs.lookup(addr, port, true) >= 0
+	return m.addrs.lookup(m.policy.Targets, addr, port, true) >= 0
 }
 
 // HasAddressRules reports whether the policy has any IP or CIDR rule, which is what lets

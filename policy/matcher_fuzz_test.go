@@ -36,6 +36,60 @@ func TestDecideMatchesReference(t *testing.T) {
 	}
 }
 
+// TestDecideMatchesReferenceAtScale compares the matcher with the reference on the
+// benchmark's mixed policy, at the edges of every address rule (where the spans of the
+// prefix index begin and end) and on every name rule, in both list modes.
+func TestDecideMatchesReferenceAtScale(t *testing.T) {
+	w := newBenchWorkload(500)
+	for _, mode := range []Mode{ModeAllowlist, ModeDenylist} {
+		p := Policy{Mode: mode, Targets: w.policy.Targets}
+		m, ref := Compile(p), linearMatcher{p}
+		check := func(name string, addr netip.Addr, port uint16) {
+			if got, want := m.Decide(name, addr, port), ref.Decide(name, addr, port); got != want {
+				t.Fatalf("%s: Decide(%q, %v, %d) = %+v, the reference says %+v", mode, name, addr, port, got, want)
+			}
+		}
+		for _, tg := range p.Targets {
+			for _, port := range []uint16{0, 443, tg.Port + 1} {
+				switch tg.Kind {
+				case KindHost:
+					check(tg.Host, netip.Addr{}, port)
+				case KindWildcard:
+					check("x."+tg.Host, netip.Addr{}, port)
+					check(tg.Host, netip.Addr{}, port)
+				default:
+					first := tg.Prefix.Addr()
+					last := lastAddr(tg.Prefix)
+					for _, a := range []netip.Addr{first, first.Prev(), last, last.Next()} {
+						if a.IsValid() {
+							check("", a, port)
+						}
+					}
+				}
+			}
+		}
+		for _, q := range w.queries[:512] {
+			check(q.name, q.addr, q.port)
+		}
+	}
+}
+
+// lastAddr is the highest address of p.
+func lastAddr(p netip.Prefix) netip.Addr {
+	a := p.Addr().As16()
+	off := 0
+	if p.Addr().Is4() {
+		off = 12
+	}
+	for bit := off*8 + p.Bits(); bit < 128; bit++ {
+		a[bit/8] |= 0x80 >> (bit % 8)
+	}
+	if p.Addr().Is4() {
+		return netip.AddrFrom16(a).Unmap()
+	}
+	return netip.AddrFrom16(a)
+}
+
 func checkAgainstReference(t *testing.T, data []byte) {
 	t.Helper()
 	in := fuzzInput{data: data}

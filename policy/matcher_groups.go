@@ -12,6 +12,48 @@ type ruleGroups struct {
 	port  []uint16 // rule's port; 0 (every port) sorts first
 }
 
+// ruleRef names the rules of one key in a word that lookup structures store in place
+// of the key: most keys have one rule, whose index (plus one, so that 0 stays free for
+// "empty") the reference holds directly; with groupFlag set it is a group of ruleGroups.
+type ruleRef uint32
+
+const groupFlag ruleRef = 1 << 31
+
+// ref returns the reference to group id.
+func (g *ruleGroups) ref(id uint32) ruleRef {
+	if lo := g.start[id]; g.start[id+1]-lo == 1 {
+		return ruleRef(g.rule[lo] + 1)
+	}
+	return ruleRef(id) | groupFlag
+}
+
+// first returns the first rule of the key ref names.
+func (g *ruleGroups) first(ref ruleRef) int {
+	if ref&groupFlag == 0 {
+		return int(ref) - 1
+	}
+	return int(g.rule[g.start[ref&^groupFlag]])
+}
+
+// pickRef is pick for the rules ref names; a lone rule's port is read from targets.
+func (g *ruleGroups) pickRef(ref ruleRef, targets []Target, port uint16, allowlist bool) int {
+	if ref&groupFlag != 0 {
+		return g.pick(uint32(ref&^groupFlag), port, allowlist)
+	}
+	r := int(ref) - 1
+	if coversPort(targets[r].Port, port, allowlist) {
+		return r
+	}
+	return -1
+}
+
+// coversPort reports whether a rule for rulePort (0: every port) decides a connection
+// to port; port 0 ("some port") is answered by any allowlist rule but only by an
+// every-port denylist rule.
+func coversPort(rulePort, port uint16, allowlist bool) bool {
+	return rulePort == 0 || rulePort == port || (port == 0 && allowlist)
+}
+
 // groupItem is one rule of a group, as gathered while compiling.
 type groupItem struct {
 	group uint32
