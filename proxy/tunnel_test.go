@@ -1,0 +1,252 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestTunnelHalfCloseAndEarlyBytes: bytes sent with the CONNECT arrive; the client's
+// half-close reaches the upstream, whose answer still comes back after it; byte counts
+// match what was sent.
+func TestTunnelHalfCloseAndEarlyBytes(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	upBefore := testutil.ToFloat64(h.srv.metrics.bytes.WithLabelValues("upstream"))
+	_, c := h.connect(h.a.echoHostPort("a.test"), "early-")
+	if c == nil {
+		t.Fatal("CONNECT refused")
+	}
+	if _, err := io.WriteString(c, "late"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Conn.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(out) != "early-late|eof after 10" {
+		t.Fatalf("upstream echoed %q", out)
+	}
+	c.Close()
+	waitFor(t, func() bool { return testutil.ToFloat64(h.srv.metrics.active.WithLabelValues(typeConnect)) == 0 })
+	if got := testutil.ToFloat64(h.srv.metrics.bytes.WithLabelValues("upstream")) - upBefore; got != 10 {
+		t.Fatalf("upstream bytes %v, want 10", got)
+	}
+	if !strings.Contains(h.logs.String(), `"msg":"tunnel closed"`) || !strings.Contains(h.logs.String(), `"bytes_up":10,"bytes_down":23`) {
+		t.Fatalf("tunnel close line missing or wrong:\n%s", h.logs.String())
+	}
+}
+
+// TestTunnelUpstreamHalfClose: the upstream's EOF reaches the client while the client
+// can still send.
+func TestTunnelUpstreamHalfClose(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	ln, err := net.Listen("tcp", "127.0.0.5:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		defer c.Close()
+		_, _ = io.WriteString(c, "bye")
+		_ = c.(*net.TCPConn).CloseWrite()
+		b, _ := io.ReadAll(c)
+		got <- string(b)
+	}()
+	_, c := h.connect(ln.Addr().String(), "")
+	if c == nil {
+		t.Fatal("CONNECT refused")
+	}
+	if b, err := io.ReadAll(c); err != nil || string(b) != "bye" {
+		t.Fatalf("read %q %v", b, err)
+	}
+	if _, err := io.WriteString(c, "still here"); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Conn.(*net.TCPConn).CloseWrite()
+	if s := <-got; s != "still here" {
+		t.Fatalf("upstream got %q", s)
+	}
+}
+
+func TestDialFailureIs502(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	ln, err := net.Listen("tcp", "127.0.0.5:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	status, header := h.connectStatus(addr)
+	if status != 502 || header != "error; reason=dial-failed" {
+		t.Fatalf("%d %q", status, header)
+	}
+}
+
+// TestWebsocketUpgrade: an Upgrade: websocket request is relayed both ways.
+func TestWebsocketUpgrade(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "GET http://a.test:%d/ws HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", h.a.httpPort)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	_, _ = io.WriteString(c, "frame")
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(br, buf); err != nil || string(buf) != "frame" {
+		t.Fatalf("echo %q %v", buf, err)
+	}
+	// A swap that disallows a.test cuts the websocket too.
+	if res := h.apply(`"no-network"`); res.ClosedConnections != 1 {
+		t.Fatalf("closed %d", res.ClosedConnections)
+	}
+	if _, err := br.ReadByte(); err == nil {
+		t.Fatal("websocket still open under no-network")
+	}
+}
+
+// TestHTTPForwarding: request bodies over one keep-alive connection.
+func TestHTTPForwarding(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+	for i := range 3 {
+		resp, err := h.client.Post(fmt.Sprintf("http://a.test:%d/", h.a.httpPort), "text/plain", strings.NewReader(strings.Repeat("x", 1000*(i+1))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(b), fmt.Sprintf("body=%d", 1000*(i+1))) {
+			t.Fatalf("upstream saw %q", b)
+		}
+	}
+}
+
+// TestMaxConnections: connections beyond the bound wait until a slot frees.
+func TestMaxConnections(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MaxConnections = 1 })
+	h.apply(`"public"`)
+	_, first := h.connect(h.a.echoHostPort("a.test"), "")
+	if first == nil {
+		t.Fatal("first CONNECT refused")
+	}
+	second, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	fmt.Fprintf(second, "CONNECT %s HTTP/1.1\r\n\r\n", h.a.echoHostPort("a.test"))
+	_ = second.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := second.Read(make([]byte, 1)); err == nil {
+		t.Fatal("second connection served beyond the bound")
+	}
+	first.Close()
+	_ = second.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(second), &http.Request{Method: http.MethodConnect})
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("second after the first closed: %v %v", resp, err)
+	}
+}
+
+// TestDrain: shutdown waits for a live tunnel, then cuts it at the deadline.
+func TestDrain(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	_, c := h.connect(h.a.echoHostPort("a.test"), "")
+	if c == nil {
+		t.Fatal("CONNECT refused")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- h.srv.Shutdown(ctx) }()
+	// While draining the tunnel still works and new connections are refused.
+	echoRoundTrip(t, c, "draining")
+	if ok, _ := h.srv.Ready(); ok {
+		t.Fatal("ready while draining")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("tunnel survived the drain deadline")
+	}
+	if _, err := net.DialTimeout("tcp", h.srv.ProxyAddr().String(), time.Second); err == nil {
+		t.Fatal("listener still accepting after shutdown")
+	}
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+	h.connectStatus("b.test:443")
+	h.query("a.test", 1, "udp")
+	resp, err := http.Get("http://" + h.srv.MetricsAddr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`compass_proxy_requests_total{decision="denied",reason="not-allowlisted",type="connect"} 1`,
+		`compass_proxy_dns_queries_total{decision="allowed",qtype="A"} 1`,
+		`compass_proxy_active_connections{type="connect"} 0`,
+		`compass_proxy_bytes_total{direction="upstream"}`,
+		`compass_proxy_dial_duration_seconds_bucket`,
+		`compass_proxy_policy_generation 2`,
+		`compass_proxy_policy_reloads_total{result="success"} 2`,
+		`compass_proxy_config_last_reload_successful 1`,
+		`compass_proxy_build_info{`,
+		`compass_proxy_swap_closed_connections_total 0`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	for _, path := range []string{"/livez", "/readyz"} {
+		resp, err := http.Get("http://" + h.srv.MetricsAddr().String() + path)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %v %v", path, resp, err)
+		}
+		resp.Body.Close()
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
