@@ -22,7 +22,7 @@ type Limits struct {
 	IdleTunnels     int           // tunnels held open for the memory measurement
 }
 
-// DefaultLimits keeps a five-target, three-round run within a few minutes.
+// DefaultLimits keeps a five-target, five-round run within about four minutes.
 func DefaultLimits() Limits {
 	return Limits{
 		Duration:        2 * time.Second,

@@ -64,3 +64,27 @@ func TestRSSOfThisProcess(t *testing.T) {
 		t.Error("RSS(nil) succeeded, want an error")
 	}
 }
+
+func TestCPUTicks(t *testing.T) {
+	tests := []struct {
+		name string
+		stat string
+		want int64
+		ok   bool
+	}{
+		{"utime plus stime", "25012 (my proc) R 24932 24932 8509 0 -1 4194304 102 0 0 0 70 30 0 0 20 0 1 0", 100, true},
+		{"truncated", "25012 (cat) R 24932 24932", 0, false},
+		{"not numbers", "1 (x) R 1 1 1 0 -1 0 0 0 0 0 u s 0", 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := cpuTicks([]byte(tt.stat))
+			if ok != tt.ok || (ok && got != tt.want) {
+				t.Errorf("cpuTicks(%q) = %d, %v; want %d, %v", tt.stat, got, ok, tt.want, tt.ok)
+			}
+		})
+	}
+	if _, err := CPUTime([]int{os.Getpid()}); err != nil {
+		t.Errorf("CPUTime(self): %v", err)
+	}
+}

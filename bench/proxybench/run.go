@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -90,6 +92,7 @@ func Run(cfg Config) (*Report, error) {
 			fmt.Fprintf(cfg.Progress, format+"\n", args...)
 		}
 	}
+	loadBefore := loadAverage()
 	up, err := StartUpstream()
 	if err != nil {
 		return nil, err
@@ -152,9 +155,10 @@ func Run(cfg Config) (*Report, error) {
 		rep.Peers = append(rep.Peers, NameTinyproxy)
 	}
 
-	// Every round measures every target in turn, so that a disturbance of the machine
-	// spreads over all of them instead of favouring whichever ran at a quiet moment; each
-	// round starts one target further, so none always follows the same neighbour.
+	// Each round runs each workload on every target in turn, so that a disturbance of
+	// the machine spreads over all of them instead of favouring whichever ran at a quiet
+	// moment; each round starts one target further, so none always follows the same
+	// neighbour.
 	perRound := map[string]*[numMetrics][]float64{}
 	samples := map[string][]time.Duration{}
 	for _, t := range targets {
@@ -162,55 +166,58 @@ func Run(cfg Config) (*Report, error) {
 		perRound[t.Name] = &[numMetrics][]float64{}
 	}
 	lim, work := cfg.Limits, cfg.Workloads
+	rates := []struct {
+		name       string
+		enabled    bool
+		rate, cost Metric
+		scale      float64 // operations per second to the rate metric's unit
+		cpuUnit    float64 // CPU seconds per operation to the cost metric's unit
+		run        func(Target) (Rate, error)
+	}{
+		{"bulk MB/s", work.Bulk, MetricBulk, MetricBulkCPU, 1e-6, 1e12, func(t Target) (Rate, error) { return Bulk(t, up.StreamAddr(), lim) }},
+		{"set-ups/s", work.Setups, MetricSetups, MetricSetupCPU, 1, 1e6, func(t Target) (Rate, error) { return Setups(t, up.StreamAddr(), lim), nil }},
+		{"requests/s", work.Requests, MetricRequests, MetricRequestCPU, 1, 1e6, func(t Target) (Rate, error) { return Requests(t, up.HTTPAddr(), lim), nil }},
+	}
 	for round := 1; round <= cfg.Rounds; round++ {
+		order := make([]Target, len(targets))
 		for i := range targets {
-			t := targets[(i+round-1)%len(targets)]
-			per := perRound[t.Name]
-			// record keeps one round's rate (scaled to the metric's unit) and, for a proxy,
-			// its CPU seconds per operation scaled by cpuUnit.
-			record := func(rate, cost Metric, r Rate, scale float64, cpu time.Duration, cpuUnit float64) {
-				rep.Errors[t.Name] += r.Errors
-				per[rate] = append(per[rate], r.PerSecond()*scale)
-				if cpu >= 0 && r.Ops > 0 {
-					per[cost] = append(per[cost], cpu.Seconds()*cpuUnit/float64(r.Ops))
+			order[i] = targets[(i+round-1)%len(targets)]
+		}
+		for _, w := range rates {
+			if !w.enabled {
+				continue
+			}
+			for _, t := range order {
+				per := perRound[t.Name]
+				var r Rate
+				var err error
+				cpu := cpuDuring(t, func() { r, err = w.run(t) })
+				if err != nil {
+					logf("%s: %v", t.Name, err)
+					rep.Errors[t.Name]++
 				}
-			}
-			line := fmt.Sprintf("round %d %-26s", round, t.Name)
-			if work.Bulk {
-				var bulk Rate
-				cpu := cpuDuring(t, func() {
-					var err error
-					if bulk, err = Bulk(t, up.StreamAddr(), lim); err != nil {
-						logf("%s: %v", t.Name, err)
-						rep.Errors[t.Name]++
+				rep.Errors[t.Name] += r.Errors
+				line := fmt.Sprintf("round %d  %-26s %-11s %8.0f (%d failed)", round, t.Name, w.name, r.PerSecond()*w.scale, r.Errors)
+				if r.Ops > 0 {
+					per[w.rate] = append(per[w.rate], r.PerSecond()*w.scale)
+					if cpu >= 0 {
+						per[w.cost] = append(per[w.cost], cpu.Seconds()*w.cpuUnit/float64(r.Ops))
+						line += fmt.Sprintf("  %s %.0f", metricInfos[w.cost].title, last(per[w.cost]))
 					}
-				})
-				// Bytes/s to MB/s; CPU seconds per byte to ms per GB.
-				record(MetricBulk, MetricBulkCPU, bulk, 1e-6, cpu, 1e12)
-				line += fmt.Sprintf("  bulk %5.0f MB/s", bulk.PerSecond()/1e6)
+				}
+				logf("%s", line)
 			}
-			if work.Setups {
-				var setups Rate
-				cpu := cpuDuring(t, func() { setups = Setups(t, up.StreamAddr(), lim) })
-				record(MetricSetups, MetricSetupCPU, setups, 1, cpu, 1e6)
-				line += fmt.Sprintf("  set-ups %6.0f/s (%d failed)", setups.PerSecond(), setups.Errors)
-			}
-			if work.Requests {
-				var reqs Rate
-				cpu := cpuDuring(t, func() { reqs = Requests(t, up.HTTPAddr(), lim) })
-				record(MetricRequests, MetricRequestCPU, reqs, 1, cpu, 1e6)
-				line += fmt.Sprintf("  requests %6.0f/s (%d failed)", reqs.PerSecond(), reqs.Errors)
-			}
-			if work.Latency {
+		}
+		if work.Latency {
+			for _, t := range order {
 				lat, err := Latencies(t, up.HTTPAddr(), lim)
 				if err != nil {
 					logf("%s: %v", t.Name, err)
 					rep.Errors[t.Name]++
 				}
 				samples[t.Name] = append(samples[t.Name], lat...)
-				line += fmt.Sprintf("  p50 %v", Percentile(lat, 50).Round(time.Microsecond))
+				logf("round %d  %-26s latency     p50 %v p99 %v", round, t.Name, Percentile(lat, 50).Round(time.Microsecond), Percentile(lat, 99).Round(time.Microsecond))
 			}
-			logf("%s", line)
 		}
 	}
 	for _, t := range targets {
@@ -241,6 +248,9 @@ func Run(cfg Config) (*Report, error) {
 	rep.Notes = append(rep.Notes, fmt.Sprintf(
 		"Rates are the median of %d rounds of %s each (concurrency %d); latency percentiles pool %d sequential keep-alive requests per round; memory is the VmRSS growth over %d idle CONNECT tunnels.",
 		cfg.Rounds, lim.Duration, lim.Concurrency, lim.LatencyRequests, lim.IdleTunnels))
+	rep.Notes = append(rep.Notes, fmt.Sprintf(
+		"Machine: %d CPUs; 1-minute load average %s before the run and %s after it. Anything else running competes with the proxies for CPU and shows up as noise in the rates; the CPU-per-operation figures are much less sensitive to it.",
+		runtime.NumCPU(), loadBefore, loadAverage()))
 	var stopErrs []error
 	for _, p := range procs {
 		stopErrs = append(stopErrs, p.Stop())
@@ -248,6 +258,17 @@ func Run(cfg Config) (*Report, error) {
 	procs = nil
 	return rep, errors.Join(stopErrs...)
 }
+
+// loadAverage is the first field of /proc/loadavg, or "?".
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(data)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
+
+func last(vals []float64) float64 { return vals[len(vals)-1] }
 
 // cpuDuring runs fn and returns the CPU time the target's processes used meanwhile, or
 // -1 for a direct target or when it cannot be read.
