@@ -1,0 +1,258 @@
+// Package controllertest is an in-memory provider for testing the runner: it logs every
+// open, switch, command and close with the mode in force at that moment, so a test can
+// check which policy each step ran under.
+package controllertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// Provider is the fake provider. Commands given to Exec follow a small language so that
+// task definitions in tests say what a step does:
+//
+//	exit N      exits with status N
+//	hang        blocks until the step's context ends
+//	panic       panics in the caller's goroutine
+//	blocked N   adds N blocked attempts under the policy in force
+//	cancel      calls Cancel (set by the test), then exits 0
+//	anything else exits 0
+type Provider struct {
+	mu     sync.Mutex
+	events []string
+	envs   map[string]*Env
+	// OpenErr, when set, decides whether opening an environment of that role fails.
+	OpenErr func(role controller.Role) error
+	// ApplyErr, when set, decides whether a switch to that phase fails.
+	ApplyErr func(phase string) error
+	// Missing lists artifact paths that do not resolve.
+	Missing map[string]bool
+	// Cancel is called by the "cancel" command (a test's Ctrl-C).
+	Cancel func()
+}
+
+// New returns an empty fake provider.
+func New() *Provider { return &Provider{envs: map[string]*Env{}} }
+
+// Name is "fake".
+func (p *Provider) Name() string { return "fake" }
+
+// Events is the log so far, one line per operation.
+func (p *Provider) Events() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.events...)
+}
+
+// Live lists the environments opened and not closed (retained ones included).
+func (p *Provider) Live() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ids []string
+	for id, e := range p.envs {
+		if !e.isClosed() {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+func (p *Provider) logf(format string, args ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.events = append(p.events, fmt.Sprintf(format, args...))
+}
+
+// Open creates an environment with spec.Baseline in force.
+func (p *Provider) Open(ctx context.Context, spec controller.EnvSpec) (controller.Environment, error) {
+	if p.OpenErr != nil {
+		if err := p.OpenErr(spec.Role); err != nil {
+			p.logf("%s open failed", spec.Role)
+			return nil, err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	id := spec.Task
+	if spec.Role == controller.RoleEvaluation {
+		id += "-eval"
+	}
+	e := &Env{p: p, id: id, role: spec.Role, policy: spec.Baseline, files: map[string]string{}}
+	p.mu.Lock()
+	if old, ok := p.envs[id]; ok && !old.isClosed() {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("fake: environment %s exists", id)
+	}
+	p.envs[id] = e
+	p.mu.Unlock()
+	p.logf("%s open %s image=%s", spec.Role, spec.Baseline.Mode, spec.Image)
+	return e, nil
+}
+
+// ReattachingProvider is the fake provider with Reattach, as a provider whose state
+// lives outside the process has.
+type ReattachingProvider struct{ *Provider }
+
+// Reattach returns the environment left open under that task and role.
+func (p ReattachingProvider) Reattach(_ context.Context, task string, role controller.Role) (controller.Environment, error) {
+	id := task
+	if role == controller.RoleEvaluation {
+		id += "-eval"
+	}
+	p.mu.Lock()
+	e, ok := p.envs[id]
+	p.mu.Unlock()
+	if !ok || e.isClosed() {
+		return nil, fmt.Errorf("fake: environment %s not found", id)
+	}
+	p.logf("%s reattach", role)
+	return e, nil
+}
+
+// Env is one fake environment.
+type Env struct {
+	p       *Provider
+	id      string
+	role    controller.Role
+	mu      sync.Mutex
+	policy  policy.Policy
+	gen     uint64
+	blocked uint64
+	closed  bool
+	files   map[string]string // uploaded files: destination path → source
+}
+
+// ID is the task ID, with "-eval" for the evaluation environment.
+func (e *Env) ID() string { return e.id }
+
+func (e *Env) isClosed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.closed
+}
+
+// Mode is the mode in force.
+func (e *Env) Mode() policy.Mode {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.policy.Mode
+}
+
+// Apply switches the policy at once (the fake's enforcement point is itself).
+func (e *Env) Apply(ctx context.Context, p policy.Policy, label controller.PhaseLabel) (controller.Transition, error) {
+	e.mu.Lock()
+	from := e.policy.Mode
+	e.mu.Unlock()
+	if e.p.ApplyErr != nil {
+		if err := e.p.ApplyErr(label.Phase); err != nil {
+			e.mu.Lock()
+			e.policy, e.gen, e.blocked = policy.NoNetwork, e.gen+1, 0
+			e.mu.Unlock()
+			e.p.logf("%s apply %s %s failed", e.role, label.Phase, p.Mode)
+			return controller.Transition{FromMode: from, ToMode: p.Mode}, err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return controller.Transition{}, err
+	}
+	e.mu.Lock()
+	e.policy, e.gen, e.blocked = p, e.gen+1, 0
+	gen := e.gen
+	e.mu.Unlock()
+	e.p.logf("%s apply %s %s", e.role, label.Phase, p.Mode)
+	return controller.Transition{
+		Time: time.Now(), Environment: e.id, Phase: label.Phase, FromMode: from, ToMode: p.Mode,
+		Digest: p.Digest(), Generation: gen, Duration: time.Millisecond,
+		Parts: map[string]time.Duration{"rules": time.Millisecond}, OK: true,
+	}, nil
+}
+
+// Exec runs one command of the fake's command language.
+func (e *Env) Exec(ctx context.Context, cmd []string, opts controller.ExecOptions) (controller.ExecResult, error) {
+	mode := e.Mode()
+	note := ""
+	if v, ok := opts.Env[controller.NoticeEnv]; ok {
+		note = " notice=" + strconv.Quote(v)
+	}
+	e.p.logf("%s exec %v mode=%s%s", e.role, cmd, mode, note)
+	if len(cmd) == 0 {
+		return controller.ExecResult{}, errors.New("fake: empty command")
+	}
+	arg := func() int {
+		if len(cmd) < 2 {
+			return 0
+		}
+		n, _ := strconv.Atoi(cmd[1])
+		return n
+	}
+	switch cmd[0] {
+	case "exit":
+		return controller.ExecResult{ExitCode: arg(), Stdout: []byte("exiting\n")}, nil
+	case "hang":
+		<-ctx.Done()
+		return controller.ExecResult{}, ctx.Err()
+	case "panic":
+		panic("fake: command panicked")
+	case "blocked":
+		e.mu.Lock()
+		e.blocked += uint64(arg())
+		e.mu.Unlock()
+	case "cancel":
+		e.p.Cancel()
+	}
+	return controller.ExecResult{Stdout: []byte(fmt.Sprintf(`{"cmd":%q}`+"\n", cmd[0]))}, nil
+}
+
+// Download writes a small file standing for srcPath, unless the path is Missing.
+func (e *Env) Download(_ context.Context, srcPath, dstDir string) error {
+	if e.p.Missing[srcPath] {
+		e.p.logf("%s download %s missing", e.role, srcPath)
+		return fmt.Errorf("fake: %s: no such file", srcPath)
+	}
+	e.p.logf("%s download %s mode=%s", e.role, srcPath, e.Mode())
+	return os.WriteFile(filepath.Join(dstDir, filepath.Base(srcPath)), []byte("artifact "+srcPath), 0o644)
+}
+
+// Upload notes that a host file was copied in.
+func (e *Env) Upload(_ context.Context, srcPath, dstDir string) error {
+	if _, err := os.Stat(srcPath); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.files[filepath.Join(dstDir, filepath.Base(srcPath))] = srcPath
+	e.mu.Unlock()
+	e.p.logf("%s upload %s mode=%s", e.role, filepath.Join(dstDir, filepath.Base(srcPath)), e.Mode())
+	return nil
+}
+
+// Blocked reports the blocked attempts of the generation in force.
+func (e *Env) Blocked(context.Context) (controller.BlockedSummary, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	sum := controller.BlockedSummary{Generation: e.gen, Total: e.blocked}
+	if e.blocked > 0 {
+		sum.Top = []controller.BlockedTarget{{Host: "exfil.test", Port: 443, Type: "connect", Reason: "not_allowed", Count: e.blocked}}
+	}
+	return sum, nil
+}
+
+// Close removes the environment, or keeps it when retained.
+func (e *Env) Close(_ context.Context, retain bool) error {
+	e.p.logf("%s close retain=%t mode=%s", e.role, retain, e.Mode())
+	if !retain {
+		e.mu.Lock()
+		e.closed = true
+		e.mu.Unlock()
+	}
+	return nil
+}

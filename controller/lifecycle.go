@@ -1,0 +1,483 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// NoticeFile is the restriction statement's name inside a task's output directory.
+const NoticeFile = "notice.txt"
+
+// NoticeEnv carries the restriction statement into the run step, for a harness that
+// appends it to the agent's final instruction (the rollout copy only).
+const NoticeEnv = "COMPASS_NETWORK_RESTRICTION_NOTICE"
+
+// StepUpload hands saved artifacts to a fresh evaluation environment, under its baseline.
+const StepUpload StepName = "upload_artifacts"
+
+// envState is one open environment and the policy in force in it.
+type envState struct {
+	env    Environment
+	role   Role
+	phase  string
+	policy policy.Policy
+}
+
+// taskRun is one task's lifecycle in progress.
+type taskRun struct {
+	r       *Runner
+	t       TaskRun
+	dir     string
+	rec     *recorder
+	started time.Time
+
+	mu          sync.Mutex
+	envs        map[Role]*envState
+	current     StepName
+	stepRole    Role
+	blockedDone uint64 // blocked attempts of the phases already summarised
+	blockedLive uint64 // blocked attempts of the phase in force, as last polled
+}
+
+// RunTask runs one task's lifecycle (SPEC §4) and returns its record, which is also in
+// <OutDir>/<task>/run_info.json whatever happened. prev, when not nil, is the record of
+// an interrupted run that ResumeFrom accepted: the task picks up where it allows.
+func (r *Runner) RunTask(ctx context.Context, t TaskRun, prev *Record) (rec *Record, err error) {
+	from := StepOpen
+	if prev != nil {
+		from, err = ResumeFrom(prev, t, r.Provider)
+		if err != nil {
+			return prev, err
+		}
+	}
+	tr := &taskRun{r: r, t: t, dir: filepath.Join(r.OutDir, t.ID), started: time.Now(), envs: map[Role]*envState{}}
+	tr.rec, err = newRecorder(tr.dir, tr.initialRecord(prev, from))
+	if err != nil {
+		return nil, err
+	}
+	r.logger().Info("task starting", "task", t.ID, "mode", t.Mode, "from", from)
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("controller: task %s: runner panicked: %v", t.ID, p)
+		}
+		tr.closeAll(ctx)
+		rec = tr.finish(ctx, err)
+		if err == nil && rec.Status != StatusSucceeded {
+			err = fmt.Errorf("controller: task %s %s: %s", t.ID, rec.Status, rec.Error)
+		}
+		if werr := tr.rec.writeErr(); werr != nil {
+			err = errors.Join(err, werr)
+		}
+	}()
+	if err := tr.writeNotice(); err != nil {
+		return nil, err
+	}
+	if from == StepEvaluationOpen {
+		if err := tr.closeLeftovers(ctx, prev); err != nil {
+			return nil, err
+		}
+	}
+	return nil, tr.lifecycle(ctx, from)
+}
+
+// notStarted records a task that the run was cancelled before it could start.
+func (r *Runner) notStarted(t TaskRun, cause error) (*Record, error) {
+	tr := &taskRun{r: r, t: t, dir: filepath.Join(r.OutDir, t.ID), started: time.Now(), envs: map[Role]*envState{}}
+	rc, err := newRecorder(tr.dir, tr.initialRecord(nil, StepOpen))
+	if err != nil {
+		return nil, err
+	}
+	tr.rec = rc
+	err = fmt.Errorf("controller: task %s not started: %w", t.ID, cause)
+	return tr.finish(context.Background(), err), err
+}
+
+// lifecycle runs the rows of the task's table from the given step.
+func (tr *taskRun) lifecycle(ctx context.Context, from StepName) error {
+	t := tr.t
+	if from == StepOpen {
+		if err := tr.agentSteps(ctx); err != nil {
+			return err
+		}
+	}
+	if t.Mode != EvaluationFresh {
+		// Shared: 7 evaluate (restoring the baseline however it ends), 8 close.
+		if err := tr.evaluate(ctx, RoleAgent, PhaseBaseline, t.Policies.Baseline); err != nil {
+			return err
+		}
+		return tr.closeEnv(ctx, RoleAgent)
+	}
+	// Fresh: 7 close the agent environment under the run policy, 8 open the evaluation
+	// environment under its baseline, 9 evaluate, 10 close it under its baseline.
+	if err := tr.closeEnv(ctx, RoleAgent); err != nil {
+		return err
+	}
+	if err := tr.open(ctx, RoleEvaluation, StepEvaluationOpen, t.EvaluationImage, PhaseEvaluationBaseline, t.Policies.EvaluationBaseline); err != nil {
+		return err
+	}
+	if err := tr.upload(ctx, RoleEvaluation); err != nil {
+		return err
+	}
+	if err := tr.evaluate(ctx, RoleEvaluation, PhaseEvaluationBaseline, t.Policies.EvaluationBaseline); err != nil {
+		return err
+	}
+	return tr.closeEnv(ctx, RoleEvaluation)
+}
+
+// agentSteps are rows 1–6 of both tables. A failed set-up (prepare, harness start) ends
+// the task; a failed rollout, harness close or collection is recorded and the task goes
+// on to evaluation, which judges whatever the agent left.
+func (tr *taskRun) agentSteps(ctx context.Context) error {
+	t := tr.t
+	if err := tr.open(ctx, RoleAgent, StepOpen, t.Image, PhaseBaseline, t.Policies.Baseline); err != nil {
+		return err
+	}
+	if err := tr.step(ctx, StepPrepare, RoleAgent, t.Prepare, nil); err != nil {
+		return err
+	}
+	if t.Harness == nil {
+		tr.skip(StepHarnessStart, RoleAgent, "no harness session declared")
+	} else if err := tr.step(ctx, StepHarnessStart, RoleAgent, t.Harness.Start, nil); err != nil {
+		return err
+	}
+	if err := tr.apply(ctx, RoleAgent, PhaseRun, t.Policies.Run); err != nil {
+		return err
+	}
+	var runEnv map[string]string
+	if tr.noticeInjected() {
+		runEnv = map[string]string{NoticeEnv: t.Notice}
+	}
+	if err := tolerate(tr.step(ctx, StepRun, RoleAgent, t.Run, runEnv)); err != nil {
+		return err
+	}
+	if t.Harness == nil {
+		tr.skip(StepHarnessClose, RoleAgent, "no harness session was started")
+	} else if err := tolerate(tr.step(ctx, StepHarnessClose, RoleAgent, t.Harness.Close, nil)); err != nil {
+		return err
+	}
+	if len(t.Collect) == 0 {
+		tr.skip(StepCollect, RoleAgent, "no collection commands declared")
+	} else if err := tolerate(tr.step(ctx, StepCollect, RoleAgent, t.Collect, nil)); err != nil {
+		return err
+	}
+	switch {
+	case !t.SaveArtifacts:
+		tr.skip(StepDownload, RoleAgent, "save_artifacts is false")
+	case len(t.Artifacts) == 0:
+		tr.skip(StepDownload, RoleAgent, "no artifact paths declared")
+	default:
+		return tolerate(tr.download(ctx, RoleAgent))
+	}
+	return nil
+}
+
+// evaluate is the evaluation scope: switch straight to the evaluation policy, run the
+// whole evaluate step, and put the environment's baseline back however the step ends:
+// exit status, timeout, cancellation or a panic of this goroutine.
+func (tr *taskRun) evaluate(ctx context.Context, role Role, restorePhase string, restore policy.Policy) (err error) {
+	if err := tr.apply(ctx, role, PhaseEvaluation, tr.t.Policies.Evaluation); err != nil {
+		return err
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("controller: evaluate step panicked: %v", p)
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tr.r.controlTimeout())
+		defer cancel()
+		if rerr := tr.apply(rctx, role, restorePhase, restore); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}()
+	return tr.step(ctx, StepEvaluate, role, tr.t.Evaluate, nil)
+}
+
+// open is row 1 (agent) or row 8 of fresh mode (evaluation): the provider brings the
+// environment up with its baseline in force before anything runs in it.
+func (tr *taskRun) open(ctx context.Context, role Role, name StepName, image, phase string, p policy.Policy) error {
+	idx := tr.beginStep(name, role, "", phase, p.Mode)
+	octx, cancel := tr.stepContext(ctx, name)
+	defer cancel()
+	start := time.Now()
+	env, err := tr.r.Provider.Open(octx, EnvSpec{
+		Task: tr.t.ID, Role: role, Image: image, Env: tr.t.Env, Baseline: p,
+		ProxyStartTimeout: tr.t.ProxyStartTimeout,
+	})
+	took := time.Since(start)
+	if err != nil {
+		status := stepStatusOf(ctx, octx, StepError)
+		err = fmt.Errorf("controller: open %s environment: %w", role, err)
+		tr.endStep(idx, status, nil, err)
+		return &stepError{step: name, status: status, err: err}
+	}
+	tr.mu.Lock()
+	tr.envs[role] = &envState{env: env, role: role, phase: phase, policy: p}
+	tr.mu.Unlock()
+	tr.rec.update(func(r *Record) {
+		r.Environments = append(r.Environments, EnvRecord{ID: env.ID(), Role: role, Image: image, State: EnvOpen})
+		r.Steps[idx].Environment = env.ID()
+		r.Transitions = append(r.Transitions, Transition{
+			Time: start, Task: tr.t.ID, Environment: env.ID(), Phase: phase, ToMode: p.Mode,
+			Digest: p.Digest(), Duration: took, Parts: map[string]time.Duration{"open": took}, OK: true,
+		})
+	})
+	tr.endStep(idx, StepOK, nil, nil)
+	return nil
+}
+
+// apply switches the environment's policy and returns once it is in force; the blocked
+// summary of the phase that ends is taken first.
+func (tr *taskRun) apply(ctx context.Context, role Role, phase string, p policy.Policy) error {
+	es := tr.envOf(role)
+	if es == nil {
+		return fmt.Errorf("controller: switch to %s: the %s environment is not open", phase, role)
+	}
+	tr.summariseBlocked(ctx, es)
+	actx, cancel := context.WithTimeout(ctx, tr.r.controlTimeout())
+	defer cancel()
+	start := time.Now()
+	tn, err := es.env.Apply(actx, p, PhaseLabel{Phase: phase})
+	tn = completeTransition(tn, tr.t.ID, es, phase, p, start, err)
+	tr.rec.update(func(r *Record) { r.Transitions = append(r.Transitions, tn) })
+	tr.mu.Lock()
+	if err != nil {
+		// A failed switch leaves the environment with no egress at all.
+		es.phase, es.policy = "failed_switch", policy.NoNetwork
+	} else {
+		es.phase, es.policy = phase, p
+	}
+	tr.mu.Unlock()
+	tr.report()
+	if err != nil {
+		status := stepStatusOf(ctx, actx, StepError)
+		return &stepError{step: StepName("switch_" + phase), status: status,
+			err: fmt.Errorf("controller: switch %s to %s: %w", es.env.ID(), phase, err)}
+	}
+	tr.r.logger().Info("policy in force", "task", tr.t.ID, "environment", es.env.ID(), "phase", phase,
+		"mode", p.Mode, "duration", tn.Duration)
+	return nil
+}
+
+// completeTransition fills what a provider left out of its transition record.
+func completeTransition(tn Transition, task string, es *envState, phase string, p policy.Policy, start time.Time, err error) Transition {
+	if tn.Time.IsZero() {
+		tn.Time = start
+	}
+	if tn.Task == "" {
+		tn.Task = task
+	}
+	if tn.Environment == "" {
+		tn.Environment = es.env.ID()
+	}
+	if tn.Phase == "" {
+		tn.Phase = phase
+	}
+	if tn.FromMode == "" {
+		tn.FromMode = es.policy.Mode
+	}
+	if tn.ToMode == "" {
+		tn.ToMode = p.Mode
+	}
+	if tn.Digest == "" {
+		tn.Digest = p.Digest()
+	}
+	if tn.Duration == 0 {
+		tn.Duration = time.Since(start)
+	}
+	tn.OK = err == nil
+	if err != nil && tn.Error == "" {
+		tn.Error = err.Error()
+	}
+	return tn
+}
+
+// closeEnv closes (or keeps, when retained) an environment under the policy in force:
+// the lifecycle has already put the policy the tables name there. It runs even after
+// cancellation, since leaving an environment behind is worse than a late close.
+func (tr *taskRun) closeEnv(ctx context.Context, role Role) error {
+	es := tr.envOf(role)
+	if es == nil {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tr.r.controlTimeout())
+	defer cancel()
+	tr.summariseBlocked(cctx, es)
+	name := StepClose
+	if role == RoleEvaluation {
+		name = StepEvaluationEnd
+	}
+	idx := tr.beginStep(name, role, es.env.ID(), es.phase, es.policy.Mode)
+	err := es.env.Close(cctx, tr.t.Retain)
+	state, reach := EnvClosed, ""
+	if tr.t.Retain {
+		state, reach = EnvRetained, reachOf(tr.t.ID, es.env)
+	}
+	tr.mu.Lock()
+	delete(tr.envs, role)
+	tr.mu.Unlock()
+	if err != nil {
+		err = fmt.Errorf("controller: close %s: %w", es.env.ID(), err)
+		tr.endStep(idx, StepError, nil, err)
+		return &stepError{step: name, status: StepError, err: err}
+	}
+	tr.rec.update(func(r *Record) {
+		for i := range r.Environments {
+			if r.Environments[i].ID == es.env.ID() && r.Environments[i].State == EnvOpen {
+				r.Environments[i].State, r.Environments[i].Reach = state, reach
+			}
+		}
+	})
+	tr.endStep(idx, StepOK, nil, nil)
+	if reach != "" {
+		tr.r.logger().Info("environment retained", "task", tr.t.ID, "environment", es.env.ID(), "reach", reach)
+	}
+	return nil
+}
+
+// closeAll closes whatever is still open after the lifecycle stopped early, under the
+// policy in force: a failed or cancelled task is not given back a broader policy just to
+// be torn down.
+func (tr *taskRun) closeAll(ctx context.Context) {
+	for _, role := range []Role{RoleEvaluation, RoleAgent} {
+		if err := tr.closeEnv(ctx, role); err != nil {
+			tr.r.logger().Error("close failed", "task", tr.t.ID, "role", role, "err", err)
+		}
+	}
+}
+
+func reachOf(task string, env Environment) string {
+	if r, ok := env.(Reacher); ok {
+		return r.Reach()
+	}
+	return fmt.Sprintf("environment %s kept running; `compassctl env status --task %s` shows it, `compassctl env close --task %s` removes it",
+		env.ID(), task, task)
+}
+
+func (tr *taskRun) envOf(role Role) *envState {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.envs[role]
+}
+
+// summariseBlocked records the blocked attempts of the phase in force in es.
+func (tr *taskRun) summariseBlocked(ctx context.Context, es *envState) {
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tr.r.controlTimeout())
+	defer cancel()
+	sum, err := es.env.Blocked(bctx)
+	pb := PhaseBlocked{Environment: es.env.ID(), Phase: es.phase, Mode: es.policy.Mode, Summary: sum}
+	if err != nil {
+		pb.Error = err.Error()
+	}
+	tr.mu.Lock()
+	tr.blockedDone += sum.Total
+	tr.blockedLive = 0
+	tr.mu.Unlock()
+	tr.rec.update(func(r *Record) { r.Blocked = append(r.Blocked, pb) })
+}
+
+func (tr *taskRun) writeNotice() error {
+	path := filepath.Join(tr.dir, NoticeFile)
+	if !tr.noticeInjected() {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("controller: remove stale notice: %w", err)
+		}
+		return nil
+	}
+	if err := os.WriteFile(path, []byte(tr.t.Notice), 0o644); err != nil {
+		return fmt.Errorf("controller: write notice: %w", err)
+	}
+	return nil
+}
+
+func (tr *taskRun) noticeInjected() bool { return tr.t.InjectNotice && tr.t.Notice != "" }
+
+func (tr *taskRun) noticeRecord() NoticeRecord {
+	switch {
+	case tr.noticeInjected():
+		return NoticeRecord{Injected: true, Path: NoticeFile}
+	case !tr.t.InjectNotice:
+		return NoticeRecord{Reason: "inject_network_restriction_notice is false"}
+	default:
+		return NoticeRecord{Reason: "the run policy is public: no statement"}
+	}
+}
+
+func (tr *taskRun) initialRecord(prev *Record, from StepName) Record {
+	t := tr.t
+	if prev != nil {
+		rec := *prev
+		rec.Status, rec.Error, rec.Ended = StatusRunning, "", nil
+		rec.Resumes = append(rec.Resumes, ResumeRecord{Time: tr.started, From: from})
+		return rec
+	}
+	pols := map[string]policy.Policy{
+		PhaseBaseline: t.Policies.Baseline, PhaseRun: t.Policies.Run, PhaseEvaluation: t.Policies.Evaluation,
+	}
+	if t.Mode == EvaluationFresh {
+		pols[PhaseEvaluationBaseline] = t.Policies.EvaluationBaseline
+	}
+	modes := map[string]policy.Mode{}
+	for phase, p := range pols {
+		modes[phase+"_network_mode"] = p.Mode
+	}
+	return Record{
+		Version: RecordVersion, Task: t.ID, TaskDigest: t.Digest(), EvaluationMode: t.Mode,
+		Status: StatusRunning, Started: tr.started, Phase: StepOpen, Plan: t.Plan,
+		Policies: pols, NetworkModes: modes, Notice: tr.noticeRecord(),
+		Environments: []EnvRecord{}, Transitions: []Transition{}, Steps: []StepRecord{},
+		Blocked: []PhaseBlocked{}, Artifacts: []ArtifactRecord{},
+	}
+}
+
+// finish sets the task's final status from its steps and the lifecycle's error.
+func (tr *taskRun) finish(ctx context.Context, err error) *Record {
+	now := time.Now()
+	tr.rec.update(func(r *Record) {
+		r.Ended = &now
+		r.Status = StatusSucceeded
+		// Only a step's last attempt counts: a resumed task retries what was cut short.
+		last := map[StepName]int{}
+		for i, s := range r.Steps {
+			last[s.Name] = i
+		}
+		var failed []string
+		for i, s := range r.Steps {
+			if last[s.Name] == i && s.Status != StepOK && s.Status != StepSkipped && s.Status != StepRunning {
+				failed = append(failed, fmt.Sprintf("%s %s", s.Name, s.Status))
+			}
+		}
+		switch {
+		case ctx.Err() != nil || errors.Is(err, context.Canceled):
+			r.Status = StatusCancelled
+		case err != nil || len(failed) > 0:
+			r.Status = StatusFailed
+		}
+		switch {
+		case err != nil:
+			r.Error = err.Error()
+		case len(failed) > 0:
+			r.Error = fmt.Sprintf("steps not ok: %v", failed)
+		}
+	})
+	rec := tr.rec.snapshot()
+	tr.r.progress().Update(ProgressUpdate{Task: tr.t.ID, Step: rec.Phase, Started: tr.started,
+		Blocked: rec.BlockedTotal(), Done: true, Status: rec.Status})
+	tr.r.logger().Info("task finished", "task", tr.t.ID, "status", rec.Status, "blocked", rec.BlockedTotal())
+	return rec
+}
+
+func (tr *taskRun) report() {
+	tr.mu.Lock()
+	u := ProgressUpdate{Task: tr.t.ID, Step: tr.current, Started: tr.started, Blocked: tr.blockedDone + tr.blockedLive}
+	if es := tr.envs[tr.stepRole]; es != nil {
+		u.Mode = es.policy.Mode
+	}
+	tr.mu.Unlock()
+	tr.r.progress().Update(u)
+}

@@ -1,0 +1,581 @@
+package controller_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/controller/controllertest"
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func mustPolicy(t *testing.T, s string) policy.Policy {
+	t.Helper()
+	p, err := policy.Parse([]byte(s))
+	if err != nil {
+		t.Fatalf("parse %s: %v", s, err)
+	}
+	return p
+}
+
+const notice = "<IMPORTANT>restricted</IMPORTANT>\n"
+
+// task is a full task: every step declared, distinct policies per phase so that the
+// event log shows which one each step ran under.
+func task(t *testing.T, mode controller.EvaluationMode) controller.TaskRun {
+	return controller.TaskRun{
+		ID: "t1", Mode: mode, Image: "agent:1", EvaluationImage: "grader:1",
+		Policies: controller.PhasePolicies{
+			Baseline:           policy.Public,
+			Run:                mustPolicy(t, `{"network_mode":"allowlist","allowed_hosts":["model.test:443"]}`),
+			Evaluation:         mustPolicy(t, `{"network_mode":"denylist","denied_hosts":["exfil.test"]}`),
+			EvaluationBaseline: policy.NoNetwork,
+		},
+		Notice: notice, InjectNotice: true,
+		Prepare:       []controller.Command{{"prep"}},
+		Harness:       &controller.HarnessSession{Start: []controller.Command{{"hstart"}}, Close: []controller.Command{{"hclose"}}},
+		Run:           []controller.Command{{"agent"}},
+		Collect:       []controller.Command{{"collect"}},
+		Artifacts:     []string{"/out/result.tar"},
+		SaveArtifacts: true,
+		Evaluate:      []controller.Command{{"grade"}},
+	}
+}
+
+func newRunner(t *testing.T, p controller.Provider) *controller.Runner {
+	return &controller.Runner{Provider: p, OutDir: t.TempDir(), ControlTimeout: 5 * time.Second}
+}
+
+func readRecord(t *testing.T, r *controller.Runner, task string) *controller.Record {
+	t.Helper()
+	rec, err := controller.ReadRecord(filepath.Join(r.OutDir, task))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+func checkEvents(t *testing.T, got, want []string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("events:\n got  %s\n want %s", strings.Join(got, "\n      "), strings.Join(want, "\n      "))
+	}
+}
+
+func TestLifecycleOrder(t *testing.T) {
+	noticeQ := ` notice="<IMPORTANT>restricted</IMPORTANT>\n"`
+	tests := []struct {
+		name string
+		mode controller.EvaluationMode
+		want []string
+	}{
+		{"shared", controller.EvaluationShared, []string{
+			"agent open public image=agent:1",
+			"agent exec [prep] mode=public",
+			"agent exec [hstart] mode=public",
+			"agent apply run allowlist",
+			"agent exec [agent] mode=allowlist" + noticeQ,
+			"agent exec [hclose] mode=allowlist",
+			"agent exec [collect] mode=allowlist",
+			"agent download /out/result.tar mode=allowlist",
+			"agent apply evaluation denylist",
+			"agent exec [grade] mode=denylist",
+			"agent apply baseline public",
+			"agent close retain=false mode=public",
+		}},
+		{"fresh", controller.EvaluationFresh, []string{
+			"agent open public image=agent:1",
+			"agent exec [prep] mode=public",
+			"agent exec [hstart] mode=public",
+			"agent apply run allowlist",
+			"agent exec [agent] mode=allowlist" + noticeQ,
+			"agent exec [hclose] mode=allowlist",
+			"agent exec [collect] mode=allowlist",
+			"agent download /out/result.tar mode=allowlist",
+			"agent close retain=false mode=allowlist",
+			"evaluation open no-network image=grader:1",
+			"evaluation upload /out/result.tar mode=no-network",
+			"evaluation apply evaluation denylist",
+			"evaluation exec [grade] mode=denylist",
+			"evaluation apply evaluation_baseline no-network",
+			"evaluation close retain=false mode=no-network",
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := controllertest.New()
+			r := newRunner(t, p)
+			rec, err := r.RunTask(context.Background(), task(t, tc.mode), nil)
+			if err != nil {
+				t.Fatalf("RunTask: %v", err)
+			}
+			checkEvents(t, p.Events(), tc.want)
+			if rec.Status != controller.StatusSucceeded {
+				t.Errorf("status %s (%s)", rec.Status, rec.Error)
+			}
+			if live := p.Live(); len(live) != 0 {
+				t.Errorf("environments left open: %v", live)
+			}
+		})
+	}
+}
+
+// stepsOf lists "name:status" for each recorded step.
+func stepsOf(rec *controller.Record) []string {
+	var out []string
+	for _, s := range rec.Steps {
+		out = append(out, string(s.Name)+":"+string(s.Status))
+	}
+	return out
+}
+
+func TestStepConditions(t *testing.T) {
+	tests := []struct {
+		name    string
+		change  func(*controller.TaskRun, *controllertest.Provider)
+		steps   []string
+		status  controller.TaskStatus
+		reasons map[controller.StepName]string
+	}{
+		{
+			name:   "no harness session: steps 3 and 5 skipped",
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider) { tr.Harness = nil },
+			steps: []string{"open:ok", "prepare:ok", "harness_start:skipped", "run:ok", "harness_close:skipped",
+				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
+			status: controller.StatusSucceeded,
+			reasons: map[controller.StepName]string{controller.StepHarnessStart: "no harness session declared",
+				controller.StepHarnessClose: "no harness session was started"},
+		},
+		{
+			name:   "no collection commands, no save_artifacts",
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider) { tr.Collect, tr.SaveArtifacts = nil, false },
+			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
+				"collect:skipped", "download:skipped", "evaluate:ok", "close:ok"},
+			status: controller.StatusSucceeded,
+			reasons: map[controller.StepName]string{controller.StepCollect: "no collection commands declared",
+				controller.StepDownload: "save_artifacts is false"},
+		},
+		{
+			name:   "save_artifacts without paths",
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider) { tr.Artifacts = nil },
+			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
+				"collect:ok", "download:skipped", "evaluate:ok", "close:ok"},
+			status:  controller.StatusSucceeded,
+			reasons: map[controller.StepName]string{controller.StepDownload: "no artifact paths declared"},
+		},
+		{
+			name: "artifact path that does not resolve",
+			change: func(_ *controller.TaskRun, p *controllertest.Provider) {
+				p.Missing = map[string]bool{"/out/result.tar": true}
+			},
+			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
+				"collect:ok", "download:failed", "evaluate:ok", "close:ok"},
+			status: controller.StatusFailed,
+		},
+		{
+			name: "failed prepare ends the task under the baseline",
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider) {
+				tr.Prepare = []controller.Command{{"exit", "3"}}
+			},
+			steps:  []string{"open:ok", "prepare:failed", "close:ok"},
+			status: controller.StatusFailed,
+		},
+		{
+			name: "failed harness start ends the task",
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider) {
+				tr.Harness.Start = []controller.Command{{"exit", "1"}}
+			},
+			steps:  []string{"open:ok", "prepare:ok", "harness_start:failed", "close:ok"},
+			status: controller.StatusFailed,
+		},
+		{
+			name: "failed rollout still collects and evaluates",
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider) {
+				tr.Run = []controller.Command{{"exit", "2"}, {"never-run"}}
+			},
+			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:failed", "harness_close:ok",
+				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
+			status: controller.StatusFailed,
+		},
+		{
+			name: "rollout timeout is recorded and evaluation still runs",
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider) {
+				tr.Run = []controller.Command{{"hang"}}
+				tr.Timeouts = map[controller.StepName]time.Duration{controller.StepRun: 20 * time.Millisecond}
+			},
+			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:timed_out", "harness_close:ok",
+				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
+			status: controller.StatusFailed,
+		},
+		{
+			name: "prepare timeout ends the task",
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider) {
+				tr.Prepare = []controller.Command{{"hang"}}
+				tr.Timeouts = map[controller.StepName]time.Duration{controller.StepPrepare: 20 * time.Millisecond}
+			},
+			steps:  []string{"open:ok", "prepare:timed_out", "close:ok"},
+			status: controller.StatusFailed,
+		},
+		{
+			name: "failed switch to run: nothing runs, environment closed",
+			change: func(_ *controller.TaskRun, p *controllertest.Provider) {
+				p.ApplyErr = func(phase string) error {
+					if phase == controller.PhaseRun {
+						return errors.New("sidecar did not acknowledge")
+					}
+					return nil
+				}
+			},
+			steps:  []string{"open:ok", "prepare:ok", "harness_start:ok", "close:ok"},
+			status: controller.StatusFailed,
+		},
+		{
+			name: "open fails",
+			change: func(_ *controller.TaskRun, p *controllertest.Provider) {
+				p.OpenErr = func(controller.Role) error { return errors.New("image missing") }
+			},
+			steps:  []string{"open:error"},
+			status: controller.StatusFailed,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := controllertest.New()
+			tr := task(t, controller.EvaluationShared)
+			tc.change(&tr, p)
+			r := newRunner(t, p)
+			rec, err := r.RunTask(context.Background(), tr, nil)
+			if (err == nil) != (tc.status == controller.StatusSucceeded) {
+				t.Errorf("err = %v with status %s", err, rec.Status)
+			}
+			if got := stepsOf(rec); !slices.Equal(got, tc.steps) {
+				t.Errorf("steps\n got  %v\n want %v", got, tc.steps)
+			}
+			if rec.Status != tc.status {
+				t.Errorf("status %s, want %s (%s)", rec.Status, tc.status, rec.Error)
+			}
+			for _, s := range rec.Steps {
+				if want, ok := tc.reasons[s.Name]; ok && s.Reason != want {
+					t.Errorf("step %s reason %q, want %q", s.Name, s.Reason, want)
+				}
+			}
+			if live := p.Live(); len(live) != 0 {
+				t.Errorf("environments left open: %v", live)
+			}
+			if onDisk := readRecord(t, r, tr.ID); !slices.Equal(stepsOf(onDisk), tc.steps) {
+				t.Errorf("record on disk differs from the returned one: %v", stepsOf(onDisk))
+			}
+		})
+	}
+}
+
+// TestEvaluateRestoresBaseline ends the evaluate step every way it can end and checks
+// that the environment's baseline was put back before it closed, in both modes.
+func TestEvaluateRestoresBaseline(t *testing.T) {
+	endings := []struct {
+		name     string
+		evaluate []controller.Command
+		timeout  time.Duration
+		step     controller.StepStatus
+		status   controller.TaskStatus
+	}{
+		{"non-zero exit", []controller.Command{{"exit", "1"}}, 0, controller.StepFailed, controller.StatusFailed},
+		{"timeout", []controller.Command{{"hang"}}, 20 * time.Millisecond, controller.StepTimedOut, controller.StatusFailed},
+		{"cancellation", []controller.Command{{"cancel"}, {"hang"}}, 0, controller.StepCancelled, controller.StatusCancelled},
+		{"panic", []controller.Command{{"panic"}}, 0, controller.StepCrashed, controller.StatusFailed},
+	}
+	modes := []struct {
+		mode    controller.EvaluationMode
+		role    string
+		restore string
+	}{
+		{controller.EvaluationShared, "agent", "agent apply baseline public"},
+		{controller.EvaluationFresh, "evaluation", "evaluation apply evaluation_baseline no-network"},
+	}
+	for _, m := range modes {
+		for _, e := range endings {
+			t.Run(string(m.mode)+"/"+e.name, func(t *testing.T) {
+				p := controllertest.New()
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				p.Cancel = cancel
+				tr := task(t, m.mode)
+				tr.Evaluate = e.evaluate
+				if e.timeout > 0 {
+					tr.Timeouts = map[controller.StepName]time.Duration{controller.StepEvaluate: e.timeout}
+				}
+				r := newRunner(t, p)
+				rec, err := r.RunTask(ctx, tr, nil)
+				if err == nil {
+					t.Fatal("RunTask succeeded")
+				}
+				ev := p.Events()
+				applyEval := slices.Index(ev, m.role+" apply evaluation denylist")
+				restore := slices.Index(ev, m.restore)
+				closeAt := slices.IndexFunc(ev, func(s string) bool { return strings.HasPrefix(s, m.role+" close") })
+				if applyEval < 0 || restore < applyEval || closeAt < restore {
+					t.Errorf("want evaluation switch, then restore, then close; events:\n%s", strings.Join(ev, "\n"))
+				}
+				if want := m.role + " close retain=false mode=" + map[string]string{"agent": "public", "evaluation": "no-network"}[m.role]; ev[len(ev)-1] != want {
+					t.Errorf("last event %q, want %q", ev[len(ev)-1], want)
+				}
+				var got controller.StepStatus
+				for _, s := range rec.Steps {
+					if s.Name == controller.StepEvaluate {
+						got = s.Status
+					}
+				}
+				if got != e.step || rec.Status != e.status {
+					t.Errorf("evaluate step %s, task %s; want %s, %s", got, rec.Status, e.step, e.status)
+				}
+				last := rec.Transitions[len(rec.Transitions)-1]
+				if !last.OK || last.Phase != map[string]string{"agent": "baseline", "evaluation": "evaluation_baseline"}[m.role] {
+					t.Errorf("last transition %+v is not the restore", last)
+				}
+				if len(p.Live()) != 0 {
+					t.Errorf("environments left open: %v", p.Live())
+				}
+			})
+		}
+	}
+}
+
+// TestCancellation cancels the run during each step: nothing runs after, every
+// environment is closed under the policy in force (never a broader one) and the record
+// says cancelled.
+func TestCancellation(t *testing.T) {
+	tests := []struct {
+		mode      controller.EvaluationMode
+		step      controller.StepName
+		closeLine string
+	}{
+		{controller.EvaluationShared, controller.StepPrepare, "agent close retain=false mode=public"},
+		{controller.EvaluationShared, controller.StepHarnessStart, "agent close retain=false mode=public"},
+		{controller.EvaluationShared, controller.StepRun, "agent close retain=false mode=allowlist"},
+		{controller.EvaluationShared, controller.StepHarnessClose, "agent close retain=false mode=allowlist"},
+		{controller.EvaluationShared, controller.StepCollect, "agent close retain=false mode=allowlist"},
+		{controller.EvaluationShared, controller.StepEvaluate, "agent close retain=false mode=public"},
+		{controller.EvaluationFresh, controller.StepRun, "agent close retain=false mode=allowlist"},
+		{controller.EvaluationFresh, controller.StepEvaluate, "evaluation close retain=false mode=no-network"},
+	}
+	for _, tc := range tests {
+		t.Run(string(tc.mode)+"/"+string(tc.step), func(t *testing.T) {
+			p := controllertest.New()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			p.Cancel = cancel
+			tr := task(t, tc.mode)
+			stop := []controller.Command{{"cancel"}, {"hang"}}
+			switch tc.step {
+			case controller.StepPrepare:
+				tr.Prepare = stop
+			case controller.StepHarnessStart:
+				tr.Harness.Start = stop
+			case controller.StepRun:
+				tr.Run = stop
+			case controller.StepHarnessClose:
+				tr.Harness.Close = stop
+			case controller.StepCollect:
+				tr.Collect = stop
+			case controller.StepEvaluate:
+				tr.Evaluate = stop
+			}
+			r := newRunner(t, p)
+			rec, err := r.RunTask(ctx, tr, nil)
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("err = %v, want context.Canceled", err)
+			}
+			if rec.Status != controller.StatusCancelled {
+				t.Errorf("status %s", rec.Status)
+			}
+			ev := p.Events()
+			if ev[len(ev)-1] != tc.closeLine {
+				t.Errorf("last event %q, want %q\n%s", ev[len(ev)-1], tc.closeLine, strings.Join(ev, "\n"))
+			}
+			hangAt := slices.IndexFunc(ev, func(s string) bool { return strings.Contains(s, "exec [hang]") })
+			for _, e := range ev[hangAt+1:] {
+				if strings.Contains(e, " exec ") || strings.Contains(e, " open ") {
+					t.Errorf("%q after the cancellation", e)
+				}
+			}
+			last := rec.Steps[len(rec.Steps)-2] // the cancelled step, then the close
+			if last.Name != tc.step || last.Status != controller.StepCancelled {
+				t.Errorf("cancelled step recorded as %s:%s", last.Name, last.Status)
+			}
+			if len(p.Live()) != 0 {
+				t.Errorf("environments left open: %v", p.Live())
+			}
+		})
+	}
+}
+
+func TestRetain(t *testing.T) {
+	p := controllertest.New()
+	tr := task(t, controller.EvaluationFresh)
+	tr.Retain = true
+	r := newRunner(t, p)
+	rec, err := r.RunTask(context.Background(), tr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if live := p.Live(); len(live) != 2 {
+		t.Errorf("retained environments %v, want both", live)
+	}
+	for _, e := range rec.Environments {
+		if e.State != controller.EnvRetained || !strings.Contains(e.Reach, "compassctl env close --task t1") {
+			t.Errorf("environment %+v", e)
+		}
+	}
+}
+
+func TestRecordContents(t *testing.T) {
+	p := controllertest.New()
+	tr := task(t, controller.EvaluationFresh)
+	tr.Plan = json.RawMessage(`{"applied_recipes":["model-endpoint"]}`)
+	tr.Run = []controller.Command{{"blocked", "3"}}
+	tr.Evaluate = []controller.Command{{"blocked", "1"}}
+	r := newRunner(t, p)
+	if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
+		t.Fatal(err)
+	}
+	rec := readRecord(t, r, "t1")
+	if rec.Version != controller.RecordVersion || rec.Task != "t1" || rec.TaskDigest != tr.Digest() || rec.Ended == nil {
+		t.Errorf("header %+v", rec)
+	}
+	var plan bytes.Buffer
+	if err := json.Compact(&plan, rec.Plan); err != nil || plan.String() != `{"applied_recipes":["model-endpoint"]}` {
+		t.Errorf("plan %s", rec.Plan)
+	}
+	wantModes := map[string]policy.Mode{"baseline_network_mode": "public", "run_network_mode": "allowlist",
+		"evaluation_network_mode": "denylist", "evaluation_baseline_network_mode": "no-network"}
+	for k, v := range wantModes {
+		if rec.NetworkModes[k] != v {
+			t.Errorf("%s = %s, want %s", k, rec.NetworkModes[k], v)
+		}
+	}
+	if !rec.Policies[controller.PhaseRun].Equal(tr.Policies.Run) {
+		t.Errorf("run policy %s", rec.Policies[controller.PhaseRun])
+	}
+	b, err := os.ReadFile(filepath.Join(r.OutDir, "t1", controller.NoticeFile))
+	if err != nil || string(b) != notice || !rec.Notice.Injected {
+		t.Errorf("notice %q %v %+v", b, err, rec.Notice)
+	}
+	var trans []string
+	for _, tn := range rec.Transitions {
+		if !tn.OK || tn.Digest == "" || tn.Task != "t1" || tn.Duration <= 0 {
+			t.Errorf("transition %+v", tn)
+		}
+		trans = append(trans, tn.Environment+":"+tn.Phase+":"+string(tn.FromMode)+">"+string(tn.ToMode))
+	}
+	wantTrans := []string{"t1:baseline:>public", "t1:run:public>allowlist", "t1-eval:evaluation_baseline:>no-network",
+		"t1-eval:evaluation:no-network>denylist", "t1-eval:evaluation_baseline:denylist>no-network"}
+	if !slices.Equal(trans, wantTrans) {
+		t.Errorf("transitions\n got  %v\n want %v", trans, wantTrans)
+	}
+	var blocked []string
+	for _, b := range rec.Blocked {
+		blocked = append(blocked, b.Environment+":"+b.Phase+":"+string(rune('0'+b.Summary.Total)))
+	}
+	wantBlocked := []string{"t1:baseline:0", "t1:run:3", "t1-eval:evaluation_baseline:0", "t1-eval:evaluation:1", "t1-eval:evaluation_baseline:0"}
+	if !slices.Equal(blocked, wantBlocked) {
+		t.Errorf("blocked\n got  %v\n want %v", blocked, wantBlocked)
+	}
+	if rec.Blocked[1].Summary.Top[0].Host != "exfil.test" {
+		t.Errorf("top blocked %+v", rec.Blocked[1].Summary.Top)
+	}
+	if len(rec.Artifacts) != 1 || !rec.Artifacts[0].Saved || rec.Artifacts[0].Local != "artifacts/out/result.tar" {
+		t.Fatalf("artifacts %+v", rec.Artifacts)
+	}
+	if _, err := os.Stat(filepath.Join(r.OutDir, "t1", rec.Artifacts[0].Local)); err != nil {
+		t.Errorf("saved artifact: %v", err)
+	}
+	for _, s := range rec.Steps {
+		if s.Status == controller.StepSkipped {
+			continue
+		}
+		if s.End == nil || s.End.Before(s.Start) || s.Mode == "" {
+			t.Errorf("step %+v", s)
+		}
+	}
+	run := rec.Steps[slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == controller.StepRun })]
+	if run.Log != "logs/run.log" || *run.ExitCode != 0 || len(run.Commands) != 1 || run.Phase != "run" {
+		t.Errorf("run step %+v", run)
+	}
+	logb, err := os.ReadFile(filepath.Join(r.OutDir, "t1", run.Log))
+	if err != nil || !strings.Contains(string(logb), "### blocked 3 (exit 0)\n{\"cmd\":\"blocked\"}\n") {
+		t.Errorf("run log %q %v", logb, err)
+	}
+}
+
+func TestNotice(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(*controller.TaskRun)
+		reason string
+	}{
+		{"turned off", func(tr *controller.TaskRun) { tr.InjectNotice = false }, "inject_network_restriction_notice is false"},
+		{"public run policy", func(tr *controller.TaskRun) { tr.Notice, tr.Policies.Run = "", policy.Public }, "the run policy is public: no statement"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := controllertest.New()
+			tr := task(t, controller.EvaluationShared)
+			tc.change(&tr)
+			r := newRunner(t, p)
+			rec, err := r.RunTask(context.Background(), tr, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.Notice.Injected || rec.Notice.Reason != tc.reason {
+				t.Errorf("notice record %+v", rec.Notice)
+			}
+			if _, err := os.Stat(filepath.Join(r.OutDir, "t1", controller.NoticeFile)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("notice file: %v", err)
+			}
+			for _, e := range p.Events() {
+				if strings.Contains(e, "notice=") {
+					t.Errorf("notice passed to a step: %s", e)
+				}
+			}
+		})
+	}
+}
+
+func TestRunAll(t *testing.T) {
+	p := controllertest.New()
+	var tasks []controller.TaskRun
+	for _, id := range []string{"a", "b", "c", "d"} {
+		tr := task(t, controller.EvaluationFresh)
+		tr.ID = id
+		tasks = append(tasks, tr)
+	}
+	r := newRunner(t, p)
+	out := r.RunAll(context.Background(), tasks, 2, nil)
+	for i, o := range out {
+		if o.Err != nil || o.Task != tasks[i].ID || o.Record.Status != controller.StatusSucceeded {
+			t.Errorf("task %s: %v %+v", o.Task, o.Err, o.Record)
+		}
+		if rec := readRecord(t, r, o.Task); rec.Task != o.Task || len(rec.Environments) != 2 {
+			t.Errorf("record of %s: %+v", o.Task, rec)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	out = r.RunAll(ctx, tasks[:1], 1, nil)
+	if out[0].Record == nil || out[0].Record.Status != controller.StatusCancelled || len(p.Live()) != 0 {
+		t.Errorf("cancelled run: %+v", out[0])
+	}
+}

@@ -1,0 +1,127 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// Finished reports whether a record shows a lifecycle that ran to its end (whatever
+// its outcome): --resume leaves such a task alone.
+func Finished(rec *Record) bool {
+	return rec.Ended != nil && (rec.Status == StatusSucceeded || rec.Status == StatusFailed)
+}
+
+// ResumeFrom decides where an interrupted task (cancelled, or its runner died) picks up.
+// What is safe to resume:
+//   - nothing ran in a sandbox yet (no environment was opened): start from the top;
+//   - fresh mode, once the agent's part is over (rollout, collection and artifact
+//     download all ended): the evaluation environment is new by design, so the task
+//     resumes at opening it, with the saved artifacts;
+//   - anything else is refused, because the agent environment's state (what prepare
+//     installed, what the agent changed) lives only in that environment and cannot be
+//     reproduced; the error says why and what to do.
+//
+// Environments the record shows as still open must be closed first: the provider must be
+// able to reattach them (Reattacher), otherwise the resume is refused.
+func ResumeFrom(prev *Record, t TaskRun, p Provider) (StepName, error) {
+	refuse := func(format string, args ...any) (StepName, error) {
+		return "", fmt.Errorf("controller: cannot resume task %s: %s", t.ID, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case prev.Task != t.ID:
+		return refuse("the record is of task %q", prev.Task)
+	case prev.TaskDigest != t.Digest():
+		return refuse("the task definition changed since the record was written; run it without --resume")
+	case Finished(prev):
+		return refuse("it already finished (%s); nothing to resume", prev.Status)
+	case len(prev.Environments) == 0:
+		return StepOpen, nil
+	}
+	if t.Mode != EvaluationFresh {
+		return refuse("it stopped at step %q in shared mode, where evaluation needs the agent environment's state, which is lost; run it again without --resume", prev.Phase)
+	}
+	if missing := agentStepsUnfinished(prev, t); len(missing) > 0 {
+		return refuse("the agent's part did not end (%s); its environment's state is lost; run it again without --resume", strings.Join(missing, ", "))
+	}
+	if open := openEnvironments(prev); len(open) > 0 {
+		if _, ok := p.(Reattacher); !ok {
+			return refuse("environment(s) %s may still exist and provider %s cannot reattach them; close them (`compassctl env close --task %s`) and mark them closed, or run without --resume",
+				strings.Join(open, ", "), p.Name(), t.ID)
+		}
+	}
+	return StepEvaluationOpen, nil
+}
+
+// agentStepsUnfinished lists the agent steps the task needs whose end is not recorded.
+func agentStepsUnfinished(prev *Record, t TaskRun) []string {
+	needed := []StepName{StepRun}
+	if t.Harness != nil {
+		needed = append(needed, StepHarnessClose)
+	}
+	if len(t.Collect) > 0 {
+		needed = append(needed, StepCollect)
+	}
+	if t.SaveArtifacts && len(t.Artifacts) > 0 {
+		needed = append(needed, StepDownload)
+	}
+	var missing []string
+	for _, name := range needed {
+		if !stepEnded(prev, name) {
+			missing = append(missing, string(name)+" not ended")
+		}
+	}
+	return missing
+}
+
+// stepEnded reports whether a step of that name ran to its own end (ok, failed or timed
+// out: the rollout's outcome is the evaluation's business).
+func stepEnded(rec *Record, name StepName) bool {
+	for _, s := range rec.Steps {
+		if s.Name == name && (s.Status == StepOK || s.Status == StepFailed || s.Status == StepTimedOut) {
+			return true
+		}
+	}
+	return false
+}
+
+func openEnvironments(rec *Record) []string {
+	var ids []string
+	for _, e := range rec.Environments {
+		if e.State == EnvOpen {
+			ids = append(ids, e.ID)
+		}
+	}
+	return ids
+}
+
+// closeLeftovers closes the environments an interrupted run left open, through the
+// provider's Reattacher (ResumeFrom made sure there is one when it is needed).
+func (tr *taskRun) closeLeftovers(ctx context.Context, prev *Record) error {
+	ra, _ := tr.r.Provider.(Reattacher)
+	for _, e := range prev.Environments {
+		if e.State != EnvOpen || ra == nil {
+			continue
+		}
+		env, err := ra.Reattach(ctx, tr.t.ID, e.Role)
+		if err != nil {
+			// Gone already: the record says so instead of claiming it is open.
+			tr.rec.update(func(r *Record) {
+				for i := range r.Environments {
+					if r.Environments[i].ID == e.ID && r.Environments[i].State == EnvOpen {
+						r.Environments[i].State = EnvClosed
+						r.Environments[i].Reach = "not found on resume: " + err.Error()
+					}
+				}
+			})
+			continue
+		}
+		tr.mu.Lock()
+		tr.envs[e.Role] = &envState{env: env, role: e.Role, phase: "reattached"}
+		tr.mu.Unlock()
+		if err := tr.closeEnv(ctx, e.Role); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,160 @@
+package controller_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/controller/controllertest"
+)
+
+// interrupted runs tr until the "cancel" command, as a Ctrl-C would stop it.
+func interrupted(t *testing.T, p controller.Provider, fake *controllertest.Provider, r *controller.Runner, tr controller.TaskRun) *controller.Record {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fake.Cancel = cancel
+	rec, err := r.RunTask(ctx, tr, nil)
+	if err == nil || rec.Status != controller.StatusCancelled {
+		t.Fatalf("interrupted run: %v, %s", err, rec.Status)
+	}
+	return rec
+}
+
+func TestResumeFreshEvaluation(t *testing.T) {
+	fake := controllertest.New()
+	r := newRunner(t, fake)
+	tr := task(t, controller.EvaluationFresh)
+	// Ctrl-C while the evaluation environment is being opened.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fake.OpenErr = func(role controller.Role) error {
+		if role == controller.RoleEvaluation {
+			cancel()
+			return context.Canceled
+		}
+		return nil
+	}
+	if rec, err := r.RunTask(ctx, tr, nil); err == nil || rec.Status != controller.StatusCancelled {
+		t.Fatalf("interrupted run: %v", err)
+	}
+	fake.OpenErr = nil
+	before := len(fake.Events())
+
+	rec, err := r.RunTask(context.Background(), tr, readRecord(t, r, "t1"))
+	if err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if rec.Status != controller.StatusSucceeded || len(rec.Resumes) != 1 || rec.Resumes[0].From != controller.StepEvaluationOpen {
+		t.Errorf("status %s (%s), resumes %+v", rec.Status, rec.Error, rec.Resumes)
+	}
+	want := []string{
+		"evaluation open no-network image=grader:1",
+		"evaluation upload /out/result.tar mode=no-network",
+		"evaluation apply evaluation denylist",
+		"evaluation exec [grade] mode=denylist",
+		"evaluation apply evaluation_baseline no-network",
+		"evaluation close retain=false mode=no-network",
+	}
+	checkEvents(t, fake.Events()[before:], want)
+	if got := stepsOf(rec); !slices.Contains(got, "run:ok") || !slices.Contains(got, "evaluation_open:cancelled") {
+		t.Errorf("earlier steps not kept in the record: %v", got)
+	}
+}
+
+func TestResumeClosesLeftovers(t *testing.T) {
+	fake := controllertest.New()
+	tr := task(t, controller.EvaluationFresh)
+	r := newRunner(t, fake)
+	if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Make the record look like a runner that died during evaluation, with the
+	// evaluation environment still running.
+	rec := readRecord(t, r, "t1")
+	rec.Status, rec.Ended = controller.StatusRunning, nil
+	rec.Steps = rec.Steps[:len(rec.Steps)-2]
+	for i := range rec.Environments {
+		if rec.Environments[i].Role == controller.RoleEvaluation {
+			rec.Environments[i].State = controller.EnvOpen
+		}
+	}
+	if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: "t1", Role: controller.RoleEvaluation}); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := controller.ResumeFrom(rec, tr, fake); err == nil || !strings.Contains(err.Error(), "cannot reattach") {
+		t.Errorf("resume without reattach: %v", err)
+	}
+	r.Provider = controllertest.ReattachingProvider{Provider: fake}
+	out, err := r.RunTask(context.Background(), tr, rec)
+	if err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if out.Status != controller.StatusSucceeded || len(fake.Live()) != 0 {
+		t.Errorf("status %s, live %v", out.Status, fake.Live())
+	}
+	if !slices.Contains(fake.Events(), "evaluation reattach") {
+		t.Errorf("leftover not reattached: %v", fake.Events())
+	}
+}
+
+func TestResumeRefusals(t *testing.T) {
+	fake := controllertest.New()
+	r := newRunner(t, fake)
+
+	shared := task(t, controller.EvaluationShared)
+	shared.ID = "s"
+	shared.Run = []controller.Command{{"cancel"}, {"hang"}}
+	sharedRec := interrupted(t, fake, fake, r, shared)
+
+	fresh := task(t, controller.EvaluationFresh)
+	fresh.ID = "f"
+	fresh.Run = []controller.Command{{"cancel"}, {"hang"}}
+	freshRec := interrupted(t, fake, fake, r, fresh)
+
+	done := task(t, controller.EvaluationShared)
+	done.ID = "d"
+	doneRec, err := r.RunTask(context.Background(), done, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := shared
+	changed.Evaluate = []controller.Command{{"other"}}
+
+	tests := []struct {
+		name string
+		rec  *controller.Record
+		task controller.TaskRun
+		want string
+	}{
+		{"shared mode after the agent started", sharedRec, shared, "shared mode"},
+		{"fresh mode before the agent's part ended", freshRec, fresh, "run not ended"},
+		{"finished task", doneRec, done, "already finished (succeeded)"},
+		{"changed definition", sharedRec, changed, "definition changed"},
+		{"another task's record", doneRec, shared, `the record is of task "d"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := controller.ResumeFrom(tc.rec, tc.task, fake)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want it to say %q", err, tc.want)
+			}
+			if _, err := r.RunTask(context.Background(), tc.task, tc.rec); err == nil {
+				t.Error("RunTask resumed a refused task")
+			}
+		})
+	}
+
+	// A task that never opened an environment starts from the top.
+	never := task(t, controller.EvaluationShared)
+	never.ID = "n"
+	fake.OpenErr = func(controller.Role) error { return context.Canceled }
+	neverRec, _ := r.RunTask(context.Background(), never, nil)
+	fake.OpenErr = nil
+	if from, err := controller.ResumeFrom(neverRec, never, fake); err != nil || from != controller.StepOpen {
+		t.Errorf("never-opened task: %s, %v", from, err)
+	}
+}

@@ -1,0 +1,193 @@
+package controller
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// EvaluationMode says where a task's evaluate step runs.
+type EvaluationMode string
+
+const (
+	EvaluationShared EvaluationMode = "shared" // in the agent's environment
+	EvaluationFresh  EvaluationMode = "fresh"  // in a separate evaluation environment
+)
+
+// Policy phases: the four fields of a plan, named as transitions and records name them.
+const (
+	PhaseBaseline           = "baseline"
+	PhaseRun                = "run"
+	PhaseEvaluation         = "evaluation"
+	PhaseEvaluationBaseline = "evaluation_baseline"
+)
+
+// StepName names one row of a lifecycle table (SPEC §4).
+type StepName string
+
+const (
+	StepOpen           StepName = "open"
+	StepPrepare        StepName = "prepare"
+	StepHarnessStart   StepName = "harness_start"
+	StepRun            StepName = "run"
+	StepHarnessClose   StepName = "harness_close"
+	StepCollect        StepName = "collect"
+	StepDownload       StepName = "download"
+	StepClose          StepName = "close"
+	StepEvaluationOpen StepName = "evaluation_open"
+	StepEvaluate       StepName = "evaluate"
+	StepEvaluationEnd  StepName = "evaluation_close"
+)
+
+// Command is one argv run with Exec (no shell: the task images may have none).
+type Command []string
+
+// PhasePolicies are a task's effective policies, as the planner resolved them.
+type PhasePolicies struct {
+	Baseline   policy.Policy `json:"baseline"`
+	Run        policy.Policy `json:"run"`
+	Evaluation policy.Policy `json:"evaluation"`
+	// EvaluationBaseline is the evaluation environment's baseline (fresh mode only).
+	EvaluationBaseline policy.Policy `json:"evaluation_baseline"`
+}
+
+// HarnessSession is a declared harness session: steps 3 and 5 exist only with one.
+type HarnessSession struct {
+	Start []Command `json:"start"`
+	Close []Command `json:"close"`
+}
+
+// TaskRun is everything the runner needs for one task's lifecycle: the planner's
+// effective policies and the commands of each step.
+type TaskRun struct {
+	ID              string         `json:"task_id"`
+	Mode            EvaluationMode `json:"evaluation_mode"`
+	Image           string         `json:"image"`
+	EvaluationImage string         `json:"evaluation_image,omitempty"`
+	Policies        PhasePolicies  `json:"policies"`
+	// Plan is the planner's resolved plan (sources, applied recipes, mode summaries),
+	// copied into the record as it is.
+	Plan json.RawMessage `json:"plan,omitempty"`
+	// Notice is the restriction statement of the effective run policy ("" for public).
+	Notice        string          `json:"notice,omitempty"`
+	InjectNotice  bool            `json:"inject_network_restriction_notice"`
+	Prepare       []Command       `json:"prepare,omitempty"`
+	Harness       *HarnessSession `json:"harness,omitempty"`
+	Run           []Command       `json:"run,omitempty"`
+	Collect       []Command       `json:"collect,omitempty"`
+	Artifacts     []string        `json:"artifacts,omitempty"`
+	SaveArtifacts bool            `json:"save_artifacts"`
+	Evaluate      []Command       `json:"evaluate,omitempty"`
+	Retain        bool            `json:"retain"`
+	// Timeouts bounds steps by name; a step without an entry is bounded only by the run.
+	Timeouts          map[StepName]time.Duration `json:"timeouts,omitempty"`
+	Env               map[string]string          `json:"env,omitempty"`
+	ProxyStartTimeout time.Duration              `json:"proxy_start_timeout,omitempty"`
+}
+
+// Digest identifies the task's definition, so that --resume refuses a record made from a
+// different definition.
+func (t TaskRun) Digest() string {
+	b, err := json.Marshal(t)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// Uploader is implemented by environments that can receive files from the host. The
+// runner uses it to hand saved artifacts to a fresh evaluation environment.
+type Uploader interface {
+	Upload(ctx context.Context, srcPath, dstDir string) error
+}
+
+// Reacher is implemented by environments that can tell an operator how to reach a
+// retained environment.
+type Reacher interface {
+	Reach() string
+}
+
+// Reattacher is implemented by providers that can take an environment left by another
+// process (a crashed run) back under control, so that --resume can close it.
+type Reattacher interface {
+	Reattach(ctx context.Context, task string, role Role) (Environment, error)
+}
+
+// Runner runs task lifecycles against one provider and writes their records.
+type Runner struct {
+	Provider Provider
+	// OutDir holds one directory per task: run_info.json, notice.txt, logs, artifacts.
+	OutDir   string
+	Progress Progress
+	Logger   *slog.Logger
+	// BlockedPollInterval is how often a running step's blocked count is refreshed for
+	// the progress display; zero turns polling off.
+	BlockedPollInterval time.Duration
+	// ControlTimeout bounds a switch, a close and a blocked-count query made after the
+	// run was cancelled (restoring a baseline must not wait for ever).
+	ControlTimeout time.Duration
+}
+
+// Outcome is what a run of one task returned.
+type Outcome struct {
+	Task   string
+	Record *Record
+	Err    error
+}
+
+// RunAll runs every task with at most concurrency of them at once. Each task has its own
+// environments and record; one task's failure does not stop the others.
+func (r *Runner) RunAll(ctx context.Context, tasks []TaskRun, concurrency int, resume map[string]*Record) []Outcome {
+	if concurrency < 1 {
+		concurrency = 1
+	}
+	out := make([]Outcome, len(tasks))
+	sem := make(chan struct{}, concurrency)
+	var wg sync.WaitGroup
+	for i, t := range tasks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				rec, err := r.notStarted(t, ctx.Err())
+				out[i] = Outcome{Task: t.ID, Record: rec, Err: err}
+				return
+			}
+			defer func() { <-sem }()
+			rec, err := r.RunTask(ctx, t, resume[t.ID])
+			out[i] = Outcome{Task: t.ID, Record: rec, Err: err}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func (r *Runner) logger() *slog.Logger {
+	if r.Logger != nil {
+		return r.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func (r *Runner) controlTimeout() time.Duration {
+	if r.ControlTimeout > 0 {
+		return r.ControlTimeout
+	}
+	return 2 * time.Minute
+}
+
+func (r *Runner) progress() Progress {
+	if r.Progress != nil {
+		return r.Progress
+	}
+	return nopProgress{}
+}
