@@ -78,6 +78,11 @@ func (pl *Planner) Plan(t Task) (*Plan, error) {
 		ProxyStartTimeout: pl.Override.ProxyStartTimeout,
 		Task:              t,
 	}
+	capability, known := LookupProvider(plan.Provider)
+	if !known || !plan.EvaluationMode.Valid() {
+		// Only a Task or Planner built in code, not one parsed, can get here.
+		return nil, &TaskError{TaskID: t.ID, Errs: ErrorList{{Rule: fmt.Sprintf("cannot plan provider %q in evaluation mode %q", plan.Provider, plan.EvaluationMode)}}}
+	}
 	var errs ErrorList
 	if _, set := pl.Override.Policies[PhaseEvaluationBaseline]; set && plan.EvaluationMode != EvaluationFresh {
 		errs = append(errs, &FieldError{Path: PhaseEvaluationBaseline.Field(), Rule: "an override of the evaluation baseline is only legal in fresh mode; this task is planned in shared mode, where the evaluation runs in the agent's environment under its baseline"})
@@ -111,7 +116,6 @@ func (pl *Planner) Plan(t Task) (*Plan, error) {
 	}
 
 	errs = append(errs, checkRequiredEndpoints(plan, matched)...)
-	capability, _ := LookupProvider(plan.Provider)
 	for _, ph := range plan.Phases() {
 		errs = append(errs, capability.Check(ph, plan.Policy(ph))...)
 	}

@@ -453,6 +453,18 @@ func TestPlannerValidate(t *testing.T) {
 	}
 }
 
+func TestPlanRefusesUnknownProviderOrModeBuiltInCode(t *testing.T) {
+	for _, pl := range []Planner{{Provider: "k8s"}, {EvaluationMode: "reuse"}} {
+		_, err := pl.Plan(Task{ID: "t"})
+		if err == nil || !strings.HasPrefix(err.Error(), `task "t": cannot plan provider`) {
+			t.Errorf("Planner %+v: error %v", pl, err)
+		}
+	}
+	if _, err := (&Planner{}).Plan(Task{ID: "t", Provider: "k8s"}); err == nil {
+		t.Error("planned a task for an unknown provider")
+	}
+}
+
 func TestPlanAllReportsEveryTask(t *testing.T) {
 	pl := Planner{Provider: ProviderHostProcess}
 	_, err := pl.PlanAll([]Task{
