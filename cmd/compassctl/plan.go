@@ -161,6 +161,12 @@ func writePlanTables(w io.Writer, plans []*policy.Plan) {
 			recipes = strings.Join(p.AppliedRecipes, ", ")
 		}
 		fmt.Fprintf(w, "  applied recipes: %s\n", recipes)
+		if p.Network != "" {
+			fmt.Fprintf(w, "  docker network: %s\n", p.Network)
+		}
+		if p.ProxyStartTimeout != 0 {
+			fmt.Fprintf(w, "  proxy start timeout: %s\n", p.ProxyStartTimeout)
+		}
 		if p.Native != nil {
 			fmt.Fprintln(w, "  native options:")
 			for _, ph := range p.Phases() {

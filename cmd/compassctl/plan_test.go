@@ -98,6 +98,18 @@ func TestPlanTable(t *testing.T) {
 	}
 }
 
+func TestPlanTableShowsDockerOptions(t *testing.T) {
+	code, stdout, stderr := runCaptured(t, "plan", "--task", examples+"task-fresh.json", "--env-params", `{"network":"bridge","allowlist_proxy_start_timeout":2.5}`)
+	if code != 0 || stderr != "" {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+	for _, want := range []string{"  docker network: bridge\n", "  proxy start timeout: 2.5s\n"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("table lacks %q:\n%s", want, stdout)
+		}
+	}
+}
+
 func TestPlanRefusesBadInput(t *testing.T) {
 	badTask := writeTemp(t, "bad.yaml", "task_id: t\nrun_network_policy: {network_mode: allowlist, allowed_hosts: [\"https://x\"]}\n")
 	mixed := writeTemp(t, "mixed.yaml", "- task_id: ok\n- task_id: daytona\n  provider: daytona\n  run_network_policy: {network_mode: allowlist, allowed_hosts: [model.test, 198.51.100.7]}\n")
