@@ -2,6 +2,9 @@ package proxy
 
 import (
 	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // embeddingPrefixes are IPv6 ranges whose addresses carry an IPv4 address that a relay,
@@ -29,16 +32,51 @@ var specialPrefixes = []netip.Prefix{
 // CIDR rule exemption is checked by the caller, who holds the rule set.
 type Guard struct {
 	allow []netip.Prefix
-	own   map[netip.Addr]struct{}
+	// ownAddrs lists the proxy's own addresses. Docker may attach a network after the
+	// proxy started, so the set is refreshed when older than ownRefresh.
+	ownAddrs func() []netip.Addr
+	own      atomic.Pointer[ownSet]
+	mu       sync.Mutex
+	every    time.Duration
 }
 
-// NewGuard builds a guard with the operator's exempt ranges and the proxy's own addresses.
-func NewGuard(allowInternal []netip.Prefix, own []netip.Addr) *Guard {
-	g := &Guard{allow: allowInternal, own: make(map[netip.Addr]struct{}, len(own))}
-	for _, a := range own {
-		g.own[a.Unmap().WithZone("")] = struct{}{}
-	}
+type ownSet struct {
+	addrs map[netip.Addr]struct{}
+	at    time.Time
+}
+
+const ownRefresh = time.Second
+
+// NewGuard builds a guard with the operator's exempt ranges and a source of the proxy's
+// own addresses.
+func NewGuard(allowInternal []netip.Prefix, ownAddrs func() []netip.Addr) *Guard {
+	g := &Guard{allow: allowInternal, ownAddrs: ownAddrs, every: ownRefresh}
+	g.refresh()
 	return g
+}
+
+func (g *Guard) refresh() {
+	addrs := g.ownAddrs()
+	set := &ownSet{addrs: make(map[netip.Addr]struct{}, len(addrs)), at: time.Now()}
+	for _, a := range addrs {
+		set.addrs[a.Unmap().WithZone("")] = struct{}{}
+	}
+	g.own.Store(set)
+}
+
+// isOwn reports whether a is one of the proxy's addresses, refreshing a stale set (one
+// caller refreshes; the others use the previous set meanwhile).
+func (g *Guard) isOwn(a netip.Addr) bool {
+	set := g.own.Load()
+	if time.Since(set.at) > g.every && g.mu.TryLock() {
+		if set = g.own.Load(); time.Since(set.at) > g.every {
+			g.refresh()
+			set = g.own.Load()
+		}
+		g.mu.Unlock()
+	}
+	_, ok := set.addrs[a]
+	return ok
 }
 
 // Internal reports whether addr is an internal address and, if so, which class.
@@ -68,7 +106,7 @@ func (g *Guard) Internal(addr netip.Addr) (bool, string) {
 			return true, "special"
 		}
 	}
-	if _, ok := g.own[a]; ok {
+	if g.isOwn(a) {
 		return true, "proxy-own-address"
 	}
 	return false, ""

@@ -216,7 +216,7 @@ func (s *Server) Start() (err error) {
 		s.metricsLn = ml
 	}
 
-	s.decider.Guard = NewGuard(s.cfg.AllowInternal, s.ownAddrs())
+	s.decider.Guard = NewGuard(s.cfg.AllowInternal, s.ownAddrs)
 	s.serve(dnsConns)
 	s.checkReady()
 	return nil
@@ -244,8 +244,9 @@ func listenDNS(addr string) (net.PacketConn, net.Listener, error) {
 	return nil, nil, lastErr
 }
 
-// ownAddrs are the host's interface addresses, the bound proxy and DNS addresses and
-// any configured extras: a sandbox must not loop back into the sidecar.
+// ownAddrs are the host's interface addresses (read again as networks come and go), the
+// bound proxy and DNS addresses and any configured extras: a sandbox must not loop back
+// into the sidecar.
 func (s *Server) ownAddrs() []netip.Addr {
 	own := append([]netip.Addr(nil), s.cfg.OwnAddrs...)
 	if addrs, err := net.InterfaceAddrs(); err == nil {

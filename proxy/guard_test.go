@@ -1,0 +1,98 @@
+package proxy
+
+import (
+	"net/netip"
+	"sync"
+	"testing"
+)
+
+func TestGuardClasses(t *testing.T) {
+	g := NewGuard([]netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}, func() []netip.Addr {
+		return []netip.Addr{netip.MustParseAddr("172.18.0.2")}
+	})
+	cases := []struct {
+		addr     string
+		internal bool
+		class    string
+	}{
+		{"127.0.0.1", true, "loopback"},
+		{"::1", true, "loopback"},
+		{"169.254.169.254", true, "link-local"},
+		{"fe80::1", true, "link-local"},
+		{"0.0.0.0", true, "unspecified"},
+		{"::", true, "unspecified"},
+		{"0.1.2.3", true, "special"},
+		{"224.0.0.251", true, "multicast"},
+		{"ff02::1", true, "multicast"},
+		{"255.255.255.255", true, "special"},
+		{"::ffff:8.8.8.8", true, "ipv4-mapped"},
+		{"64:ff9b::808:808", true, "ipv4-embedding"},
+		{"64:ff9b:1::1", true, "ipv4-embedding"},
+		{"2002:808:808::1", true, "ipv4-embedding"},
+		{"2001:0:1::1", true, "ipv4-embedding"},
+		{"::8.8.8.8", true, "ipv4-embedding"},
+		{"100.100.100.200", true, "special"},
+		{"fd00:ec2::254", true, "special"},
+		{"172.18.0.2", true, "proxy-own-address"},
+		{"198.51.100.7", false, ""},
+		{"2001:db8::1", false, ""},
+		{"10.9.1.1", false, ""},
+	}
+	for _, tc := range cases {
+		internal, class := g.Internal(netip.MustParseAddr(tc.addr))
+		if internal != tc.internal || class != tc.class {
+			t.Errorf("%s: %v %q, want %v %q", tc.addr, internal, class, tc.internal, tc.class)
+		}
+	}
+	if !g.Exempt(netip.MustParseAddr("10.9.1.1")) || g.Exempt(netip.MustParseAddr("10.8.1.1")) {
+		t.Error("exempt ranges")
+	}
+}
+
+// TestGuardSeesNewOwnAddresses: a network attached after start adds an own address.
+func TestGuardSeesNewOwnAddresses(t *testing.T) {
+	var mu sync.Mutex
+	own := []netip.Addr{netip.MustParseAddr("172.18.0.2")}
+	g := NewGuard(nil, func() []netip.Addr { mu.Lock(); defer mu.Unlock(); return own })
+	late := netip.MustParseAddr("172.30.0.3")
+	if in, _ := g.Internal(late); in {
+		t.Fatal("not yet an own address")
+	}
+	mu.Lock()
+	own = append(own, late)
+	mu.Unlock()
+	g.every = 0
+	if in, class := g.Internal(late); !in || class != "proxy-own-address" {
+		t.Fatalf("late address: %v %q", in, class)
+	}
+}
+
+func TestSplitAuthority(t *testing.T) {
+	cases := []struct {
+		in     string
+		def    uint16
+		host   string
+		port   uint16
+		reason string
+	}{
+		{"a.test", 80, "a.test", 80, ""},
+		{"a.test:8080", 80, "a.test", 8080, ""},
+		{"a.test:", 80, "a.test", 80, ""},
+		{"a.test", 0, "", 0, ReasonInvalidPort},
+		{"a.test:0", 0, "", 0, ReasonInvalidPort},
+		{"a.test:65536", 0, "", 0, ReasonInvalidPort},
+		{"a.test:+80", 0, "", 0, ReasonInvalidPort},
+		{"[2001:db8::1]:443", 0, "2001:db8::1", 443, ""},
+		{"[2001:db8::1]", 80, "2001:db8::1", 80, ""},
+		{"2001:db8::1", 80, "", 0, ReasonInvalidHost},
+		{"[a.test]:80", 0, "", 0, ReasonInvalidHost},
+		{"[::1]x", 0, "", 0, ReasonInvalidHost},
+		{"[::1", 0, "", 0, ReasonInvalidHost},
+	}
+	for _, tc := range cases {
+		host, port, reason := splitAuthority(tc.in, tc.def)
+		if host != tc.host || port != tc.port || reason != tc.reason {
+			t.Errorf("%q: %q %d %q, want %q %d %q", tc.in, host, port, reason, tc.host, tc.port, tc.reason)
+		}
+	}
+}
