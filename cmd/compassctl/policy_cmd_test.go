@@ -14,8 +14,8 @@ func TestPolicyCheck(t *testing.T) {
 	}{
 		{"string form", `"no-network"`, 0, "\"no-network\"\n", ""},
 		{"object form of public", `{"network_mode":"public"}`, 0, "\"public\"\n", ""},
-		{"canonical form", `{"network_mode":"allowlist","allowed_hosts":["PyPI.org.","pypi.org",{"host":"registry.npmjs.org","port":443},"[2001:db8::1]:443"]}`, 0,
-			`{"network_mode":"allowlist","allowed_hosts":["pypi.org","registry.npmjs.org:443","[2001:db8::1]:443"]}` + "\n", ""},
+		{"canonical form", `{"network_mode":"allowlist","allowed_hosts":["PyPI.test.","pypi.test",{"host":"registry.pkg.test","port":443},"[2001:db8::1]:443"]}`, 0,
+			`{"network_mode":"allowlist","allowed_hosts":["pypi.test","registry.pkg.test:443","[2001:db8::1]:443"]}` + "\n", ""},
 		{"bare word", `no-network`, 0, "\"no-network\"\n", ""},
 		{"YAML written by a person", "network_mode: denylist\ndenied_hosts: [exfil.test]", 0, `{"network_mode":"denylist","denied_hosts":["exfil.test"]}` + "\n", ""},
 		{"every error at once", `{"network_mode":"allowlist","allowed_hosts":["https://x","a.*.test","203.0.113.1/24"]}`, 2, "",
@@ -38,16 +38,16 @@ func TestPolicyCheck(t *testing.T) {
 }
 
 func TestPolicyMatch(t *testing.T) {
-	allow := `{"network_mode":"allowlist","allowed_hosts":["pypi.org","registry.npmjs.org:443","*.example.test","203.0.113.0/24","[2001:db8::1]:8443"]}`
+	allow := `{"network_mode":"allowlist","allowed_hosts":["pypi.test","registry.pkg.test:443","*.example.test","203.0.113.0/24","[2001:db8::1]:8443"]}`
 	deny := `{"network_mode":"denylist","denied_hosts":["exfil.test:443"]}`
 	tests := []struct {
 		args []string
 		want string
 	}{
-		{[]string{allow, "pypi.org"}, "allow rule=pypi.org reason=allowlisted\n"},
-		{[]string{allow, "PYPI.org."}, "allow rule=pypi.org reason=allowlisted\n"},
-		{[]string{allow, "registry.npmjs.org"}, "allow rule=registry.npmjs.org:443 reason=allowlisted\n"},
-		{[]string{allow, "registry.npmjs.org:80"}, "deny rule=- reason=not-allowlisted\n"},
+		{[]string{allow, "pypi.test"}, "allow rule=pypi.test reason=allowlisted\n"},
+		{[]string{allow, "PYPI.test."}, "allow rule=pypi.test reason=allowlisted\n"},
+		{[]string{allow, "registry.pkg.test"}, "allow rule=registry.pkg.test:443 reason=allowlisted\n"},
+		{[]string{allow, "registry.pkg.test:80"}, "deny rule=- reason=not-allowlisted\n"},
 		{[]string{allow, "api.example.test:8080"}, "allow rule=*.example.test reason=allowlisted\n"},
 		{[]string{allow, "example.test"}, "deny rule=- reason=not-allowlisted\n"},
 		{[]string{allow, "cdn.other.test", "--resolve", "203.0.113.9"}, "allow rule=203.0.113.0/24 reason=allowlisted\n"},
@@ -61,7 +61,7 @@ func TestPolicyMatch(t *testing.T) {
 		{[]string{`"public"`, "model.test"}, "allow rule=- reason=public\n"},
 		// A name that resolves to an internal address is blocked unless an IP rule allows it.
 		{[]string{`"public"`, "metadata.test", "--resolve", "169.254.169.254"}, "deny rule=- reason=internal-address\n"},
-		{[]string{allow, "pypi.org", "--resolve", "127.0.0.1"}, "deny rule=- reason=internal-address\n"},
+		{[]string{allow, "pypi.test", "--resolve", "127.0.0.1"}, "deny rule=- reason=internal-address\n"},
 		{[]string{`{"network_mode":"allowlist","allowed_hosts":["local.test","127.0.0.1"]}`, "local.test", "--resolve", "127.0.0.1"}, "allow rule=local.test reason=allowlisted\n"},
 		{[]string{`"public"`, "169.254.169.254:80"}, "deny rule=- reason=internal-address\n"},
 		{[]string{`"public"`, "x.test", "--resolve", "::ffff:127.0.0.1"}, "deny rule=- reason=internal-address\n"},
