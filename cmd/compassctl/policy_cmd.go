@@ -106,10 +106,6 @@ func parseDestination(dest, resolve string) (string, netip.Addr, uint16, error) 
 	return "", netip.Addr{}, 0, fmt.Errorf("destination %q: a destination is one host name or address, not a wildcard or a range", dest)
 }
 
-// internalGuard is the proxy's internal-address guard without operator exemptions or
-// the sidecar's own addresses, which only a running sidecar knows.
-var internalGuard = proxy.NewGuard(nil, nil)
-
 func writeMatch(w io.Writer, m *policy.Matcher, name string, addr netip.Addr, port uint16) error {
 	d := m.Decide(name, addr, port)
 	verdict, rule, reason := "deny", "-", string(d.Reason)
@@ -120,7 +116,10 @@ func writeMatch(w io.Writer, m *policy.Matcher, name string, addr netip.Addr, po
 		rule = d.Rule.String()
 	}
 	if d.Allowed && addr.IsValid() {
-		if internal, _ := internalGuard.Internal(addr); internal && !m.AllowsAddrExplicitly(addr, port) {
+		// The proxy's own guard, without operator exemptions or the sidecar's own
+		// addresses, which only a running sidecar knows.
+		guard := proxy.NewGuard(nil, func() []netip.Addr { return nil })
+		if internal, _ := guard.Internal(addr); internal && !m.AllowsAddrExplicitly(addr, port) {
 			verdict, rule, reason = "deny", "-", proxy.ReasonInternalAddress
 		}
 	}
