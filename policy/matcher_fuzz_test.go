@@ -99,7 +99,7 @@ func checkAgainstReference(t *testing.T, data []byte) {
 		t.Fatalf("policy %v: HasAddressRules() = %v, the reference says %v", p.Targets, got, want)
 	}
 	for range 1 + int(in.next()%16) {
-		name, addr, port := in.name(), in.addr(), in.port()
+		name, addr, port := in.query(p)
 		if got, want := m.Decide(name, addr, port), ref.Decide(name, addr, port); got != want {
 			t.Fatalf("policy %s %v: Decide(%q, %v, %d) = %+v, the reference says %+v", p.Mode, p.Targets, name, addr, port, got, want)
 		}
@@ -182,6 +182,58 @@ func (in *fuzzInput) name() string {
 		return fuzzOddNames[int(b)%len(fuzzOddNames)]
 	}
 	return in.labels(1 + in.pick(5))
+}
+
+// query draws a destination: half of the time one derived from a rule of p (its name,
+// a name under its wildcard, an address at or next to the edges of its prefix, or inside
+// it), so that rules are hit often and at their boundaries.
+func (in *fuzzInput) query(p Policy) (string, netip.Addr, uint16) {
+	b := in.next()
+	if b < 128 || len(p.Targets) == 0 {
+		return in.name(), in.addr(), in.port()
+	}
+	t := p.Targets[int(b)%len(p.Targets)]
+	name, addr, port := in.name(), in.addr(), in.port()
+	switch t.Kind {
+	case KindHost:
+		name = t.Host
+	case KindWildcard:
+		name = in.labels(1+in.pick(2)) + "." + t.Host
+	case KindAddr, KindPrefix:
+		switch in.pick(5) {
+		case 0:
+			addr = t.Prefix.Addr().Prev()
+		case 1:
+			addr = t.Prefix.Addr()
+		case 2:
+			addr = lastAddr(t.Prefix)
+		case 3:
+			addr = lastAddr(t.Prefix).Next()
+		default:
+			addr = in.addrIn(t.Prefix)
+		}
+	}
+	return name, addr, port
+}
+
+// addrIn returns an address of prefix p whose host bits come from the input.
+func (in *fuzzInput) addrIn(p netip.Prefix) netip.Addr {
+	a := p.Addr().As16()
+	off := 0
+	if p.Addr().Is4() {
+		off = 12
+	}
+	for i := off + p.Bits()/8; i < 16; i++ {
+		keep := byte(0)
+		if i == off+p.Bits()/8 {
+			keep = ^byte(0xff >> (p.Bits() % 8))
+		}
+		a[i] = a[i]&keep | in.next()&^keep
+	}
+	if p.Addr().Is4() {
+		return netip.AddrFrom16(a).Unmap()
+	}
+	return netip.AddrFrom16(a)
 }
 
 func (in *fuzzInput) port() uint16 { return fuzzPorts[in.pick(len(fuzzPorts))] }
