@@ -37,7 +37,7 @@ type fakeDNS struct {
 	servers  []*dns.Server
 }
 
-func startFakeDNS(t *testing.T, records map[string][]netip.Addr) *fakeDNS {
+func startFakeDNS(t testing.TB, records map[string][]netip.Addr) *fakeDNS {
 	t.Helper()
 	f := &fakeDNS{records: map[string][]netip.Addr{}, truncate: map[string]bool{}}
 	for k, v := range records {
@@ -121,7 +121,7 @@ type upstream struct {
 	wg       sync.WaitGroup
 }
 
-func startUpstream(t *testing.T, ip string) *upstream {
+func startUpstream(t testing.TB, ip string) *upstream {
 	t.Helper()
 	u := &upstream{ip: netip.MustParseAddr(ip)}
 	ln, err := net.Listen("tcp", ip+":0")
@@ -208,7 +208,7 @@ func (u *upstream) echoHostPort(name string) string {
 }
 
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	srv    *Server
 	dns    *fakeDNS
 	a, b   *upstream // a.test → 127.0.0.2, b.test → 127.0.0.3
@@ -235,7 +235,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func newHarness(t *testing.T, tune ...func(*Config)) *harness {
+func newHarness(t testing.TB, tune ...func(*Config)) *harness {
 	t.Helper()
 	h := &harness{t: t, logs: &syncBuffer{}}
 	h.a = startUpstream(t, "127.0.0.2")
