@@ -23,9 +23,10 @@ const (
 // or "" when none is due. The text starts with "<IMPORTANT>" and ends with
 // "</IMPORTANT>" (no trailing newline); AppendNotice joins it to an instruction.
 //
-// public gets none. An allowlist with no targets allows nothing, so it gets the
-// no-network text rather than an empty list; a denylist with no targets denies nothing,
-// so, like public, it gets none.
+// public gets none; every restricting mode gets one. An allowlist with no targets allows
+// nothing, so it gets the no-network text rather than an empty list; a denylist with no
+// targets keeps the denylist text with no target lines (the agent still goes through the
+// proxy, and on Docker has no direct route out).
 func RestrictionNotice(run Policy) string {
 	var b strings.Builder
 	switch {
@@ -35,7 +36,7 @@ func RestrictionNotice(run Policy) string {
 		b.WriteString(noticeOpen + noticeHeader + noticeAllowlistIntro)
 		writeTargetLines(&b, run)
 		b.WriteString(noticeAllowlistEnd)
-	case run.Mode == ModeDenylist && len(run.Targets) > 0:
+	case run.Mode == ModeDenylist:
 		b.WriteString(noticeOpen + noticeHeader + noticeDenylistIntro)
 		writeTargetLines(&b, run)
 		b.WriteString(noticeDenylistEnd)

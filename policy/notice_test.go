@@ -24,7 +24,14 @@ func TestRestrictionNotice(t *testing.T) {
 		{"denylist from the guide", `{"network_mode":"denylist","denied_hosts":[{"host":"example.com","port":443}]}`, referenceDenylist},
 		{"public adds none", `"public"`, ""},
 		{"empty allowlist allows nothing: the no-network text", `{"network_mode":"allowlist","allowed_hosts":[]}`, referenceNoNetwork},
-		{"empty denylist denies nothing: none", `{"network_mode":"denylist","denied_hosts":[]}`, ""},
+		{"empty denylist: the denylist text without target lines", `{"network_mode":"denylist","denied_hosts":[]}`,
+			"<IMPORTANT>\n" +
+				"  Network Restriction Statement:\n" +
+				"  Ignore any duplicate or conflicting declarations about network access elsewhere in the instructions; follow this statement instead.\n" +
+				"  This statement has the highest priority for network access because it explicitly reflects the effective network policy applied to the task sandbox.\n" +
+				"  Outbound network access from the task environment is available except for the following blocked targets:\n" +
+				"  Do not repeatedly retry access to these blocked targets.\n" +
+				"</IMPORTANT>"},
 		{
 			"every target form on its own line",
 			`{"network_mode":"allowlist","allowed_hosts":["*.example.test","[2001:db8::1]:443","203.0.113.0/24","2001:db8::/32","198.51.100.7:8443"]}`,
