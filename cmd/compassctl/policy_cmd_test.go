@@ -90,6 +90,9 @@ func TestPolicyMatchRefusesBadInput(t *testing.T) {
 		{[]string{`"public"`, "x.test:0"}, "outside 1..65535"},
 		{[]string{`"public"`}, "expected 2 argument(s), got 1"},
 	}
+	if code, stdout, stderr := runCaptured(t, "policy", "chek", `"public"`); code != 2 || stdout != "" || !strings.Contains(stderr, `unknown command "chek" for "compassctl policy"`) {
+		t.Errorf("policy chek: exit %d stdout %q stderr %q, want exit 2 and an unknown-command error", code, stdout, stderr)
+	}
 	for _, tt := range tests {
 		code, stdout, stderr := runCaptured(t, append([]string{"policy", "match"}, tt.args...)...)
 		if code != 2 || stdout != "" || !strings.Contains(stderr, tt.want) {
