@@ -16,18 +16,23 @@ func checkDaytona(c Capability, ph Phase, p Policy) ErrorList {
 	}
 	errs := c.refusePorts(ph, p)
 	domains, networks := 0, 0
+	var first *Target // the list's first supported entry sets its family
 	for i, t := range p.Targets {
 		switch {
 		case t.IsAddress() && !t.Prefix.Addr().Is4():
 			errs = append(errs, c.refuseEntry(ph, p, i, "IPv6 entries are not supported"))
 			continue
-		case daytonaIsDomain(t) != daytonaIsDomain(p.Targets[0]):
-			first := "a domain entry"
-			if !daytonaIsDomain(p.Targets[0]) {
-				first = "an IPv4 network entry"
+		case first == nil:
+			first = &p.Targets[i]
+		case daytonaIsDomain(t) != daytonaIsDomain(*first):
+			family := "a domain entry"
+			if !daytonaIsDomain(*first) {
+				family = "an IPv4 network entry"
 			}
-			errs = append(errs, c.refuseEntry(ph, p, i, "domain entries and IPv4 network entries cannot be mixed in one list (the list starts with "+first+", "+p.Targets[0].String()+")"))
+			errs = append(errs, c.refuseEntry(ph, p, i, "domain entries and IPv4 network entries cannot be mixed in one list (the list starts with "+family+", "+first.String()+")"))
 			continue
+		}
+		switch {
 		case daytonaIsDomain(t):
 			domains++
 			if domains == DaytonaMaxDomainEntries+1 {

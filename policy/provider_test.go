@@ -55,6 +55,8 @@ func TestProviderChecks(t *testing.T) {
 		{"daytona", PhaseRun, allow(`"198.51.100.7","2001:db8::/32"`), `run_network_policy.allowed_hosts[1] "2001:db8::/32": provider daytona, run phase: IPv6 entries are not supported`},
 		{"daytona", PhaseRun, allow(`"model.test","198.51.100.7"`), `run_network_policy.allowed_hosts[1] "198.51.100.7": provider daytona, run phase: domain entries and IPv4 network entries cannot be mixed in one list (the list starts with a domain entry, model.test)`},
 		{"daytona", PhaseBaseline, allow(`"203.0.113.0/24","*.pkg.test"`), `baseline_network_policy.allowed_hosts[1] "*.pkg.test": provider daytona, baseline phase: domain entries and IPv4 network entries cannot be mixed in one list (the list starts with an IPv4 network entry, 203.0.113.0/24)`},
+		{"daytona", PhaseRun, allow(`"2001:db8::1","model.test","198.51.100.7"`), `run_network_policy.allowed_hosts[0] "2001:db8::1": provider daytona, run phase: IPv6 entries are not supported` + "\n" +
+			`run_network_policy.allowed_hosts[2] "198.51.100.7": provider daytona, run phase: domain entries and IPv4 network entries cannot be mixed in one list (the list starts with a domain entry, model.test)`},
 		{"daytona", PhaseRun, allow(planTestHosts("h", 20)), ""},
 		{"daytona", PhaseRun, allow(planTestHosts("h", 21)), `run_network_policy.allowed_hosts[20] "h20": provider daytona, run phase: at most 20 domain entries are supported`},
 		{"daytona", PhaseRun, allow(planTestCIDRs(10)), ""},
