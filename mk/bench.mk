@@ -9,7 +9,7 @@ BENCH_FLAGS     ?=
 .PHONY: bench-proxy bench-peers
 
 bench-proxy: build bench-peers
-	$(GO) run ./bench/cmd/proxybench -compass $(BIN)/compass-proxy \
+	$(GO) run ./bench/cmd/proxybench -compass $(CURDIR)/$(BIN)/compass-proxy \
 		-squid "$$(command -v squid || echo /usr/sbin/squid)" \
 		-tinyproxy "$$(command -v tinyproxy || echo /usr/bin/tinyproxy)" $(BENCH_FLAGS)
 

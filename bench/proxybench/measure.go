@@ -85,7 +85,8 @@ func Bulk(t Target, streamAddr string, lim Limits) (Rate, error) {
 }
 
 // Setups opens, uses (one byte each way) and closes tunnels from lim.Concurrency
-// clients for lim.Duration (or lim.Setups tunnels).
+// clients for lim.Duration (or lim.Setups tunnels). The upstream ends each tunnel; the
+// client closes once the end reached it through the proxy.
 func Setups(t Target, streamAddr string, lim Limits) Rate {
 	return parallel(lim.Concurrency, lim.Duration, int64(lim.Setups), func() func() error {
 		return func() error {
@@ -98,8 +99,13 @@ func Setups(t Target, streamAddr string, lim Limits) Rate {
 			if _, err := c.Write([]byte{modeEcho}); err != nil {
 				return err
 			}
-			_, err = r.ReadByte()
-			return err
+			if b, err := r.ReadByte(); err != nil || b != modeEcho {
+				return fmt.Errorf("set-up: echo %q, %v", b, err)
+			}
+			if _, err := r.ReadByte(); err != io.EOF {
+				return fmt.Errorf("set-up: want the upstream's close, got %v", err)
+			}
+			return nil
 		}
 	})
 }

@@ -38,7 +38,16 @@ func StartProcess(name, dir, addr string, wait time.Duration, argv ...string) (*
 	if err != nil {
 		return nil, fmt.Errorf("proxybench: %s: %w", name, err)
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
+	bin, err := exec.LookPath(argv[0])
+	if err == nil {
+		// The command runs in dir, so a path relative to here must become absolute.
+		bin, err = filepath.Abs(bin)
+	}
+	if err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("proxybench: %s: %w", name, err)
+	}
+	cmd := exec.Command(bin, argv[1:]...)
 	cmd.Dir = dir
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile

@@ -14,7 +14,7 @@ import (
 // tunnel measurement: the client's first byte picks what the upstream does.
 const (
 	modeBulk = 'b' // send bulkChunk repeatedly until the client goes away
-	modeEcho = 'e' // send the byte back, then wait for the client to close
+	modeEcho = 'e' // send the byte back, then close
 	modeIdle = 'i' // send the byte back, then hold the connection open and silent
 )
 
@@ -108,12 +108,17 @@ func serveStream(c net.Conn) {
 				return
 			}
 		}
-	case modeEcho, modeIdle:
+	case modeEcho:
+		// The upstream closes first, so the TIME_WAIT state of the thousands of short
+		// connections stays on its side. Were it on the dialling side (the client or the
+		// proxy), those sockets would hold the ephemeral ports towards this one address
+		// and connect() would slow down, then fail, within a minute of set-ups.
+		c.Write(b[:])
+	case modeIdle:
 		if _, err := c.Write(b[:]); err != nil {
 			return
 		}
-		// Wait for the client's close (or anything else) before closing our side, so the
-		// client, not the upstream, decides when a tunnel ends.
+		// Hold the tunnel until the client closes it.
 		io.Copy(io.Discard, c)
 	}
 }
