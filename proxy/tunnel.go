@@ -102,7 +102,10 @@ func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 	}
 	st.tunnel = true
 	s.metrics.active.WithLabelValues(typeConnect).Inc()
-	buffered := st.buffered
+	// The goroutine keeps only what it logs: not the request, whose memory would
+	// otherwise live as long as the tunnel.
+	buffered, clientAddr, gen, task, phase := st.buffered, r.RemoteAddr, rs.Generation, rs.Task, rs.Phase
+	st.buffered = nil
 	go func() {
 		defer s.tunnels.Done()
 		start := time.Now()
@@ -113,8 +116,8 @@ func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 		s.metrics.bytes.WithLabelValues("upstream").Add(float64(upBytes))
 		s.metrics.bytes.WithLabelValues("downstream").Add(float64(downBytes))
 		s.log.Info("tunnel closed", "type", typeConnect, "host", blockedHost(v), "port", v.Port,
-			"addr", addr.String(), "client", r.RemoteAddr, "bytes_up", upBytes, "bytes_down", downBytes,
-			"duration_seconds", time.Since(start).Seconds(), "generation", rs.Generation, "task", rs.Task, "phase", rs.Phase)
+			"addr", addr.String(), "client", clientAddr, "bytes_up", upBytes, "bytes_down", downBytes,
+			"duration_seconds", time.Since(start).Seconds(), "generation", gen, "task", task, "phase", phase)
 	}()
 }
 
