@@ -89,12 +89,18 @@ func wrapJSON(err error) error {
 // DecodeJSON does (yaml.v3 checks them only when decoding into Go maps); tags are mapped so that numbers stay numbers (json.Number) and
 // everything else keeps the type a JSON reader would give it.
 func DecodeYAML(data []byte) (any, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
+	if err := dec.Decode(&root); err != nil {
+		if err == io.EOF {
+			return nil, fmt.Errorf("invalid YAML: the document is empty")
+		}
 		return nil, fmt.Errorf("invalid YAML: %w", err)
 	}
-	if root.Kind == 0 {
-		return nil, fmt.Errorf("invalid YAML: the document is empty")
+	// A second document would otherwise be dropped without a word.
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err != io.EOF {
+		return nil, fmt.Errorf("invalid YAML: the file holds more than one document; put several entries in one list")
 	}
 	return yamlToGeneric(&root)
 }

@@ -142,10 +142,10 @@ func TestParseValue(t *testing.T) {
 		{name: "number", in: `42`, errs: []string{`policy 42: a policy is a string`}},
 		{name: "missing mode", in: `{"allowed_hosts":[]}`, errs: []string{`network_mode: is required`}},
 		{name: "unknown mode", in: `{"network_mode":"open"}`, errs: []string{`network_mode "open": unknown network mode`}},
-		{name: "allowlist without key", in: `{"network_mode":"allowlist"}`, errs: []string{`allowed_hosts: is required for a allowlist policy`}},
+		{name: "allowlist without key", in: `{"network_mode":"allowlist"}`, errs: []string{`allowed_hosts: is required for an allowlist policy`}},
 		{name: "denylist without key", in: `{"network_mode":"denylist"}`, errs: []string{`denied_hosts: is required`}},
 		{name: "allowed_hosts on denylist", in: `{"network_mode":"denylist","denied_hosts":[],"allowed_hosts":[]}`, errs: []string{`allowed_hosts: a denylist policy takes denied_hosts, not allowed_hosts`}},
-		{name: "denied_hosts on allowlist", in: `{"network_mode":"allowlist","allowed_hosts":[],"denied_hosts":[]}`, errs: []string{`denied_hosts: a allowlist policy takes allowed_hosts`}},
+		{name: "denied_hosts on allowlist", in: `{"network_mode":"allowlist","allowed_hosts":[],"denied_hosts":[]}`, errs: []string{`denied_hosts: an allowlist policy takes allowed_hosts`}},
 		{name: "host list on public", in: `{"network_mode":"public","allowed_hosts":[]}`, errs: []string{`allowed_hosts: a public policy takes no host list`}},
 		{name: "host list on no-network", in: `{"network_mode":"no-network","denied_hosts":["x.test"]}`, errs: []string{`denied_hosts: a no-network policy takes no host list`}},
 		{name: "unknown key", in: `{"network_mode":"public","mode":"x"}`, errs: []string{`mode: unknown key; a policy object takes only network_mode, allowed_hosts, denied_hosts`}},
@@ -228,6 +228,7 @@ func TestParseYAML(t *testing.T) {
 		{"network_mode: allowlist\nallowed_hosts: [{host: a.test, port: '443'}]\n", "not a string"},
 		{"network_mode: allowlist\nallowed_hosts: [a.test]\nextra: 1\n", "extra: unknown key"},
 		{"", "empty"},
+		{"network_mode: public\n---\nnetwork_mode: no-network\n", "more than one document"},
 	} {
 		if _, err := Parse([]byte(bad.in)); err == nil || !strings.Contains(err.Error(), bad.frag) {
 			t.Errorf("Parse(%q) error = %v, want %q", bad.in, err, bad.frag)

@@ -33,6 +33,14 @@ func (m Mode) Valid() bool {
 	return false
 }
 
+// withArticle names a policy of this mode in a sentence: "an allowlist policy".
+func (m Mode) withArticle() string {
+	if m == ModeAllowlist {
+		return "an allowlist policy"
+	}
+	return "a " + string(m) + " policy"
+}
+
 // listKey is the host-list key that goes with a mode ("" for modes that take none).
 func (m Mode) listKey() string {
 	switch m {
@@ -208,9 +216,9 @@ func ParseValue(v any, path string) (Policy, error) {
 		for _, k := range []string{"allowed_hosts", "denied_hosts"} {
 			if _, present := x[k]; present && k != m.listKey() {
 				if m.listKey() == "" {
-					fail(at(k), "", "a %s policy takes no host list", m)
+					fail(at(k), "", "%s takes no host list", m.withArticle())
 				} else {
-					fail(at(k), "", "a %s policy takes %s, not %s", m, m.listKey(), k)
+					fail(at(k), "", "%s takes %s, not %s", m.withArticle(), m.listKey(), k)
 				}
 			}
 		}
@@ -218,7 +226,7 @@ func ParseValue(v any, path string) (Policy, error) {
 		if key := m.listKey(); key != "" {
 			raw, present := x[key]
 			if !present {
-				fail(at(key), "", "is required for a %s policy (an empty list is valid)", m)
+				fail(at(key), "", "is required for %s (an empty list is valid)", m.withArticle())
 			} else if list, ok := raw.([]any); !ok {
 				fail(at(key), display(raw), "must be a list of targets, not %s", describe(raw))
 			} else {

@@ -62,7 +62,7 @@ func LoadRecipes(file string) ([]Recipe, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy: recipe file: %w", err)
 	}
-	v, err := decodeSingleDocument(data)
+	v, err := DecodeDocument(data)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", file, err)
 	}

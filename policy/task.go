@@ -1,15 +1,11 @@
 package policy
 
 import (
-	"bytes"
 	"fmt"
-	"io"
 	"os"
 	"regexp"
 	"sort"
 	"strings"
-
-	"go.yaml.in/yaml/v3"
 )
 
 // Task is one task as a task file declares it. Fields the file leaves out stay at their
@@ -65,7 +61,7 @@ func LoadTasks(path string) ([]Task, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy: task file: %w", err)
 	}
-	v, err := decodeSingleDocument(data)
+	v, err := DecodeDocument(data)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -74,24 +70,6 @@ func LoadTasks(path string) ([]Task, error) {
 		return nil, prefixLines(path+": ", err)
 	}
 	return tasks, nil
-}
-
-// decodeSingleDocument decodes a JSON or YAML file that must hold exactly one document.
-// A YAML stream with a second document ("---") is refused: reading only the first would
-// silently drop every task or recipe after it.
-func decodeSingleDocument(data []byte) (any, error) {
-	v, err := DecodeDocument(data)
-	if err != nil {
-		return nil, err
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var first, second yaml.Node
-	if dec.Decode(&first) == nil {
-		if err := dec.Decode(&second); err != io.EOF {
-			return nil, fmt.Errorf("invalid YAML: the file holds more than one document; put several entries in one list")
-		}
-	}
-	return v, nil
 }
 
 // ParseTasks validates a decoded task document: one task object or a list of them.

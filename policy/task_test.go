@@ -158,7 +158,7 @@ func TestParseEnvParams(t *testing.T) {
 		{`{"allowlist_proxy_start_timeout":"30"}`, `allowlist_proxy_start_timeout "30": must be a number of seconds, not a string`},
 		{`{"allowlist_proxy_start_timeout":3601}`, "allowlist_proxy_start_timeout 3601: must be at most 3600 seconds"},
 		{`{"allowlist_proxy_start_timeout":1e-9}`, "allowlist_proxy_start_timeout 1e-9: must be at least 0.001 seconds"},
-		{`{"evaluation_network_policy":{"network_mode":"allowlist"}}`, "evaluation_network_policy.allowed_hosts: is required for a allowlist policy"},
+		{`{"evaluation_network_policy":{"network_mode":"allowlist"}}`, "evaluation_network_policy.allowed_hosts: is required for an allowlist policy"},
 		{`{"run_network_policy":"public","run_network_policy":"no-network"}`, `the key "run_network_policy" appears twice`},
 		{`{"run_network_policy":"public"} x`, "invalid JSON"},
 	}
