@@ -7,7 +7,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X github.com/compass-egress/compass-egress/internal/buildinfo.Version=$(VERSION)
 GOFILES    = $(shell git ls-files '*.go' 2>/dev/null; git ls-files --others --exclude-standard '*.go' 2>/dev/null)
 
-.PHONY: all build test fmt-check vet unit demo bench fuzz clean
+.PHONY: all build test fmt-check vet unit demo bench bench-policy fuzz clean
 
 all: build
 
@@ -31,11 +31,13 @@ unit:
 	$(GO) test -race -count=1 -short ./...
 
 # The main job: see README.md for what it shows.
-demo: build
-	$(BIN)/compassctl plan --task examples/tasks.yaml
+demo: demo-plan
 
-# Benchmarks print ratios against a baseline measured in the same run.
-bench:
+# Benchmarks print ratios against a baseline measured in the same run: the matcher
+# against its linear reference, the proxy against direct connections, squid and tinyproxy.
+bench: bench-policy bench-proxy
+
+bench-policy:
 	$(GO) test -run '^$$' -bench . -benchmem ./policy/
 
 # Each fuzz target for FUZZTIME (default 1m).
