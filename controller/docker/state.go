@@ -51,7 +51,11 @@ func (s stateDir) create() error {
 	if err := os.MkdirAll(s.admin(), 0o750); err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
-	// The sidecar runs as an unprivileged user and creates its socket here.
+	// The sidecar runs as an unprivileged user and creates its socket here. Only root
+	// can hand the directory over (and only root can drive Docker and namespaces).
+	if os.Geteuid() != 0 {
+		return nil
+	}
 	if err := os.Chown(s.admin(), proxyUID, proxyUID); err != nil {
 		return fmt.Errorf("state: chown %s: %w", s.admin(), err)
 	}

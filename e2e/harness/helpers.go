@@ -66,7 +66,7 @@ func (h *Harness) Open(t testing.TB, p *docker.Provider, base string, baseline p
 		t.Fatalf("open: %v", err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		if err := e.Close(ctx, false); err != nil {
 			t.Errorf("close %s: %v", e.ID(), err)

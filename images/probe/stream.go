@@ -27,6 +27,9 @@ func stream(args []string) StreamResult {
 		return StreamResult{Error: err.Error()}
 	}
 	dial := u.Host
+	if u.Port() == "" {
+		dial = net.JoinHostPort(u.Hostname(), "80")
+	}
 	if len(args) > 1 && args[1] != "" {
 		dial = args[1]
 	}

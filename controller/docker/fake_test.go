@@ -1,0 +1,437 @@
+package docker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types"
+	"github.com/docker/docker/api/types/build"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/api/types/system"
+	"github.com/docker/docker/client"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// events is the ordered log of what the fakes were asked to do.
+type events struct {
+	mu  sync.Mutex
+	log []string
+}
+
+func (e *events) add(format string, args ...any) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.log = append(e.log, fmt.Sprintf(format, args...))
+}
+
+func (e *events) all() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.log...)
+}
+
+// index returns the position of the first event starting with prefix, or -1.
+func (e *events) index(prefix string) int {
+	for i, s := range e.all() {
+		if strings.HasPrefix(s, prefix) {
+			return i
+		}
+	}
+	return -1
+}
+
+type fakeContainer struct {
+	id       string
+	running  bool
+	pid      int
+	labels   map[string]string
+	networks map[string]bool
+	mode     container.NetworkMode
+}
+
+type fakeNetwork struct {
+	name     string
+	subnet   string
+	gateway  string
+	internal bool
+	labels   map[string]string
+}
+
+// fakeDocker is a tiny in-memory Docker Engine: containers, networks and images by name.
+type fakeDocker struct {
+	ev         *events
+	mu         sync.Mutex
+	containers map[string]*fakeContainer
+	networks   map[string]*fakeNetwork
+	images     map[string]bool
+	// overlapOnce makes the first NetworkCreate with a subnet fail like a concurrent open.
+	overlapOnce bool
+	nextPid     int
+	routes      *fakeRoutes
+}
+
+func newFakeDocker(ev *events) *fakeDocker {
+	return &fakeDocker{ev: ev, containers: map[string]*fakeContainer{}, networks: map[string]*fakeNetwork{}, images: map[string]bool{}, nextPid: 100}
+}
+
+func notFound(what string) error { return cerrdefs.ErrNotFound.WithMessage(what + " not found") }
+
+func (f *fakeDocker) Ping(context.Context) (types.Ping, error) { return types.Ping{}, nil }
+func (f *fakeDocker) ServerVersion(context.Context) (types.Version, error) {
+	return types.Version{Version: "20.10.24", APIVersion: "1.41", MinAPIVersion: "1.12"}, nil
+}
+func (f *fakeDocker) Info(context.Context) (system.Info, error) {
+	return system.Info{Plugins: system.PluginsInfo{Network: []string{"bridge", "host", "null"}}}, nil
+}
+
+func (f *fakeDocker) ContainerCreate(_ context.Context, cfg *container.Config, hc *container.HostConfig, nc *network.NetworkingConfig, _ *ocispec.Platform, name string) (container.CreateResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.containers[name]; ok {
+		return container.CreateResponse{}, cerrdefs.ErrConflict.WithMessage("name in use")
+	}
+	if !f.images[cfg.Image] {
+		return container.CreateResponse{}, notFound("image " + cfg.Image)
+	}
+	c := &fakeContainer{id: "id-" + name, labels: cfg.Labels, networks: map[string]bool{}, mode: hc.NetworkMode}
+	if !hc.NetworkMode.IsContainer() && !hc.NetworkMode.IsNone() && !hc.NetworkMode.IsHost() {
+		c.networks[string(hc.NetworkMode)] = true
+	}
+	f.containers[name] = c
+	f.ev.add("create %s", name)
+	return container.CreateResponse{ID: c.id}, nil
+}
+
+func (f *fakeDocker) get(ref string) (*fakeContainer, string, error) {
+	for name, c := range f.containers {
+		if name == ref || c.id == ref {
+			return c, name, nil
+		}
+	}
+	return nil, "", notFound("container " + ref)
+}
+
+func (f *fakeDocker) ContainerStart(_ context.Context, ref string, _ container.StartOptions) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, name, err := f.get(ref)
+	if err != nil {
+		return err
+	}
+	c.running = true
+	f.nextPid++
+	c.pid = f.nextPid
+	f.resetRoutes(c)
+	f.ev.add("start %s", name)
+	return nil
+}
+
+func (f *fakeDocker) ContainerInspect(_ context.Context, ref string) (container.InspectResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, name, err := f.get(ref)
+	if err != nil {
+		return container.InspectResponse{}, err
+	}
+	nets := map[string]*network.EndpointSettings{}
+	for n := range c.networks {
+		nets[n] = &network.EndpointSettings{}
+	}
+	return container.InspectResponse{
+		ContainerJSONBase: &container.ContainerJSONBase{
+			ID: c.id, Name: "/" + name,
+			State:      &container.State{Running: c.running, Pid: c.pid},
+			HostConfig: &container.HostConfig{NetworkMode: c.mode},
+		},
+		Config:          &container.Config{Labels: c.labels},
+		NetworkSettings: &container.NetworkSettings{Networks: nets},
+	}, nil
+}
+
+func (f *fakeDocker) ContainerList(context.Context, container.ListOptions) ([]container.Summary, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []container.Summary
+	for name, c := range f.containers {
+		if c.labels[labelRole] == roleSidecar {
+			out = append(out, container.Summary{ID: c.id, Names: []string{"/" + name}, Labels: c.labels, State: "running"})
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeDocker) ContainerRemove(_ context.Context, ref string, _ container.RemoveOptions) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, name, err := f.get(ref)
+	if err != nil {
+		return err
+	}
+	delete(f.containers, name)
+	f.ev.add("remove %s", name)
+	return nil
+}
+
+func (f *fakeDocker) ContainerWait(context.Context, string, container.WaitCondition) (<-chan container.WaitResponse, <-chan error) {
+	panic("not used")
+}
+func (f *fakeDocker) ContainerLogs(context.Context, string, container.LogsOptions) (io.ReadCloser, error) {
+	return io.NopCloser(strings.NewReader("")), nil
+}
+func (f *fakeDocker) ContainerExecCreate(context.Context, string, container.ExecOptions) (container.ExecCreateResponse, error) {
+	panic("not used")
+}
+func (f *fakeDocker) ContainerExecAttach(context.Context, string, container.ExecAttachOptions) (types.HijackedResponse, error) {
+	panic("not used")
+}
+func (f *fakeDocker) ContainerExecInspect(context.Context, string) (container.ExecInspect, error) {
+	panic("not used")
+}
+func (f *fakeDocker) CopyFromContainer(context.Context, string, string) (io.ReadCloser, container.PathStat, error) {
+	panic("not used")
+}
+
+func (f *fakeDocker) NetworkCreate(_ context.Context, name string, o network.CreateOptions) (network.CreateResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.networks[name]; ok {
+		return network.CreateResponse{}, cerrdefs.ErrConflict.WithMessage("network with name " + name + " already exists")
+	}
+	n := &fakeNetwork{name: name, internal: o.Internal, labels: o.Labels, subnet: "172.30.0.0/16", gateway: "172.30.0.1"}
+	if o.IPAM != nil && len(o.IPAM.Config) > 0 {
+		if f.overlapOnce {
+			f.overlapOnce = false
+			return network.CreateResponse{}, errors.New("Error response from daemon: Pool overlaps with other one on this address space")
+		}
+		n.subnet, n.gateway = o.IPAM.Config[0].Subnet, o.IPAM.Config[0].Gateway
+	}
+	f.networks[name] = n
+	f.ev.add("network-create %s", name)
+	return network.CreateResponse{ID: "net-" + name}, nil
+}
+
+func (f *fakeDocker) NetworkInspect(_ context.Context, name string, _ network.InspectOptions) (network.Inspect, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, ok := f.networks[name]
+	if !ok {
+		return network.Inspect{}, notFound("network " + name)
+	}
+	return network.Inspect{Name: n.name, Internal: n.internal, Labels: n.labels,
+		IPAM: network.IPAM{Config: []network.IPAMConfig{{Subnet: n.subnet, Gateway: n.gateway}}}}, nil
+}
+
+func (f *fakeDocker) NetworkList(context.Context, network.ListOptions) ([]network.Summary, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []network.Summary
+	for _, n := range f.networks {
+		out = append(out, network.Summary{Name: n.name, IPAM: network.IPAM{Config: []network.IPAMConfig{{Subnet: n.subnet}}}})
+	}
+	return out, nil
+}
+
+func (f *fakeDocker) NetworkRemove(_ context.Context, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.networks[name]; !ok {
+		return notFound("network " + name)
+	}
+	delete(f.networks, name)
+	f.ev.add("network-remove %s", name)
+	return nil
+}
+
+func (f *fakeDocker) NetworkConnect(_ context.Context, net, ref string, _ *network.EndpointSettings) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, name, err := f.get(ref)
+	if err != nil {
+		return err
+	}
+	if _, ok := f.networks[net]; !ok {
+		return notFound("network " + net)
+	}
+	c.networks[net] = true
+	f.resetRoutes(c)
+	f.ev.add("connect %s %s", name, net)
+	return nil
+}
+
+func (f *fakeDocker) NetworkDisconnect(_ context.Context, net, ref string, _ bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, name, err := f.get(ref)
+	if err != nil {
+		return err
+	}
+	if !c.networks[net] {
+		return fmt.Errorf("container %s is not connected to network %s", name, net)
+	}
+	delete(c.networks, net)
+	f.resetRoutes(c)
+	f.ev.add("disconnect %s %s", name, net)
+	return nil
+}
+
+func (f *fakeDocker) ImageInspect(_ context.Context, ref string, _ ...client.ImageInspectOption) (image.InspectResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.images[ref] {
+		return image.InspectResponse{}, notFound("image " + ref)
+	}
+	return image.InspectResponse{ID: ref}, nil
+}
+func (f *fakeDocker) ImageBuild(context.Context, io.Reader, build.ImageBuildOptions) (build.ImageBuildResponse, error) {
+	panic("not used")
+}
+func (f *fakeDocker) ImageSave(context.Context, []string, ...client.ImageSaveOption) (io.ReadCloser, error) {
+	panic("not used")
+}
+func (f *fakeDocker) ImageLoad(context.Context, io.Reader, ...client.ImageLoadOption) (image.LoadResponse, error) {
+	panic("not used")
+}
+
+// resetRoutes does what the real engine does on start, connect and disconnect: one
+// default route via the gateway of the preferred network (non-internal first).
+func (f *fakeDocker) resetRoutes(c *fakeContainer) {
+	if f.routes == nil || !c.running {
+		return
+	}
+	var gw netip.Addr
+	for name := range c.networks {
+		n := f.networks[name]
+		if n == nil {
+			continue
+		}
+		if !gw.IsValid() || !n.internal {
+			gw = netip.MustParseAddr(n.gateway)
+		}
+	}
+	f.routes.mu.Lock()
+	defer f.routes.mu.Unlock()
+	if gw.IsValid() {
+		f.routes.defaults[c.pid] = []netip.Addr{gw}
+	} else {
+		delete(f.routes.defaults, c.pid)
+	}
+}
+
+// fakeRoutes is the agent's routing table: Docker gives a container a default route
+// via its gateway network, like the real engine does.
+type fakeRoutes struct {
+	ev       *events
+	mu       sync.Mutex
+	defaults map[int][]netip.Addr
+}
+
+func (r *fakeRoutes) DefaultRoutes(pid int) ([]netip.Addr, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]netip.Addr(nil), r.defaults[pid]...), nil
+}
+
+func (r *fakeRoutes) RemoveDefaultRoutes(pid int, keep netip.Addr) ([]netip.Addr, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var kept, removed []netip.Addr
+	for _, gw := range r.defaults[pid] {
+		if keep.IsValid() && gw == keep {
+			kept = append(kept, gw)
+		} else {
+			removed = append(removed, gw)
+		}
+	}
+	r.defaults[pid] = kept
+	r.ev.add("routes-remove %d %v", pid, removed)
+	return removed, nil
+}
+
+func (r *fakeRoutes) AddDefaultRoute(pid int, gw netip.Addr) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.defaults[pid] = append(r.defaults[pid], gw)
+	r.ev.add("routes-add %d %s", pid, gw)
+	return nil
+}
+
+// fakeAdmin is a compass-proxy admin API on a unix socket.
+type fakeAdmin struct {
+	ev         *events
+	mu         sync.Mutex
+	generation uint64
+	current    policy.Policy
+	fail       bool // refuse every PUT with 400
+	srv        *http.Server
+	done       chan struct{}
+}
+
+func startFakeAdmin(t *testing.T, socket string, ev *events) *fakeAdmin {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &fakeAdmin{ev: ev, generation: 1, current: policy.NoNetwork, done: make(chan struct{})}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /readyz", func(http.ResponseWriter, *http.Request) {})
+	mux.HandleFunc("GET /v1/policy", func(w http.ResponseWriter, _ *http.Request) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		a.writeAck(w)
+	})
+	mux.HandleFunc("PUT /v1/policy", func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Policy policy.Policy `json:"policy"`
+		}
+		err := json.NewDecoder(r.Body).Decode(&body)
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if err != nil || a.fail {
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprint(w, `{"error":"refused","errors":["test"]}`)
+			a.ev.add("admin-put-refused")
+			return
+		}
+		a.generation++
+		a.current = body.Policy
+		a.ev.add("admin-put %s", body.Policy.Mode)
+		a.writeAck(w)
+	})
+	a.srv = &http.Server{Handler: mux, ReadHeaderTimeout: time.Second}
+	go func() {
+		defer close(a.done)
+		_ = a.srv.Serve(l)
+	}()
+	t.Cleanup(func() {
+		_ = a.srv.Close()
+		<-a.done
+	})
+	return a
+}
+
+func (a *fakeAdmin) writeAck(w http.ResponseWriter) {
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"generation": a.generation, "digest": a.current.Digest(), "mode": a.current.Mode, "policy": a.current,
+	})
+}

@@ -1,0 +1,245 @@
+package docker
+
+import (
+	"context"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type rig struct {
+	ev     *events
+	docker *fakeDocker
+	routes *fakeRoutes
+	admin  *fakeAdmin
+	p      *Provider
+}
+
+func newRig(t *testing.T, task string) *rig {
+	t.Helper()
+	ev := &events{}
+	r := &rig{ev: ev, docker: newFakeDocker(ev), routes: &fakeRoutes{ev: ev, defaults: map[int][]netip.Addr{}}}
+	r.docker.routes = r.routes
+	r.docker.images[DefaultProxyImage] = true
+	r.docker.images["agent:1"] = true
+	p, err := New(r.docker, Config{StateDir: t.TempDir(), EgressNetwork: "test-egress"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.routes = r.routes
+	r.p = p
+	r.admin = startFakeAdmin(t, stateDir(filepath.Join(p.cfg.StateDir, task)).socket(), ev)
+	return r
+}
+
+func (r *rig) open(t *testing.T, task string, baseline policy.Policy) *Env {
+	t.Helper()
+	e, err := r.p.OpenEnv(context.Background(), controller.EnvSpec{Task: task, Image: "agent:1", Baseline: baseline, ProxyStartTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	return e
+}
+
+func (r *rig) agentRoutes(t *testing.T, e *Env) []netip.Addr {
+	t.Helper()
+	ci, err := r.docker.ContainerInspect(context.Background(), e.AgentContainer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := r.routes.DefaultRoutes(ci.State.Pid)
+	return got
+}
+
+func (r *rig) before(t *testing.T, first, second string) {
+	t.Helper()
+	i, j := r.ev.index(first), r.ev.index(second)
+	if i < 0 || j < 0 || i > j {
+		t.Errorf("want %q before %q in %v", first, second, r.ev.all())
+	}
+}
+
+var allowA = policy.Policy{Mode: policy.ModeAllowlist, Targets: []policy.Target{mustTarget("a.test")}}
+
+func mustTarget(s string) policy.Target {
+	t, err := policy.ParseTarget(s)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+// The order of the switch steps keeps the agent within old ∪ new policy at every instant.
+func TestSwitchOrderNeverWidensEgress(t *testing.T) {
+	r := newRig(t, "t1")
+	e := r.open(t, "t1", policy.Public)
+	agent := "compass-agent-t1"
+	r.before(t, "admin-put public", "connect "+agent+" test-egress")
+	if got := r.agentRoutes(t, e); len(got) != 1 || got[0] != netip.MustParseAddr("172.30.0.1") {
+		t.Errorf("public: agent default routes %v, want one via the egress gateway", got)
+	}
+
+	tests := []struct {
+		to           policy.Policy
+		first, after string
+	}{
+		{policy.NoNetwork, "disconnect " + agent + " test-egress", "admin-put no-network"},
+		{policy.Public, "admin-put public", "connect " + agent + " test-egress"},
+		{allowA, "disconnect " + agent + " test-egress", "admin-put allowlist"},
+	}
+	for _, tc := range tests {
+		r.ev.log = nil
+		tr, err := e.Apply(context.Background(), tc.to, controller.PhaseLabel{Phase: "test"})
+		if err != nil {
+			t.Fatalf("switch to %s: %v", tc.to.Mode, err)
+		}
+		if !tr.OK || tr.ToMode != tc.to.Mode || tr.Digest != tc.to.Digest() || tr.Generation == 0 {
+			t.Errorf("transition %+v", tr)
+		}
+		r.before(t, tc.first, tc.after)
+		routes := r.agentRoutes(t, e)
+		if tc.to.Restricted() {
+			r.before(t, "routes-remove", "admin-put")
+			if len(routes) != 0 {
+				t.Errorf("%s: agent still has default routes %v", tc.to.Mode, routes)
+			}
+		} else if len(routes) != 1 {
+			t.Errorf("public: routes %v", routes)
+		}
+	}
+	trs, err := e.dir.lastTransitions(10)
+	if err != nil || len(trs) != 4 {
+		t.Fatalf("transitions.jsonl: %d records, %v", len(trs), err)
+	}
+	if trs[1].FromMode != policy.ModePublic || trs[1].ToMode != policy.ModeNoNetwork {
+		t.Errorf("second transition %+v", trs[1])
+	}
+	st, err := e.Status(context.Background())
+	if err != nil || !st.OK {
+		t.Errorf("status: %v %+v", err, st.Problems)
+	}
+}
+
+// A switch the sidecar refuses leaves no egress: agent cut, routes gone, and the sidecar
+// (which refuses even no-network) cut from the egress network; a later switch repairs.
+func TestFailedSwitchFailsClosed(t *testing.T) {
+	r := newRig(t, "t2")
+	e := r.open(t, "t2", policy.Public)
+	r.admin.mu.Lock()
+	r.admin.fail = true
+	r.admin.mu.Unlock()
+
+	rep, err := e.Switch(context.Background(), allowA, controller.PhaseLabel{Phase: "run"})
+	if err == nil || !strings.Contains(err.Error(), "no egress") {
+		t.Fatalf("switch error = %v, want one saying the agent was left with no egress", err)
+	}
+	if rep.OK || len(rep.FailClosed) == 0 {
+		t.Errorf("report %+v", rep)
+	}
+	ctx := context.Background()
+	agent, _ := r.docker.ContainerInspect(ctx, e.AgentContainer())
+	sidecar, _ := r.docker.ContainerInspect(ctx, e.SidecarContainer())
+	if connectedTo(agent, "test-egress") || connectedTo(sidecar, "test-egress") {
+		t.Errorf("after a failed switch: agent on egress %t, sidecar on egress %t; want neither", connectedTo(agent, "test-egress"), connectedTo(sidecar, "test-egress"))
+	}
+	if routes := r.agentRoutes(t, e); len(routes) != 0 {
+		t.Errorf("after a failed switch the agent has default routes %v", routes)
+	}
+	trs, _ := e.dir.lastTransitions(1)
+	if len(trs) != 1 || trs[0].OK || trs[0].Error == "" {
+		t.Errorf("failed transition not recorded: %+v", trs)
+	}
+	st, err := e.Status(ctx)
+	if err != nil || st.OK {
+		t.Errorf("status after a failed switch: OK=%t err=%v, want problems", st.OK, err)
+	}
+
+	r.admin.mu.Lock()
+	r.admin.fail = false
+	r.admin.mu.Unlock()
+	rep, err = e.Switch(ctx, allowA, controller.PhaseLabel{Phase: "run"})
+	if err != nil {
+		t.Fatalf("repairing switch: %v", err)
+	}
+	if !strings.Contains(strings.Join(rep.Changes, "\n"), "sidecar reconnected") {
+		t.Errorf("repair did not reconnect the sidecar: %v", rep.Changes)
+	}
+	if st, err := e.Status(ctx); err != nil || !st.OK {
+		t.Errorf("status after repair: %v %v", err, st.Problems)
+	}
+}
+
+// A failed open removes everything it created, and says why.
+func TestOpenFailureCleansUp(t *testing.T) {
+	tests := []struct {
+		name    string
+		prepare func(r *rig)
+		want    string
+	}{
+		{"proxy image missing", func(r *rig) { delete(r.docker.images, DefaultProxyImage) }, "image build"},
+		{"agent image missing", func(r *rig) { delete(r.docker.images, "agent:1") }, "create agent"},
+		{"sidecar never ready", func(r *rig) { _ = r.admin.srv.Close() }, "not ready within"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, "t3")
+			tc.prepare(r)
+			_, err := r.p.OpenEnv(context.Background(), controller.EnvSpec{Task: "t3", Image: "agent:1", Baseline: policy.NoNetwork, ProxyStartTimeout: 300 * time.Millisecond})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("open error = %v, want it to mention %q", err, tc.want)
+			}
+			if len(r.docker.containers) != 0 {
+				t.Errorf("containers left: %v", r.docker.containers)
+			}
+			for name := range r.docker.networks {
+				if name != "test-egress" {
+					t.Errorf("network left: %s", name)
+				}
+			}
+		})
+	}
+}
+
+func TestCloseIsIdempotent(t *testing.T) {
+	r := newRig(t, "t4")
+	e := r.open(t, "t4", policy.NoNetwork)
+	ctx := context.Background()
+	for i := 0; i < 2; i++ {
+		if err := e.Close(ctx, false); err != nil {
+			t.Fatalf("close #%d: %v", i+1, err)
+		}
+	}
+	if err := r.p.RemoveByName(ctx, "t4"); err != nil {
+		t.Fatalf("remove by name after close: %v", err)
+	}
+	if len(r.docker.containers) != 0 || len(r.docker.networks) != 1 {
+		t.Errorf("left: containers %v networks %v", r.docker.containers, r.docker.networks)
+	}
+	if _, err := r.p.Lookup(ctx, "t4"); err == nil {
+		t.Errorf("lookup after close succeeded")
+	}
+}
+
+func TestLookupFromFreshProcess(t *testing.T) {
+	r := newRig(t, "t5")
+	opened := r.open(t, "t5", policy.NoNetwork)
+	e, err := r.p.Lookup(context.Background(), "t5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.plan != opened.plan || e.AgentContainer() != opened.AgentContainer() || e.task != "t5" || !e.agentOwned {
+		t.Errorf("lookup = %+v, open = %+v", e, opened)
+	}
+	if _, err := e.Apply(context.Background(), allowA, controller.PhaseLabel{Phase: "run"}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,182 @@
+package docker
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/docker/docker/api/types/container"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+func TestFreeSubnets(t *testing.T) {
+	pool := netip.MustParsePrefix("10.213.0.0/26") // four /28s
+	first := func(int) int { return 0 }
+	tests := []struct {
+		name string
+		used []string
+		want []string
+	}{
+		{"empty", nil, []string{"10.213.0.0/28", "10.213.0.16/28", "10.213.0.32/28", "10.213.0.48/28"}},
+		{"one taken", []string{"10.213.0.16/28"}, []string{"10.213.0.0/28", "10.213.0.32/28", "10.213.0.48/28"}},
+		{"covered by a wider network", []string{"10.213.0.0/27"}, []string{"10.213.0.32/28", "10.213.0.48/28"}},
+		{"pool inside a foreign network", []string{"10.0.0.0/8"}, nil},
+		{"unrelated", []string{"172.17.0.0/16"}, []string{"10.213.0.0/28", "10.213.0.16/28", "10.213.0.32/28", "10.213.0.48/28"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var used []netip.Prefix
+			for _, u := range tc.used {
+				used = append(used, netip.MustParsePrefix(u))
+			}
+			var got []string
+			for _, p := range freeSubnets(pool, 28, used, first) {
+				got = append(got, p.String())
+			}
+			if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+				t.Errorf("free = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	// A random start only rotates the order.
+	if got := freeSubnets(pool, 28, nil, func(int) int { return 2 }); got[0].String() != "10.213.0.32/28" || len(got) != 4 {
+		t.Errorf("rotated = %v", got)
+	}
+}
+
+func TestPlanFor(t *testing.T) {
+	p := planFor(netip.MustParsePrefix("10.213.1.16/28"))
+	if p.Gateway.String() != "10.213.1.17" || p.Sidecar.String() != "10.213.1.18" || p.Agent.String() != "10.213.1.19" {
+		t.Errorf("plan = %+v", p)
+	}
+}
+
+// A concurrent open taking the chosen subnet makes Docker refuse it; the open retries.
+func TestNetworkCreateRetriesOnOverlap(t *testing.T) {
+	r := newRig(t, "t6")
+	r.docker.overlapOnce = true
+	e := r.open(t, "t6", policy.NoNetwork)
+	if !e.plan.Subnet.IsValid() || !DefaultPool.Contains(e.plan.Subnet.Addr()) {
+		t.Errorf("subnet %s not from the pool", e.plan.Subnet)
+	}
+}
+
+func TestPoolExhausted(t *testing.T) {
+	r := newRig(t, "t7")
+	r.p.cfg.Pool = netip.MustParsePrefix("10.213.0.0/28")
+	r.docker.networks["other"] = &fakeNetwork{name: "other", subnet: "10.213.0.0/24", gateway: "10.213.0.1"}
+	_, err := r.p.OpenEnv(context.Background(), controller.EnvSpec{Task: "t7", Image: "agent:1", Baseline: policy.NoNetwork})
+	if !errors.Is(err, ErrPoolExhausted) {
+		t.Fatalf("err = %v, want ErrPoolExhausted", err)
+	}
+}
+
+func TestAttachable(t *testing.T) {
+	running := &container.State{Running: true}
+	tests := []struct {
+		mode    container.NetworkMode
+		state   *container.State
+		wantErr string
+	}{
+		{"bridge", running, ""},
+		{"my-net", running, ""},
+		{"none", running, "network mode none"},
+		{"host", running, "network mode host"},
+		{"container:abc", running, "network mode container:abc"},
+		{"bridge", &container.State{}, "not running"},
+	}
+	for _, tc := range tests {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			ci := container.InspectResponse{ContainerJSONBase: &container.ContainerJSONBase{Name: "/x", State: tc.state, HostConfig: &container.HostConfig{NetworkMode: tc.mode}}}
+			err := attachable(ci)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Errorf("err = %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrNotAttachable) || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("err = %v, want ErrNotAttachable mentioning %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestValidateTask(t *testing.T) {
+	for _, ok := range []string{"t1", "task_1.a-b", strings.Repeat("a", 63)} {
+		if err := ValidateTask(ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "-x", "a/b", "a b", strings.Repeat("a", 64), "ü"} {
+		if err := ValidateTask(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestUntarStaysInside(t *testing.T) {
+	build := func(name string) *bytes.Buffer {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		_ = tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: 2, Typeflag: tar.TypeReg})
+		_, _ = tw.Write([]byte("hi"))
+		_ = tw.Close()
+		return &buf
+	}
+	dst := t.TempDir()
+	if err := untar(build("out/file.txt"), dst); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "out", "file.txt")); err != nil || string(b) != "hi" {
+		t.Errorf("extracted %q, %v", b, err)
+	}
+	if err := untar(build("../escape.txt"), dst); err == nil {
+		t.Errorf("an entry escaping the destination was extracted")
+	}
+}
+
+func TestImageDockerfile(t *testing.T) {
+	got := ProxyImageSpec("compass-proxy:x", "/bin/compass-proxy").Dockerfile()
+	want := "FROM scratch\nCOPY compass-proxy /compass-proxy\nUSER 65532:65532\nENTRYPOINT [\"/compass-proxy\"]\n"
+	if got != want {
+		t.Errorf("Dockerfile =\n%s\nwant\n%s", got, want)
+	}
+}
+
+func TestVerifyPlanExpectations(t *testing.T) {
+	e := &Env{plan: planFor(netip.MustParsePrefix("10.213.0.16/28"))}
+	opts := VerifyOptions{Allowed: []string{"a.test:443"}, Blocked: []string{"b.test:443", "192.0.2.1:80"}, Outside: netip.MustParseAddr("192.0.2.9"), OutsidePort: 80}
+	for _, mode := range []policy.Mode{policy.ModePublic, policy.ModeAllowlist} {
+		checks, err := e.planChecks(mode, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts := map[string]int{}
+		for _, c := range checks {
+			counts[c.label]++
+			direct := strings.HasPrefix(c.label, "direct") || strings.HasPrefix(c.label, "UDP") || strings.HasPrefix(c.label, "DNS to outside")
+			if direct && c.wantWorks != (mode == policy.ModePublic) {
+				t.Errorf("%s: %s expected works=%t", mode, c.label, c.wantWorks)
+			}
+			if c.label == "sidecar admin API" && c.wantWorks {
+				t.Errorf("%s: the admin API is expected reachable", mode)
+			}
+		}
+		// An address target has no DNS check; a name has one.
+		if counts["DNS of blocked name"] != 1 || counts["blocked via proxy"] != 2 || counts["allowed via proxy"] != 1 {
+			t.Errorf("%s: checks %v", mode, counts)
+		}
+	}
+	if _, err := e.planChecks(policy.ModeAllowlist, VerifyOptions{Allowed: []string{"no-port"}}); err == nil {
+		t.Errorf("a target without a port was accepted")
+	}
+}

