@@ -28,7 +28,9 @@ func TestFiftyConcurrentEnvironments(t *testing.T) {
 	errs := make([]error, scaleEnvs)
 	parallel := func(what string, f func(i int) error) {
 		start := time.Now()
-		defer func() { t.Logf("%d environments: %s in %s", scaleEnvs, what, time.Since(start).Round(time.Millisecond)) }()
+		defer func() {
+			t.Logf("%d environments: %s in %s", scaleEnvs, what, time.Since(start).Round(time.Millisecond))
+		}()
 		var wg sync.WaitGroup
 		for i := range envs {
 			wg.Add(1)
