@@ -64,7 +64,7 @@ func (s *hostSet) lookup(targets []Target, name string, port uint16, allowlist b
 type nameTable struct {
 	seed   maphash.Seed
 	slots  []nameSlot // a power of two of them; ref 0 marks an empty slot
-	rules  ruleGroups
+	rules  ruleGroups // the groups of names with several rules
 	hasKey bool
 }
 
@@ -96,10 +96,11 @@ func newNameTable(targets []Target, kind Kind, seed maphash.Seed) nameTable {
 		}
 		items = append(items, groupItem{group: uint32(tab.slots[slot].ref - 1), port: t.Port, rule: uint32(i)})
 	}
-	tab.rules = newRuleGroups(len(firstRule), items)
+	var refs []ruleRef
+	tab.rules, refs = groupRules(len(firstRule), items)
 	for i, sl := range tab.slots {
 		if sl.ref != 0 {
-			tab.slots[i].ref = tab.rules.ref(uint32(sl.ref - 1))
+			tab.slots[i].ref = refs[sl.ref-1]
 		}
 	}
 	tab.hasKey = len(firstRule) > 0

@@ -55,7 +55,7 @@ type spanIndex struct {
 // prefixNest is the tree of a family's distinct prefixes with their rules.
 type prefixNest struct {
 	node  []prefixNode
-	rules ruleGroups
+	rules ruleGroups // the groups of prefixes with several rules
 }
 
 type prefixNode struct {
@@ -294,9 +294,10 @@ func cutSpans(items []prefixItem, width int) ([]u128, []int32, prefixNest) {
 	}
 	closeBefore(max, true)
 	nest.node = slices.Clip(nest.node)
-	nest.rules = newRuleGroups(len(nest.node), groups)
+	var refs []ruleRef
+	nest.rules, refs = groupRules(len(nest.node), groups)
 	for i := range nest.node {
-		nest.node[i].ref = nest.rules.ref(uint32(i))
+		nest.node[i].ref = refs[i]
 	}
 	return starts, inner, nest
 }

@@ -2,10 +2,10 @@ package policy
 
 import "sort"
 
-// ruleGroups holds, for each key of a rule set (one name, one wildcard suffix or one
-// prefix), the rules written for that key, ordered by port and then by position in the
-// policy. A key usually has one rule; several differ by port (or are duplicates that a
-// hand-built Policy kept).
+// ruleGroups holds the rules of the keys of a rule set (names, wildcard suffixes or
+// prefixes) that have several: rules that differ by port, or duplicates that a
+// hand-built Policy kept. Each group is ordered by port, then by position in the
+// policy. A key with one rule needs no group (see ruleRef).
 type ruleGroups struct {
 	start []uint32 // the rules of group g are rule[start[g]:start[g+1]]
 	rule  []uint32 // index into Policy.Targets
@@ -15,17 +15,10 @@ type ruleGroups struct {
 // ruleRef names the rules of one key in a word that lookup structures store in place
 // of the key: most keys have one rule, whose index (plus one, so that 0 stays free for
 // "empty") the reference holds directly; with groupFlag set it is a group of ruleGroups.
+// A policy's rules are counted in millions, far below the flag bit.
 type ruleRef uint32
 
 const groupFlag ruleRef = 1 << 31
-
-// ref returns the reference to group id.
-func (g *ruleGroups) ref(id uint32) ruleRef {
-	if lo := g.start[id]; g.start[id+1]-lo == 1 {
-		return ruleRef(g.rule[lo] + 1)
-	}
-	return ruleRef(id) | groupFlag
-}
 
 // first returns the first rule of the key ref names.
 func (g *ruleGroups) first(ref ruleRef) int {
@@ -64,34 +57,43 @@ type groupItem struct {
 // linearPortScan is the group size up to which a port is looked for by a plain scan.
 const linearPortScan = 8
 
-// newRuleGroups lays out items into n groups. A counting sort by group keeps it linear in
-// the number of rules; only groups of several rules are sorted by port.
-func newRuleGroups(n int, items []groupItem) ruleGroups {
-	g := ruleGroups{
-		start: make([]uint32, n+1),
-		rule:  make([]uint32, len(items)),
-		port:  make([]uint16, len(items)),
-	}
+// groupRules sorts the rules of n keys into groups and returns, for each key, the
+// reference to its rules. Only keys of several rules keep a group. A counting sort by
+// key keeps it linear in the number of rules; only groups are sorted by port.
+func groupRules(n int, items []groupItem) (ruleGroups, []ruleRef) {
+	start := make([]uint32, n+1)
 	for _, it := range items {
-		g.start[it.group+1]++
+		start[it.group+1]++
 	}
 	for i := 1; i <= n; i++ {
-		g.start[i] += g.start[i-1]
+		start[i] += start[i-1]
 	}
 	next := make([]uint32, n)
-	copy(next, g.start[:n])
+	copy(next, start[:n])
+	byKey := make([]groupItem, len(items))
 	for _, it := range items {
-		at := next[it.group]
+		byKey[next[it.group]] = it
 		next[it.group]++
-		g.rule[at], g.port[at] = it.rule, it.port
 	}
-	for id := 0; id < n; id++ {
-		lo, hi := g.start[id], g.start[id+1]
-		if hi-lo > 1 {
-			sort.Sort(byPortThenRule{g.port[lo:hi], g.rule[lo:hi]})
+	refs := make([]ruleRef, n)
+	var g ruleGroups
+	for k := 0; k < n; k++ {
+		lo, hi := start[k], start[k+1]
+		if hi-lo == 1 {
+			refs[k] = ruleRef(byKey[lo].rule + 1)
+			continue
 		}
+		refs[k] = ruleRef(len(g.start)) | groupFlag
+		g.start = append(g.start, uint32(len(g.rule)))
+		at := len(g.rule)
+		for _, it := range byKey[lo:hi] {
+			g.rule = append(g.rule, it.rule)
+			g.port = append(g.port, it.port)
+		}
+		sort.Sort(byPortThenRule{g.port[at:], g.rule[at:]})
 	}
-	return g
+	g.start = append(g.start, uint32(len(g.rule)))
+	return g, refs
 }
 
 // pick returns the rule of group id that decides a connection to port, or -1.
