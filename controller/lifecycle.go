@@ -239,6 +239,10 @@ func (tr *taskRun) apply(ctx context.Context, role Role, phase string, p policy.
 		return fmt.Errorf("controller: switch to %s: the %s environment is not open", phase, role)
 	}
 	tr.summariseBlocked(ctx, es)
+	tr.mu.Lock()
+	tr.current, tr.stepRole = StepName("switch:"+phase), role
+	tr.mu.Unlock()
+	tr.report()
 	actx, cancel := context.WithTimeout(ctx, tr.r.controlTimeout())
 	defer cancel()
 	start := time.Now()

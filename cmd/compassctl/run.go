@@ -1,0 +1,211 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/controller/docker"
+)
+
+func init() { subcommands = append(subcommands, newRunCommand) }
+
+type runOptions struct {
+	envParams   string
+	recipes     []string
+	concurrency int
+	out         string
+	resume      bool
+	progress    string
+	env         envFlags
+}
+
+func newRunCommand() *cobra.Command {
+	var o runOptions
+	cmd := &cobra.Command{
+		Use:   "run TASK_FILE... [--env-params JSON|@FILE] [--recipe FILE]... [--concurrency N] [--out DIR] [--resume]",
+		Short: "Run whole task lifecycles under their phase policies, with a record of each",
+		Long: `run plans every task first (nothing starts if any plan is invalid), then runs each
+task's lifecycle in the order of SPEC §4 for its evaluation mode (shared or fresh), with the
+policy of each step in force in the Docker environment before the step starts. Each task
+writes <out>/<task>/run_info.json (the plan, every transition and step, blocked attempts per
+phase, artifacts) as it goes, and notice.txt (the restriction statement) unless turned off.
+Ctrl-C stops cleanly: environments are closed (or kept when retained) and records written.
+--resume picks interrupted tasks up from their records, or refuses with the reason (see
+docs/run.md). Exit status: 0 all tasks succeeded, 1 a task failed, 2 invalid input.`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError{errors.New("run: at least one TASK_FILE is required")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			return runTasks(ctx, cmd.OutOrStdout(), args, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.envParams, "env-params", "", "run-wide override as JSON, or @FILE to read it from a file")
+	f.StringArrayVar(&o.recipes, "recipe", nil, "recipe file; repeatable, earlier files win when two recipes supply a field")
+	f.IntVar(&o.concurrency, "concurrency", 1, "tasks run at once")
+	f.StringVar(&o.out, "out", "out", "output directory: one directory per task")
+	f.BoolVar(&o.resume, "resume", false, "pick interrupted tasks up from their records; finished tasks are left alone")
+	f.StringVar(&o.progress, "progress", "auto", "progress display: auto (live on a terminal), live or plain")
+	addProviderFlags(cmd, &o.env)
+	return cmd
+}
+
+// addProviderFlags registers the Docker provider's settings, read from the same
+// environment variables as `compassctl env`.
+func addProviderFlags(cmd *cobra.Command, e *envFlags) {
+	f := cmd.Flags()
+	f.StringVar(&e.stateDir, "state-dir", envOr("COMPASS_STATE_DIR", docker.DefaultStateDir), "provider state directory; env COMPASS_STATE_DIR")
+	f.StringVar(&e.egress, "egress-network", envOr("COMPASS_EGRESS_NETWORK", docker.DefaultEgressNetwork), "shared network with a way out; env COMPASS_EGRESS_NETWORK")
+	f.StringVar(&e.pool, "pool", envOr("COMPASS_POOL", docker.DefaultPool.String()), "address range of the per-task networks; env COMPASS_POOL")
+	f.IntVar(&e.subnetBits, "subnet-bits", docker.DefaultSubnetBits, "prefix length of one per-task network")
+	f.StringVar(&e.proxyImage, "proxy-image", envOr("COMPASS_PROXY_IMAGE", docker.DefaultProxyImage), "compass-proxy sidecar image; env COMPASS_PROXY_IMAGE")
+	f.StringVar(&e.owner, "owner", envOr("COMPASS_OWNER", docker.DefaultOwner), "owner label value; env COMPASS_OWNER")
+	f.StringArrayVar(&e.dnsUpstreams, "dns-upstream", splitList(os.Getenv("COMPASS_DNS_UPSTREAM")), "resolver host:port the sidecars forward allowed names to; env COMPASS_DNS_UPSTREAM")
+	f.StringArrayVar(&e.proxyArgs, "proxy-arg", nil, "extra compass-proxy flag for new sidecars (repeatable)")
+	f.BoolVarP(&e.verbose, "verbose", "v", false, "log each lifecycle event (JSON on stderr)")
+}
+
+func runTasks(ctx context.Context, out io.Writer, files []string, o runOptions) error {
+	if o.concurrency < 1 {
+		return usageError{fmt.Errorf("run: --concurrency must be at least 1, not %d", o.concurrency)}
+	}
+	if o.progress != "auto" && o.progress != "live" && o.progress != "plain" {
+		return usageError{fmt.Errorf("run: --progress %q: use auto, live or plain", o.progress)}
+	}
+	plans, err := buildPlans(planOptions{tasks: files, envParams: o.envParams, recipes: o.recipes})
+	if err != nil {
+		return usageError{err}
+	}
+	var tasks []controller.TaskRun
+	var errs []error
+	for _, p := range plans {
+		t, err := taskRunOf(p)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		tasks = append(tasks, t)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return usageError{err}
+	}
+	prov, closeClient, err := newRunProvider(&o.env)
+	if err != nil {
+		return err
+	}
+	defer closeClient()
+
+	tasks, resume, skipped, err := prepareOutputs(o.out, tasks, o.resume, prov)
+	if err != nil {
+		return usageError{err}
+	}
+	for _, s := range skipped {
+		fmt.Fprintf(out, "%s: already finished, left alone (--resume)\n", s)
+	}
+	if len(tasks) == 0 {
+		return nil
+	}
+
+	level := slog.LevelWarn
+	if o.env.verbose {
+		level = slog.LevelInfo
+	}
+	r := &controller.Runner{
+		Provider: prov, OutDir: o.out,
+		Logger:              slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		BlockedPollInterval: time.Second,
+	}
+	live := o.progress == "live" || (o.progress == "auto" && isTerminal(out))
+	var stopProgress func()
+	if live {
+		lp := controller.NewLiveProgress(out, 200*time.Millisecond)
+		r.Progress, stopProgress = lp, lp.Stop
+	} else {
+		r.Progress, stopProgress = controller.NewLogProgress(out), func() {}
+	}
+	outcomes := r.RunAll(ctx, tasks, o.concurrency, resume)
+	stopProgress()
+	fmt.Fprintln(out)
+	controller.WriteSummary(out, o.out, outcomes)
+	failed := 0
+	for _, oc := range outcomes {
+		if oc.Err != nil {
+			failed++
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("run: %d of %d tasks did not succeed", failed, len(outcomes))
+	}
+	return nil
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// prepareOutputs decides, before anything starts, what each task does with its output
+// directory: a fresh run replaces an earlier record; --resume continues, skips finished
+// tasks, or refuses (every refusal is reported and nothing runs).
+func prepareOutputs(out string, tasks []controller.TaskRun, resume bool, p controller.Provider) ([]controller.TaskRun, map[string]*controller.Record, []string, error) {
+	var (
+		run     []controller.TaskRun
+		prevs   = map[string]*controller.Record{}
+		skipped []string
+		errs    []error
+	)
+	for _, t := range tasks {
+		dir := filepath.Join(out, t.ID)
+		_, statErr := os.Stat(filepath.Join(dir, controller.RecordFile))
+		hasRecord := statErr == nil
+		switch {
+		case !hasRecord:
+			run = append(run, t)
+		case !resume:
+			// Only a directory that holds a record is ours to clear.
+			if err := os.RemoveAll(dir); err != nil {
+				errs = append(errs, fmt.Errorf("run: clear %s: %w", dir, err))
+			}
+			run = append(run, t)
+		default:
+			prev, err := controller.ReadRecord(dir)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if controller.Finished(prev) {
+				skipped = append(skipped, t.ID)
+				continue
+			}
+			if _, err := controller.ResumeFrom(prev, t, p); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			prevs[t.ID] = prev
+			run = append(run, t)
+		}
+	}
+	if len(errs) > 0 {
+		msgs := make([]string, len(errs))
+		for i, e := range errs {
+			msgs[i] = e.Error()
+		}
+		return nil, nil, nil, errors.New(strings.Join(msgs, "\n"))
+	}
+	return run, prevs, skipped, nil
+}

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/controller/controllertest"
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+func TestSplitWords(t *testing.T) {
+	tests := []struct {
+		in   string
+		want []string
+		err  string
+	}{
+		{"fetch http://packages.test/tool.tar", []string{"fetch", "http://packages.test/tool.tar"}, ""},
+		{"  a   b\tc ", []string{"a", "b", "c"}, ""},
+		{`grade --msg 'two words' "and \"more\""`, []string{"grade", "--msg", "two words", `and "more"`}, ""},
+		{`a\ b ''`, []string{"a b", ""}, ""},
+		{`x 'open`, nil, "unterminated ' quote"},
+		{`x \`, nil, "lone backslash"},
+		{"   ", nil, "empty command"},
+	}
+	for _, tc := range tests {
+		got, err := splitWords(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("splitWords(%q) error %v, want %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("splitWords(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func planOf(t *testing.T, doc string) *policy.Plan {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "task.yaml")
+	if err := os.WriteFile(file, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tasks, err := policy.LoadTasks(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pl policy.Planner
+	p, err := pl.Plan(tasks[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestTaskRunOfExample(t *testing.T) {
+	p := planOf(t, `task_id: swe-1
+evaluation_mode: fresh
+image: agent:1
+evaluation_image: grader:1
+run_network_policy: {network_mode: allowlist, allowed_hosts: ["model.test:443"]}
+prepare: ["fetch http://packages.test/tool.tar"]
+harness: {start: ["hs"], close: [["hc", "two words"]]}
+run: ["agent --task /task"]
+collect: ["pack /out/result.tar /work"]
+artifacts: ["/out/result.tar"]
+evaluate: ["grade /out/result.tar"]
+retain: true
+timeouts: {prepare: 10m, run: 90, evaluate: 1.5s}
+`)
+	tr, err := taskRunOf(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.ID != "swe-1" || tr.Mode != controller.EvaluationFresh || tr.Image != "agent:1" || tr.EvaluationImage != "grader:1" || !tr.Retain {
+		t.Errorf("header %+v", tr)
+	}
+	if !tr.SaveArtifacts {
+		t.Error("save_artifacts should default to true with artifacts declared")
+	}
+	if tr.Policies.Run.Mode != policy.ModeAllowlist || tr.Policies.EvaluationBaseline.Mode != policy.ModePublic {
+		t.Errorf("policies %+v", tr.Policies)
+	}
+	if !tr.InjectNotice || !strings.Contains(tr.Notice, "- model.test:443") {
+		t.Errorf("notice %q", tr.Notice)
+	}
+	if !slices.Equal(tr.Prepare[0], controller.Command{"fetch", "http://packages.test/tool.tar"}) ||
+		!slices.Equal(tr.Harness.Close[0], controller.Command{"hc", "two words"}) || len(tr.Harness.Start) != 1 {
+		t.Errorf("commands %+v %+v", tr.Prepare, tr.Harness)
+	}
+	want := map[controller.StepName]time.Duration{"prepare": 10 * time.Minute, "run": 90 * time.Second, "evaluate": 1500 * time.Millisecond}
+	for k, v := range want {
+		if tr.Timeouts[k] != v {
+			t.Errorf("timeout %s = %s, want %s", k, tr.Timeouts[k], v)
+		}
+	}
+	if !bytes.Contains(tr.Plan, []byte(`"run_network_mode":"allowlist"`)) {
+		t.Errorf("plan %s", tr.Plan)
+	}
+}
+
+func TestTaskRunOfRefusals(t *testing.T) {
+	tests := []struct {
+		name, doc, want string
+	}{
+		{"no image", "task_id: a\nrun: [x]\n", `task "a": image: is required`},
+		{"no run", "task_id: a\nimage: i\n", "run: is required"},
+		{"fresh without evaluation image", "task_id: a\nimage: i\nrun: [x]\nevaluation_mode: fresh\n", "evaluation_image: is required"},
+		{"evaluation image in shared mode", "task_id: a\nimage: i\nrun: [x]\nevaluation_image: g\n", "only used in fresh"},
+		{"bad command", "task_id: a\nimage: i\nrun: [\"x 'y\"]\n", "run[0]: unterminated"},
+		{"bad timeout", "task_id: a\nimage: i\nrun: [x]\ntimeouts: {run: soon}\n", `timeouts.run: "soon" is not a duration`},
+		{"unknown timeout step", "task_id: a\nimage: i\nrun: [x]\ntimeouts: {lunch: 1m}\n", "timeouts.lunch: unknown step"},
+		{"unknown harness key", "task_id: a\nimage: i\nrun: [x]\nharness: {begin: [x]}\n", "harness.begin: unknown key"},
+		{"save_artifacts not a bool", "task_id: a\nimage: i\nrun: [x]\nsave_artifacts: yes please\n", "save_artifacts: must be true or false"},
+		{"other provider", "task_id: a\nprovider: modal\nimage: i\nrun: [x]\n", "drives the docker provider only"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := taskRunOf(planOf(t, tc.doc))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestPrepareOutputs(t *testing.T) {
+	out := t.TempDir()
+	fake := controllertest.New()
+	r := &controller.Runner{Provider: fake, OutDir: out, ControlTimeout: time.Second}
+	done := controller.TaskRun{ID: "done", Mode: controller.EvaluationShared, Image: "i",
+		Policies: controller.PhasePolicies{Baseline: policy.Public, Run: policy.NoNetwork, Evaluation: policy.NoNetwork},
+		Run:      []controller.Command{{"x"}}}
+	if _, err := r.RunTask(t.Context(), done, nil); err != nil {
+		t.Fatal(err)
+	}
+	fresh := done
+	fresh.ID = "new"
+
+	run, prevs, skipped, err := prepareOutputs(out, []controller.TaskRun{done, fresh}, true, fake)
+	if err != nil || len(run) != 1 || run[0].ID != "new" || len(prevs) != 0 || !slices.Equal(skipped, []string{"done"}) {
+		t.Errorf("resume: run %v prevs %v skipped %v err %v", run, prevs, skipped, err)
+	}
+	changed := done
+	changed.Run = []controller.Command{{"y"}}
+	if _, _, _, err := prepareOutputs(out, []controller.TaskRun{changed}, true, fake); err != nil {
+		t.Errorf("a finished task is skipped before its definition is compared: %v", err)
+	}
+	// Without --resume the old record is cleared and the task runs again.
+	run, _, _, err = prepareOutputs(out, []controller.TaskRun{done}, false, fake)
+	if err != nil || len(run) != 1 {
+		t.Fatalf("fresh run: %v %v", run, err)
+	}
+	if _, err := os.Stat(filepath.Join(out, "done", controller.RecordFile)); !os.IsNotExist(err) {
+		t.Errorf("old record not cleared: %v", err)
+	}
+}
