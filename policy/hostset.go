@@ -11,8 +11,9 @@ type hostSet struct {
 	exact  nameTable // keyed by Host of KindHost rules
 	suffix nameTable // keyed by Host (the part after "*.") of KindWildcard rules
 
-	// suffixLabels has bit n set when some wildcard suffix has n labels (n < 256), so
-	// the walk over a long name looks up only suffixes that could exist.
+	// suffixLabels has bit n set when some wildcard suffix has n labels, so the walk
+	// over a long name looks up only suffixes that could exist. Suffixes of 256 labels
+	// or more (longer than any valid name) are always looked up.
 	suffixLabels [4]uint64
 }
 
@@ -47,7 +48,7 @@ func (s *hostSet) lookup(targets []Target, name string, port uint16, allowlist b
 		}
 		n := labels // labels in name[i+1:]: the dots from i on
 		labels--
-		if n >= 256 || s.suffixLabels[n/64]&(1<<(n%64)) == 0 {
+		if n < 256 && s.suffixLabels[n/64]&(1<<(n%64)) == 0 {
 			continue
 		}
 		if r := s.suffix.lookup(targets, name[i+1:], port, allowlist); r >= 0 {

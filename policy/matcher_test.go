@@ -2,6 +2,7 @@ package policy
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 )
 
@@ -220,8 +221,10 @@ func TestDecide(t *testing.T) {
 
 func TestDecideHandBuiltPolicies(t *testing.T) {
 	// Policies that did not come from the parser: duplicates, a single-address prefix
-	// written as KindPrefix, an unmasked prefix, and rules with invalid parts.
+	// written as KindPrefix, an unmasked prefix, rules with invalid parts, and a
+	// wildcard longer than any valid name.
 	addr := netip.MustParsePrefix("192.0.2.7/32")
+	long := strings.Repeat("a.", 299) + "test"
 	p := Policy{Mode: ModeDenylist, Targets: []Target{
 		{Kind: KindHost, Host: "dup.test", Port: 443},
 		{Kind: KindHost, Host: "dup.test", Port: 443},
@@ -231,6 +234,7 @@ func TestDecideHandBuiltPolicies(t *testing.T) {
 		{Kind: KindPrefix},
 		{Kind: KindHost},
 		{Kind: 0, Host: "nokind.test"},
+		{Kind: KindWildcard, Host: long},
 	}}
 	m, ref := Compile(p), linearMatcher{p}
 	for _, q := range []struct {
@@ -243,6 +247,8 @@ func TestDecideHandBuiltPolicies(t *testing.T) {
 		{"", "198.51.100.1", 1, 4},
 		{"", "", 1, -1},
 		{"nokind.test", "", 1, -1},
+		{"x." + long, "", 1, 8},
+		{long, "", 1, -1},
 	} {
 		got := m.Decide(q.name, addrOrZero(q.addr), q.port)
 		want := Decision{Allowed: true, Reason: ReasonNotDenylisted}
