@@ -70,6 +70,9 @@ func TestChecks(t *testing.T) {
 		"100k allowlist CONNECT bulk MB/s within 5% of public (≥ 0.95×)": "0.96× yes",
 		"100k allowlist tunnel set-ups/s within 5% of public (≥ 0.95×)":  "0.88× **no**",
 		"100k allowlist HTTP req/s within 5% of public (≥ 0.95×)":        "0.97× yes",
+		"100k allowlist CPU ms/GB bulk within 5% of public (≤ 1.05×)":    "– n/a",
+		"100k allowlist CPU µs/set-up within 5% of public (≤ 1.05×)":     "1.14× **no**",
+		"100k allowlist CPU µs/request within 5% of public (≤ 1.05×)":    "– n/a",
 	}
 	if len(got) != len(want) {
 		t.Errorf("%d checks, want %d: %v", len(got), len(want), got)
