@@ -23,7 +23,8 @@ const (
 func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	client := w.RemoteAddr().String()
 	_, udp := w.RemoteAddr().(*net.UDPAddr)
-	resp, decision, reason, rule, name, qtype := s.answerDNS(req)
+	rs := s.current.Load()
+	resp, decision, reason, rule, name, qtype := s.answerDNS(rs, req)
 	if udp {
 		size := dns.MinMsgSize
 		if opt := req.IsEdns0(); opt != nil {
@@ -31,18 +32,15 @@ func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		}
 		resp.Truncate(size)
 	}
-	_ = w.WriteMsg(resp)
-
-	rs := s.current.Load()
 	s.metrics.dnsQueries.WithLabelValues(decision, dnsTypeLabel(qtype)).Inc()
 	if decision == "denied" {
 		rs.blocked.add(name, 0, typeDNS, reason)
 	}
+	_ = w.WriteMsg(resp)
 	s.logDecision(rs, typeDNS, decision, reason, rule, name, 0, netip.Addr{}, client, "qtype", dns.TypeToString[qtype])
 }
 
-func (s *Server) answerDNS(req *dns.Msg) (resp *dns.Msg, decision, reason, rule, name string, qtype uint16) {
-	rs := s.current.Load()
+func (s *Server) answerDNS(rs *RuleSet, req *dns.Msg) (resp *dns.Msg, decision, reason, rule, name string, qtype uint16) {
 	m := rs.Matcher
 	refuse := func(r string) (*dns.Msg, string, string, string, string, uint16) {
 		return refusal(req, dns.RcodeRefused, r), "denied", r, rule, name, qtype

@@ -292,8 +292,12 @@ func (s *Server) serve(dnsConns []any) {
 		case net.Listener:
 			srv.Listener, srv.Net = x, "tcp"
 		}
+		started := make(chan struct{})
+		srv.NotifyStartedFunc = func() { close(started) }
 		s.dnsServers = append(s.dnsServers, srv)
 		s.goServe(srv.ActivateAndServe)
+		// miekg/dns ignores a shutdown that comes before it started serving.
+		<-started
 	}
 
 	s.adminSrv = &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
@@ -369,6 +373,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.proxyLn.Close()
 	for _, d := range s.dnsServers {
 		_ = d.ShutdownContext(ctx)
+		if d.PacketConn != nil {
+			_ = d.PacketConn.Close()
+		}
+		if d.Listener != nil {
+			_ = d.Listener.Close()
+		}
 	}
 	err := s.proxySrv.Shutdown(ctx)
 	done := make(chan struct{})

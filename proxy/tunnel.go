@@ -81,9 +81,18 @@ func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 		refuse()
 		return
 	}
+	// Counted for the drain before the client hears 200: a drain that starts now waits
+	// for this tunnel instead of cutting one it just confirmed.
+	if !s.addTunnel() {
+		s.tracker.remove(entry)
+		up.Close()
+		fail("503 Service Unavailable", "error; reason=draining")
+		return
+	}
 	mu.Lock()
 	if cut {
 		mu.Unlock()
+		s.tunnels.Done()
 		refuse()
 		return
 	}
@@ -93,11 +102,7 @@ func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 	if err != nil {
 		s.tracker.remove(entry)
 		up.Close()
-		return
-	}
-	if !s.addTunnel() {
-		s.tracker.remove(entry)
-		up.Close()
+		s.tunnels.Done()
 		return
 	}
 	st.tunnel = true
@@ -112,12 +117,12 @@ func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 		upBytes, downBytes := relay(client, up, buffered)
 		s.tracker.remove(entry)
 		s.proxyLn.release()
-		s.metrics.active.WithLabelValues(typeConnect).Dec()
 		s.metrics.bytes.WithLabelValues("upstream").Add(float64(upBytes))
 		s.metrics.bytes.WithLabelValues("downstream").Add(float64(downBytes))
 		s.log.Info("tunnel closed", "type", typeConnect, "host", blockedHost(v), "port", v.Port,
 			"addr", addr.String(), "client", clientAddr, "bytes_up", upBytes, "bytes_down", downBytes,
 			"duration_seconds", time.Since(start).Seconds(), "generation", gen, "task", task, "phase", phase)
+		s.metrics.active.WithLabelValues(typeConnect).Dec()
 	}()
 }
 
