@@ -20,7 +20,7 @@ func main() {
 	flag.StringVar(&cfg.Squid, "squid", lookPath("squid"), "squid binary (empty: leave it out)")
 	flag.StringVar(&cfg.Tinyproxy, "tinyproxy", lookPath("tinyproxy"), "tinyproxy binary (empty: leave it out)")
 	flag.IntVar(&cfg.AllowlistSize, "allowlist", 100_000, "entries of the large allowlist policy")
-	flag.IntVar(&cfg.Rounds, "rounds", 5, "rounds of rate measurements (the median is reported)")
+	flag.IntVar(&cfg.Rounds, "rounds", 9, "rounds of rate measurements (the median is reported)")
 	flag.DurationVar(&cfg.Settle, "settle", time.Second, "wait before reading memory with the idle tunnels open")
 	flag.DurationVar(&lim.Duration, "duration", lim.Duration, "length of each rate measurement")
 	flag.IntVar(&lim.Concurrency, "concurrency", lim.Concurrency, "parallel clients for set-ups and requests")
