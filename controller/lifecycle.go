@@ -19,6 +19,9 @@ const NoticeFile = "notice.txt"
 // appends it to the agent's final instruction (the rollout copy only).
 const NoticeEnv = "COMPASS_NETWORK_RESTRICTION_NOTICE"
 
+// closeRetryDelay is the pause before the one retry of a failed close.
+const closeRetryDelay = time.Second
+
 // StepUpload hands saved artifacts to a fresh evaluation environment, under its baseline.
 const StepUpload StepName = "upload_artifacts"
 
@@ -318,6 +321,16 @@ func (tr *taskRun) closeEnv(ctx context.Context, role Role) error {
 	}
 	idx := tr.beginStep(name, role, es.env.ID(), es.phase, es.policy.Mode)
 	err := es.env.Close(cctx, tr.t.Retain)
+	if err != nil && cctx.Err() == nil {
+		// Close is idempotent: one more try gets past a transient engine error (a
+		// network still draining its endpoints) instead of leaving objects behind.
+		tr.r.logger().Warn("close failed, retrying", "task", tr.t.ID, "environment", es.env.ID(), "err", err)
+		select {
+		case <-time.After(closeRetryDelay):
+			err = es.env.Close(cctx, tr.t.Retain)
+		case <-cctx.Done():
+		}
+	}
 	state, reach := EnvClosed, ""
 	if tr.t.Retain {
 		state, reach = EnvRetained, reachOf(tr.t.ID, es.env)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -577,5 +578,38 @@ func TestRunAll(t *testing.T) {
 	out = r.RunAll(ctx, tasks[:1], 1, nil)
 	if out[0].Record == nil || out[0].Record.Status != controller.StatusCancelled || len(p.Live()) != 0 {
 		t.Errorf("cancelled run: %+v", out[0])
+	}
+}
+
+func TestCloseRetry(t *testing.T) {
+	tests := []struct {
+		name     string
+		failures int
+		status   controller.TaskStatus
+		state    controller.EnvState
+	}{
+		{"transient failure", 1, controller.StatusSucceeded, controller.EnvClosed},
+		{"lasting failure", 100, controller.StatusFailed, controller.EnvOpen},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := controllertest.New()
+			var mu sync.Mutex
+			left := tc.failures
+			p.CloseErr = func(controller.Role) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if left > 0 {
+					left--
+					return errors.New("network has active endpoints")
+				}
+				return nil
+			}
+			r := newRunner(t, p)
+			rec, _ := r.RunTask(context.Background(), task(t, controller.EvaluationShared), nil)
+			if rec.Status != tc.status || rec.Environments[0].State != tc.state {
+				t.Errorf("status %s, environment %s; want %s, %s", rec.Status, rec.Environments[0].State, tc.status, tc.state)
+			}
+		})
 	}
 }

@@ -194,11 +194,36 @@ func waitPhase(t *testing.T, r *run, dir string, step controller.StepName) {
 		}
 		select {
 		case <-r.done:
-			t.Fatalf("compassctl run ended before step %s:\n%s", step, r.out.String())
+			t.Fatalf("compassctl run ended before step %s:\n%s\n%s", step, r.out.String(), diagnose(dir))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 	t.Fatalf("step %s not reached:\n%s", step, r.out.String())
+}
+
+// diagnose gathers what a failed task left in its output directory: the steps' errors,
+// the blocked summaries and the step logs.
+func diagnose(dir string) string {
+	var b strings.Builder
+	if rec, err := controller.ReadRecord(dir); err == nil {
+		for _, s := range rec.Steps {
+			if s.Error != "" {
+				fmt.Fprintf(&b, "step %s %s: %s\n", s.Name, s.Status, s.Error)
+			}
+		}
+		for _, bl := range rec.Blocked {
+			if bl.Summary.Total > 0 || bl.Error != "" {
+				j, _ := json.Marshal(bl)
+				fmt.Fprintf(&b, "blocked %s\n", j)
+			}
+		}
+	}
+	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
+	for _, l := range logs {
+		data, _ := os.ReadFile(l)
+		fmt.Fprintf(&b, "--- %s\n%s", filepath.Base(l), data)
+	}
+	return b.String()
 }
 
 // taskLeftovers lists the Docker objects of this package whose names mention task.

@@ -70,6 +70,7 @@ func TestRunCtrlC(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			id := h.Name("int")
 			dir := t.TempDir()
 			file := writeTask(t, dir, "task.yaml", taskYAML(id, tc.mode, tc.steps))
@@ -94,7 +95,7 @@ func TestRunCtrlC(t *testing.T) {
 			}
 			for _, e := range rec.Environments {
 				if e.State != controller.EnvClosed {
-					t.Errorf("environment %s is %s", e.ID, e.State)
+					t.Errorf("environment %s is %s:\n%s", e.ID, e.State, diagnose(taskDir))
 				}
 			}
 			if tc.step == controller.StepEvaluate {
@@ -125,6 +126,7 @@ func TestRunEvaluateEndings(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			id := h.Name("end")
 			dir := t.TempDir()
 			file := writeTask(t, dir, "task.yaml", taskYAML(id, "shared", "run: [\"demo sleep 1ms\"]\n"+tc.steps))
@@ -168,6 +170,7 @@ func TestRunResumeAfterKill(t *testing.T) {
 	demoImages(t)
 	for _, mode := range []string{"fresh", "shared"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			id := h.Name("kill")
 			dir := t.TempDir()
 			out := filepath.Join(dir, "out")

@@ -34,6 +34,8 @@ type Provider struct {
 	OpenErr func(role controller.Role) error
 	// ApplyErr, when set, decides whether a switch to that phase fails.
 	ApplyErr func(phase string) error
+	// CloseErr, when set, decides whether closing an environment of that role fails.
+	CloseErr func(role controller.Role) error
 	// Missing lists artifact paths that do not resolve.
 	Missing map[string]bool
 	// Cancel is called by the "cancel" command (a test's Ctrl-C).
@@ -248,6 +250,12 @@ func (e *Env) Blocked(context.Context) (controller.BlockedSummary, error) {
 
 // Close removes the environment, or keeps it when retained.
 func (e *Env) Close(_ context.Context, retain bool) error {
+	if e.p.CloseErr != nil {
+		if err := e.p.CloseErr(e.role); err != nil {
+			e.p.logf("%s close failed", e.role)
+			return err
+		}
+	}
 	e.p.logf("%s close retain=%t mode=%s", e.role, retain, e.Mode())
 	if !retain {
 		e.mu.Lock()
