@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -111,19 +112,47 @@ func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 	// otherwise live as long as the tunnel.
 	buffered, clientAddr, gen, task, phase := st.buffered, r.RemoteAddr, rs.Generation, rs.Task, rs.Phase
 	st.buffered = nil
-	go func() {
-		defer s.tunnels.Done()
-		start := time.Now()
-		upBytes, downBytes := relay(client, up, buffered)
-		s.tracker.remove(entry)
-		s.proxyLn.release()
-		s.metrics.bytes.WithLabelValues("upstream").Add(float64(upBytes))
-		s.metrics.bytes.WithLabelValues("downstream").Add(float64(downBytes))
-		s.log.Info("tunnel closed", "type", typeConnect, "host", blockedHost(v), "port", v.Port,
-			"addr", addr.String(), "client", clientAddr, "bytes_up", upBytes, "bytes_down", downBytes,
-			"duration_seconds", time.Since(start).Seconds(), "generation", gen, "task", task, "phase", phase)
-		s.metrics.active.WithLabelValues(typeConnect).Dec()
-	}()
+	t := &tunnelDone{entry: entry, host: blockedHost(v), port: v.Port, addr: addr, client: clientAddr, gen: gen, task: task, phase: phase}
+	go s.runTunnel(client, up, buffered, t)
+}
+
+// tunnelDone is what a finished tunnel reports.
+type tunnelDone struct {
+	entry              *liveConn
+	host               string
+	port               uint16
+	addr               netip.Addr
+	client             string
+	gen                uint64
+	task, phase        string
+	upBytes, downBytes int64
+	start              time.Time
+}
+
+// runTunnel is a tunnel's goroutine. Its frame stays small (the relay is most of its
+// stack while the tunnel idles); the accounting runs after the relay, in finish.
+func (s *Server) runTunnel(client, up net.Conn, buffered []byte, t *tunnelDone) {
+	t.start = time.Now()
+	done := make(chan int64, 1)
+	go copyDirection(client, up, nil, done)
+	t.upBytes = copyDirection(up, client, buffered, nil)
+	t.downBytes = <-done
+	client.Close()
+	up.Close()
+	s.finishTunnel(t)
+}
+
+//go:noinline
+func (s *Server) finishTunnel(t *tunnelDone) {
+	defer s.tunnels.Done()
+	s.tracker.remove(t.entry)
+	s.proxyLn.release()
+	s.metrics.bytes.WithLabelValues("upstream").Add(float64(t.upBytes))
+	s.metrics.bytes.WithLabelValues("downstream").Add(float64(t.downBytes))
+	s.log.Info("tunnel closed", "type", typeConnect, "host", t.host, "port", t.port,
+		"addr", t.addr.String(), "client", t.client, "bytes_up", t.upBytes, "bytes_down", t.downBytes,
+		"duration_seconds", time.Since(t.start).Seconds(), "generation", t.gen, "task", t.task, "phase", t.phase)
+	s.metrics.active.WithLabelValues(typeConnect).Dec()
 }
 
 // addTunnel counts a new tunnel for the drain, unless the drain has begun.
@@ -143,31 +172,43 @@ type halfCloser interface {
 	CloseRead() error
 }
 
-// relay copies both ways until both directions ended and returns the byte counts from
-// the copies themselves. pre holds client bytes that arrived with the request.
-func relay(client, up net.Conn, pre []byte) (upBytes, downBytes int64) {
-	done := make(chan int64, 1)
-	go func() {
-		n, err := io.Copy(client, up)
-		endDirection(client, up, err)
-		done <- n
-	}()
-	var err error
+// copyDirection relays one direction (pre first), ends it, and reports the count on done
+// when done is not nil. Kept out of line so an idle direction's stack stays at its
+// smallest size.
+//
+//go:noinline
+func copyDirection(dst, src net.Conn, pre []byte, done chan<- int64) int64 {
+	var (
+		n   int64
+		err error
+	)
 	if len(pre) > 0 {
-		var n int
-		n, err = up.Write(pre)
-		upBytes = int64(n)
+		var w int
+		w, err = dst.Write(pre)
+		n = int64(w)
 	}
 	if err == nil {
-		var n int64
-		n, err = io.Copy(up, client)
-		upBytes += n
+		var m int64
+		m, err = pump(dst, src)
+		n += m
 	}
-	endDirection(up, client, err)
-	downBytes = <-done
-	client.Close()
-	up.Close()
-	return upBytes, downBytes
+	endDirection(dst, src, err)
+	if done != nil {
+		done <- n
+	}
+	return n
+}
+
+// pump copies src to dst. Between two *net.TCPConn it calls ReadFrom directly, which
+// splices in the kernel: the same path io.Copy reaches through WriteTo and a second
+// io.Copy, with a shallower stack, so an idle tunnel's goroutines stay small.
+func pump(dst, src net.Conn) (int64, error) {
+	if d, ok := dst.(*net.TCPConn); ok {
+		if s, ok := src.(*net.TCPConn); ok {
+			return d.ReadFrom(s)
+		}
+	}
+	return io.Copy(dst, src)
 }
 
 // endDirection ends one direction: on EOF it passes the EOF on (half-close) so the
