@@ -35,7 +35,7 @@ func (s *Server) decideConnect(host string, ctx *goproxy.ProxyCtx) (*goproxy.Con
 }
 
 // tunnel dials the checked address and relays bytes. Both sides stay *net.TCPConn so
-// io.Copy splices in the kernel; each direction half-closes on EOF; bytes the client
+// ReadFrom splices in the kernel; each direction half-closes on EOF; bytes the client
 // sent along with the CONNECT are forwarded first.
 func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 	st := stateOf(r)
@@ -130,7 +130,7 @@ type tunnelDone struct {
 }
 
 // runTunnel is a tunnel's goroutine. Its frame stays small (the relay is most of its
-// stack while the tunnel idles); the accounting runs after the relay, in finish.
+// stack while the tunnel idles); the accounting runs after the relay, in finishTunnel.
 func (s *Server) runTunnel(client, up net.Conn, buffered []byte, t *tunnelDone) {
 	t.start = time.Now()
 	done := make(chan int64, 1)
