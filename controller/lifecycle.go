@@ -44,6 +44,7 @@ type taskRun struct {
 	mu          sync.Mutex
 	envs        map[Role]*envState
 	current     StepName
+	currentMode policy.Mode // the mode the current step runs under, until its environment exists
 	stepRole    Role
 	blockedDone uint64 // blocked attempts of the phases already summarised
 	blockedLive uint64 // blocked attempts of the phase in force, as last polled
@@ -491,7 +492,7 @@ func (tr *taskRun) finish(ctx context.Context, err error) *Record {
 
 func (tr *taskRun) report() {
 	tr.mu.Lock()
-	u := ProgressUpdate{Task: tr.t.ID, Step: tr.current, Started: tr.started, Blocked: tr.blockedDone + tr.blockedLive}
+	u := ProgressUpdate{Task: tr.t.ID, Step: tr.current, Mode: tr.currentMode, Started: tr.started, Blocked: tr.blockedDone + tr.blockedLive}
 	if es := tr.envs[tr.stepRole]; es != nil {
 		u.Mode = es.policy.Mode
 	}

@@ -55,7 +55,7 @@ func (tr *taskRun) stepContext(ctx context.Context, name StepName) (context.Cont
 // beginStep appends a running step to the record and returns its index.
 func (tr *taskRun) beginStep(name StepName, role Role, envID, phase string, mode policy.Mode) int {
 	tr.mu.Lock()
-	tr.current, tr.stepRole = name, role
+	tr.current, tr.currentMode, tr.stepRole = name, mode, role
 	tr.mu.Unlock()
 	var idx int
 	tr.rec.update(func(r *Record) {

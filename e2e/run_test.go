@@ -215,3 +215,35 @@ func TestRunResumeAfterKill(t *testing.T) {
 		})
 	}
 }
+
+// TestRunRetain keeps the environment: it is still there after the run, the summary says
+// how to reach it, and `compassctl env close` removes it.
+func TestRunRetain(t *testing.T) {
+	demoImages(t)
+	t.Parallel()
+	id := h.Name("keep")
+	dir := t.TempDir()
+	file := writeTask(t, dir, "task.yaml", taskYAML(id, "shared", "run: [\"demo sleep 1ms\"]\nevaluate: [\"demo sleep 1ms\"]\nretain: true\n"))
+	code, out := startRun(t, context.Background(), file, "--out", filepath.Join(dir, "out")).wait(t, 3*time.Minute)
+	if code != 0 || !strings.Contains(out, id+": retained "+id+": docker exec -it ") {
+		t.Errorf("exit %d, want 0 and how to reach the environment:\n%s", code, out)
+	}
+	rec, err := controller.ReadRecord(filepath.Join(dir, "out", id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Environments) != 1 || rec.Environments[0].State != controller.EnvRetained {
+		t.Errorf("environments %+v", rec.Environments)
+	}
+	if left := taskLeftovers(t, id); len(left) < 2 {
+		t.Errorf("retained environment not found: %v", left)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := h.Compassctl(ctx, "env", "close", "--task", id).CombinedOutput(); err != nil {
+		t.Errorf("env close: %v\n%s", err, out)
+	}
+	if left := taskLeftovers(t, id); len(left) > 0 {
+		t.Errorf("left behind after env close: %v", left)
+	}
+}
