@@ -41,17 +41,13 @@ func (s *hostSet) lookup(targets []Target, name string, port uint16, allowlist b
 	}
 	// Walk the suffixes after each dot, longest first. A wildcard needs at least one
 	// character in front of its suffix, so a dot at position 0 starts no candidate.
-	labels := strings.Count(name[1:], ".")
-	for i := 1; i < len(name); i++ {
-		if name[i] != '.' {
+	for i, dots := 1, strings.Count(name[1:], "."); dots > 0; dots-- {
+		i += strings.IndexByte(name[i:], '.') + 1
+		// name[i:] is a suffix of as many labels as there were dots left.
+		if dots < 256 && s.suffixLabels[dots/64]&(1<<(dots%64)) == 0 {
 			continue
 		}
-		n := labels // labels in name[i+1:]: the dots from i on
-		labels--
-		if n < 256 && s.suffixLabels[n/64]&(1<<(n%64)) == 0 {
-			continue
-		}
-		if r := s.suffix.lookup(targets, name[i+1:], port, allowlist); r >= 0 {
+		if r := s.suffix.lookup(targets, name[i:], port, allowlist); r >= 0 {
 			return r
 		}
 	}

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"cmp"
+	"encoding/binary"
 	"math/bits"
 	"net/netip"
 	"slices"
@@ -308,15 +309,10 @@ type u128 struct{ hi, lo uint64 }
 func u128Of(a netip.Addr) u128 {
 	if a.Is4() {
 		b := a.As4()
-		return u128{lo: uint64(b[0])<<24 | uint64(b[1])<<16 | uint64(b[2])<<8 | uint64(b[3])}
+		return u128{lo: uint64(binary.BigEndian.Uint32(b[:]))}
 	}
 	b := a.As16()
-	var v u128
-	for i := 0; i < 8; i++ {
-		v.hi = v.hi<<8 | uint64(b[i])
-		v.lo = v.lo<<8 | uint64(b[8+i])
-	}
-	return v
+	return u128{hi: binary.BigEndian.Uint64(b[:8]), lo: binary.BigEndian.Uint64(b[8:])}
 }
 
 // hostMask has the low n bits set (0 <= n <= 128).
