@@ -83,6 +83,20 @@ func StartProcess(name, dir, addr string, wait time.Duration, argv ...string) (*
 	}
 }
 
+// RaiseFileLimit lifts the soft limit on open files to the hard limit: the idle-tunnel
+// test holds thousands of sockets on both ends.
+func RaiseFileLimit() (uint64, error) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0, fmt.Errorf("proxybench: getrlimit: %w", err)
+	}
+	lim.Cur = lim.Max
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0, fmt.Errorf("proxybench: setrlimit: %w", err)
+	}
+	return lim.Cur, nil
+}
+
 // PID is the process id of the started command.
 func (p *Process) PID() int { return p.cmd.Process.Pid }
 

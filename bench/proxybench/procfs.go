@@ -31,6 +31,15 @@ func RSS(pids []int) (int64, error) {
 	return total, nil
 }
 
+// loadAverage is the first field of /proc/loadavg (the 1-minute load), or "?".
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(data)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
+
 // parseVmRSS returns the VmRSS field of a /proc/<pid>/status file, in kB.
 func parseVmRSS(status []byte) (int64, error) {
 	s := bufio.NewScanner(bytes.NewReader(status))
