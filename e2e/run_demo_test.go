@@ -23,7 +23,7 @@ var expected = map[string]map[string]string{
 		"setup/direct by IP":        "reached",
 		"setup/UDP to its resolver": "reached",
 	},
-	"harness_start": {"setup/fetch a package": "reached"},
+	"harness_start": {"harness/install the harness": "reached"},
 	"run": {
 		"agent/model via proxy":    "reached",
 		"agent/exfil via proxy":    "blocked",
@@ -31,7 +31,7 @@ var expected = map[string]map[string]string{
 		"agent/exfil over UDP":     "blocked",
 		"agent/exfil over DNS":     "blocked",
 	},
-	"harness_close": {"setup/fetch a package": "reached"},
+	"harness_close": {"harness/close the model session": "reached"},
 	"evaluate": {
 		"grader/judge via proxy": "reached",
 		"grader/exfil via proxy": "blocked",

@@ -4,7 +4,8 @@
 //
 //	demo                      sleep until stopped (the container's main process)
 //	sleep [DURATION]          sleep for DURATION, or until stopped
-//	fetch URL [-o FILE]       GET through the proxy variables; save the body
+//	fetch URL [-o FILE] [--who NAME] [--as TEXT]
+//	                          GET through the proxy variables; save the body
 //	recon NAME -o FILE        resolve NAME and try it directly, by TCP and UDP (a set-up
 //	                          step that learns an address while the network is open)
 //	agent --model URL --exfil URL --recon FILE [--answer FILE]
@@ -146,12 +147,14 @@ func httpGet(method, url string, viaProxy bool) (string, error) {
 func fetch(args []string) error {
 	fs := flag.NewFlagSet("fetch", flag.ContinueOnError)
 	out := fs.String("o", "", "file to save the body in (default /work/<last path element>)")
+	who := fs.String("who", "setup", "who makes the attempt, for the report")
+	what := fs.String("as", "fetch a package", "what the attempt is, for the report")
 	if err := parseAnywhere(fs, args); err != nil || fs.NArg() != 1 {
-		return errors.New("usage: fetch URL [-o FILE]")
+		return errors.New("usage: fetch URL [-o FILE] [--who NAME] [--as TEXT]")
 	}
 	url := fs.Arg(0)
 	body, err := httpGet(http.MethodGet, url, true)
-	if !report("setup", "fetch a package", url, err, fmt.Sprintf("%d bytes", len(body))) {
+	if !report(*who, *what, url, err, fmt.Sprintf("%d bytes", len(body))) {
 		return err
 	}
 	if *out == "" {
