@@ -166,9 +166,32 @@ func (b *bench) startProxies() error {
 		b.targets = append(b.targets, Target{Name: px.name, Proxy: p.Addr, PIDs: pids})
 		b.logf("started %s on %s (pid %d) in %s", px.name, p.Addr, p.PID(), time.Since(t0).Round(time.Millisecond))
 	}
+	if cfg.Compass != "" {
+		if err := b.checkAllowlistEnforced(); err != nil {
+			return err
+		}
+	}
 	for _, t := range b.targets {
 		b.rep.Targets = append(b.rep.Targets, t.Name)
 		b.perRound[t.Name] = &[numMetrics][]float64{}
+	}
+	return nil
+}
+
+// checkAllowlistEnforced makes sure the allowlist proxy measures what it claims to: a
+// tunnel to an address its one loopback rule does not cover must be refused.
+func (b *bench) checkAllowlistEnforced() error {
+	for _, t := range b.targets {
+		if t.Name != NameCompassAllowlist {
+			continue
+		}
+		_, port, _ := strings.Cut(b.up.StreamAddr(), ":")
+		c, _, err := dialTunnel(t, "127.0.0.2:"+port)
+		if err == nil {
+			c.Close()
+			return fmt.Errorf("proxybench: %s let a tunnel to 127.0.0.2 through: the allowlist is not in force", t.Name)
+		}
+		b.logf("%s refuses what its allowlist leaves out: %v", t.Name, err)
 	}
 	return nil
 }
