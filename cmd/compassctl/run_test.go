@@ -162,3 +162,65 @@ func TestPrepareOutputs(t *testing.T) {
 		t.Errorf("old record not cleared: %v", err)
 	}
 }
+
+// TestRunRefusesBeforeStarting: an invalid task (or plan) is exit status 2 before any
+// provider is contacted, with every problem named.
+func TestRunRefusesBeforeStarting(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string]string{
+		"bad.yaml":     "task_id: a\nimage: i\nrun: [x]\nrun_network_policy: {network_mode: allowlist}\n",
+		"noimage.yaml": "- {task_id: b, run: [x]}\n- {task_id: d, image: i, run: [x], timeouts: {run: -1s}}\n",
+		"good.yaml":    "task_id: c\nimage: i\nrun: [x]\n",
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad, good := filepath.Join(dir, "bad.yaml"), filepath.Join(dir, "good.yaml")
+	tests := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"invalid plan", []string{"run", bad}, []string{"allowed_hosts"}},
+		{"runner fields", []string{"run", good, filepath.Join(dir, "noimage.yaml")}, []string{`task "b": image: is required`, `task "d": timeouts.run: must be positive`}},
+		{"bad env-params", []string{"run", good, "--env-params", `{"run_network_policy":"sometimes"}`}, []string{"--env-params"}},
+		{"bad concurrency", []string{"run", good, "--concurrency", "0"}, []string{"--concurrency must be at least 1"}},
+		{"no task file", []string{"run"}, []string{"at least one TASK_FILE"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			stderr := captureStderr(t, func() {
+				if code := run(tc.args); code != 2 {
+					t.Errorf("exit status %d, want 2", code)
+				}
+			})
+			for _, w := range tc.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr %q does not name %q", stderr, w)
+				}
+			}
+		})
+	}
+}
+
+func captureStderr(t *testing.T, f func()) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stderr
+	os.Stderr = w
+	done := make(chan string)
+	go func() {
+		var b bytes.Buffer
+		_, _ = b.ReadFrom(r)
+		done <- b.String()
+	}()
+	f()
+	os.Stderr = old
+	w.Close()
+	return <-done
+}
