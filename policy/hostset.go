@@ -55,9 +55,10 @@ func (s *hostSet) lookup(targets []Target, name string, port uint16, allowlist b
 }
 
 // nameTable is an open-addressing hash table from a name to the rules written for it.
-// A slot holds 32 bits of the name's hash and a ruleRef, not the name: the name is
-// compared through the rule, whose Target a hit loads anyway. With at most half of
-// the slots used, a slot costs 8 bytes and a lookup usually reads one.
+// A slot holds the name (sharing the policy's bytes), 32 bits of its hash and a
+// ruleRef. The tag settles most mismatches without reading the name's bytes, and on a
+// hit the bytes and the rule's Target are read independently of each other. At most
+// half of the slots are used.
 type nameTable struct {
 	seed   maphash.Seed
 	slots  []nameSlot // a power of two of them; ref 0 marks an empty slot
@@ -66,8 +67,9 @@ type nameTable struct {
 }
 
 type nameSlot struct {
-	tag uint32 // the high half of the name's hash
-	ref ruleRef
+	name string
+	tag  uint32 // the high half of the name's hash
+	ref  ruleRef
 }
 
 func newNameTable(targets []Target, kind Kind, seed maphash.Seed) nameTable {
@@ -78,43 +80,45 @@ func newNameTable(targets []Target, kind Kind, seed maphash.Seed) nameTable {
 		}
 	}
 	tab := nameTable{seed: seed, slots: make([]nameSlot, 1<<bits.Len(uint(2*keys)))}
-	// While building, a slot's ref is the key's number plus one; firstRule of a key
-	// gives its name.
+	// While building, a slot's ref is the key's number plus one.
 	items := make([]groupItem, 0, keys)
-	firstRule := make([]uint32, 0, keys)
+	n := 0
 	for i, t := range targets {
 		if t.Kind != kind {
 			continue
 		}
-		slot, tag := tab.find(t.Host, targets, firstRule)
-		if tab.slots[slot].ref == 0 {
-			firstRule = append(firstRule, uint32(i))
-			tab.slots[slot] = nameSlot{tag: tag, ref: ruleRef(len(firstRule))}
+		sl := tab.slot(t.Host)
+		if sl.ref == 0 {
+			n++
+			sl.name, sl.ref = t.Host, ruleRef(n)
 		}
-		items = append(items, groupItem{group: uint32(tab.slots[slot].ref - 1), port: t.Port, rule: uint32(i)})
+		items = append(items, groupItem{group: uint32(sl.ref - 1), port: t.Port, rule: uint32(i)})
 	}
 	var refs []ruleRef
-	tab.rules, refs = groupRules(len(firstRule), items)
+	tab.rules, refs = groupRules(n, items)
 	for i, sl := range tab.slots {
 		if sl.ref != 0 {
 			tab.slots[i].ref = refs[sl.ref-1]
 		}
 	}
-	tab.hasKey = len(firstRule) > 0
+	tab.hasKey = n > 0
 	return tab
 }
 
 func (tab *nameTable) empty() bool { return !tab.hasKey }
 
-// find returns, while building, the slot holding name or the empty slot where it would
-// go, and name's tag.
-func (tab *nameTable) find(name string, targets []Target, firstRule []uint32) (int, uint32) {
+// slot returns the slot holding name, or the empty slot where it goes (its tag set).
+func (tab *nameTable) slot(name string) *nameSlot {
 	h := maphash.String(tab.seed, name)
 	tag, mask := uint32(h>>32), uint64(len(tab.slots)-1)
 	for i := h & mask; ; i = (i + 1) & mask {
-		sl := tab.slots[i]
-		if sl.ref == 0 || sl.tag == tag && targets[firstRule[sl.ref-1]].Host == name {
-			return int(i), tag
+		sl := &tab.slots[i]
+		if sl.ref == 0 {
+			sl.tag = tag
+			return sl
+		}
+		if sl.tag == tag && sl.name == name {
+			return sl
 		}
 	}
 }
@@ -127,11 +131,11 @@ func (tab *nameTable) lookup(targets []Target, name string, port uint16, allowli
 	h := maphash.String(tab.seed, name)
 	tag, mask := uint32(h>>32), uint64(len(tab.slots)-1)
 	for i := h & mask; ; i = (i + 1) & mask {
-		sl := tab.slots[i]
+		sl := &tab.slots[i]
 		if sl.ref == 0 {
 			return -1
 		}
-		if sl.tag == tag && targets[tab.rules.first(sl.ref)].Host == name {
+		if sl.tag == tag && sl.name == name {
 			return tab.rules.pickRef(sl.ref, targets, port, allowlist)
 		}
 	}

@@ -20,14 +20,6 @@ type ruleRef uint32
 
 const groupFlag ruleRef = 1 << 31
 
-// first returns the first rule of the key ref names.
-func (g *ruleGroups) first(ref ruleRef) int {
-	if ref&groupFlag == 0 {
-		return int(ref) - 1
-	}
-	return int(g.rule[g.start[ref&^groupFlag]])
-}
-
 // pickRef is pick for the rules ref names; a lone rule's port is read from targets.
 func (g *ruleGroups) pickRef(ref ruleRef, targets []Target, port uint16, allowlist bool) int {
 	if ref&groupFlag != 0 {
