@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -135,28 +136,45 @@ func (e *Env) Close(ctx context.Context, retain bool) error {
 // is idempotent. An attached container is left on no network at all: handing it back
 // its old networks would give it egress nobody decided on.
 func (e *Env) remove(ctx context.Context) error {
-	var errs []error
-	if e.agentRef != "" {
-		if e.agentOwned {
-			if err := e.p.api.ContainerRemove(ctx, e.agentRef, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
-				errs = append(errs, fmt.Errorf("docker: remove agent: %w", err))
-			}
-		} else {
-			for _, net := range []string{e.names.Network, e.egressNet} {
-				if err := e.p.api.NetworkDisconnect(ctx, net, e.agentRef, true); err != nil && !ignorableDisconnect(err) {
-					errs = append(errs, fmt.Errorf("docker: detach agent from %s: %w", net, err))
-				}
-			}
+	// The agent and the sidecar go concurrently: container removal dominates close.
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		errs[0] = e.removeAgent(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		if err := e.p.api.ContainerRemove(ctx, e.names.Sidecar, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			errs[1] = fmt.Errorf("docker: remove sidecar: %w", err)
 		}
-	}
-	if err := e.p.api.ContainerRemove(ctx, e.names.Sidecar, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
-		errs = append(errs, fmt.Errorf("docker: remove sidecar: %w", err))
-	}
+	}()
+	wg.Wait()
 	if err := e.removeNetwork(ctx); err != nil {
 		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(string(e.dir)); err != nil {
 		errs = append(errs, fmt.Errorf("state: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+func (e *Env) removeAgent(ctx context.Context) error {
+	if e.agentRef == "" {
+		return nil
+	}
+	if e.agentOwned {
+		if err := e.p.api.ContainerRemove(ctx, e.agentRef, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			return fmt.Errorf("docker: remove agent: %w", err)
+		}
+		return nil
+	}
+	var errs []error
+	for _, net := range []string{e.names.Network, e.egressNet} {
+		if err := e.p.api.NetworkDisconnect(ctx, net, e.agentRef, true); err != nil && !ignorableDisconnect(err) {
+			errs = append(errs, fmt.Errorf("docker: detach agent from %s: %w", net, err))
+		}
 	}
 	return errors.Join(errs...)
 }
