@@ -44,6 +44,7 @@ var expected = map[string]map[string]string{
 // records are kept there.
 func TestDemo(t *testing.T) {
 	demoImages(t)
+	t.Parallel()
 	root, err := moduleRoot()
 	if err != nil {
 		t.Fatal(err)

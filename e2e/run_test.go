@@ -57,6 +57,7 @@ artifacts: [/out/result.tar]
 // restored before the close.
 func TestRunCtrlC(t *testing.T) {
 	demoImages(t)
+	t.Parallel()
 	tests := []struct {
 		name  string
 		mode  string
@@ -116,6 +117,7 @@ func TestRunCtrlC(t *testing.T) {
 // timeout: either way the baseline comes back before the environment is closed.
 func TestRunEvaluateEndings(t *testing.T) {
 	demoImages(t)
+	t.Parallel()
 	tests := []struct {
 		name   string
 		steps  string
@@ -168,6 +170,7 @@ func TestRunEvaluateEndings(t *testing.T) {
 // again in a new one. The same kill in shared mode makes --resume refuse, with the reason.
 func TestRunResumeAfterKill(t *testing.T) {
 	demoImages(t)
+	t.Parallel()
 	for _, mode := range []string{"fresh", "shared"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()

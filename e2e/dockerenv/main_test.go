@@ -23,7 +23,7 @@ var h *harness.Harness
 func TestMain(m *testing.M) {
 	code := harness.Main(m, "dockerenv", &h)
 	if code == 0 {
-		if err := goleak.Find(goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"), goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"), goleak.IgnoreTopFunction("internal/poll.runtime_pollWait")); err != nil {
+		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
 			code = 1
 		}
@@ -76,7 +76,7 @@ func expect(m policy.Mode) expectation {
 // without the proxy, and the controller's own verify and status.
 func assertState(t *testing.T, e *docker.Env, mode policy.Mode) {
 	t.Helper()
-	ctx := timeout(t, time.Minute)
+	ctx := timeout(t, 3*time.Minute)
 	want := expect(mode)
 
 	nets, err := h.Networks(ctx, e.AgentContainer())

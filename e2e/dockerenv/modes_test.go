@@ -35,7 +35,7 @@ func TestEveryTransition(t *testing.T) {
 		from, to := walk[i-1], walk[i]
 		seen[[2]policy.Mode{from, to}] = true
 		ok := t.Run(string(from)+"->"+string(to), func(t *testing.T) {
-			tr, err := e.Apply(timeout(t, time.Minute), byMode[to], controller.PhaseLabel{Phase: "walk"})
+			tr, err := e.Apply(timeout(t, 3*time.Minute), byMode[to], controller.PhaseLabel{Phase: "walk"})
 			if err != nil {
 				t.Fatalf("switch: %v", err)
 			}

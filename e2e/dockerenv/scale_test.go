@@ -17,10 +17,11 @@ import (
 
 const scaleEnvs = 50
 
-// 50 environments opened, switched and closed concurrently; nothing is left behind.
+// 50 environments opened, switched and closed concurrently; nothing is left behind. Not
+// parallel with the other tests: it runs first, alone, so that its load on the engine
+// does not starve them.
 func TestFiftyConcurrentEnvironments(t *testing.T) {
 	h.Need(t)
-	t.Parallel()
 	ctx := timeout(t, 8*time.Minute)
 	p := h.Provider(t)
 	envs := make([]*docker.Env, scaleEnvs)
