@@ -26,6 +26,7 @@ package harness
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net/netip"
 	"os"
@@ -63,12 +64,19 @@ type Harness struct {
 	Fakenet       netip.Addr // the fake internet's address on the egress network
 
 	skipReason string
+	short      bool
 }
 
 // Main runs the package's tests with a harness in *h, and tears it down afterwards. If
 // Docker is unreachable, every test calling Need fails when CI is set and is skipped
-// with a loud message otherwise.
+// with a loud message otherwise. With -short (make unit) nothing is set up and every
+// test calling Need is skipped.
 func Main(m *testing.M, pkg string, h **Harness) int {
+	flag.Parse()
+	if testing.Short() {
+		*h = &Harness{skipReason: "-short runs no e2e tests", short: true}
+		return m.Run()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	hh, err := Setup(ctx, pkg)
 	cancel()
@@ -98,7 +106,7 @@ func (h *Harness) Need(t testing.TB) {
 	if h == nil || h.skipReason == "" {
 		return
 	}
-	if os.Getenv("CI") != "" {
+	if os.Getenv("CI") != "" && !h.short {
 		t.Fatalf("e2e needs Docker (CI is set): %s", h.skipReason)
 	}
 	t.Skipf("SKIPPING e2e, Docker unavailable: %s", h.skipReason)
