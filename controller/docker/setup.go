@@ -73,15 +73,27 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 		agentRef = attachID
 	}
 	e.agentRef = agentRef
-	if err := p.createSidecar(ctx, e, agentRef); err != nil {
-		return e, err
+	// The agent container is created while the sidecar starts (its address is fixed by
+	// the subnet plan), and started only once the sidecar is ready.
+	agentCreated := make(chan error, 1)
+	if attachID == "" {
+		go func() { agentCreated <- p.createAgent(ctx, e, spec) }()
+	} else {
+		agentCreated <- nil
 	}
-	if err := e.waitReady(ctx, timeout); err != nil {
+	err = p.createSidecar(ctx, e, agentRef)
+	if err == nil {
+		err = e.waitReady(ctx, timeout)
+	}
+	if cerr := <-agentCreated; err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return e, err
 	}
 	if attachID == "" {
-		if err := p.createAgent(ctx, e, spec); err != nil {
-			return e, err
+		if err := p.api.ContainerStart(ctx, n.Agent, container.StartOptions{}); err != nil {
+			return e, fmt.Errorf("docker: start agent %s: %w", n.Agent, err)
 		}
 	} else if err := p.moveAgent(ctx, e, attachID); err != nil {
 		return e, err
@@ -192,9 +204,6 @@ func (p *Provider) createAgent(ctx context.Context, e *Env, spec controller.EnvS
 		nil, e.names.Agent)
 	if err != nil {
 		return fmt.Errorf("docker: create agent %s: %w", e.names.Agent, err)
-	}
-	if err := p.api.ContainerStart(ctx, e.names.Agent, container.StartOptions{}); err != nil {
-		return fmt.Errorf("docker: start agent %s: %w", e.names.Agent, err)
 	}
 	return nil
 }
