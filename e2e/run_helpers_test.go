@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,8 +18,10 @@ import (
 	"testing"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/build"
 	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/client"
 
 	"github.com/compass-egress/compass-egress/controller"
 )
@@ -103,10 +106,21 @@ func buildDemoImages(ctx context.Context) error {
 	return nil
 }
 
-func removeDemoImages(ctx context.Context) {
-	for _, tag := range []string{agentImage, graderImage} {
-		_, _ = h.Docker.ImageRemove(ctx, tag, image.RemoveOptions{Force: true, PruneChildren: true})
+// removeDemoImages runs after the harness's teardown, which closed its client: it uses
+// a client of its own, closed before the leak check.
+func removeDemoImages(ctx context.Context) error {
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return err
 	}
+	defer cli.Close()
+	var errs []error
+	for _, tag := range []string{agentImage, graderImage} {
+		if _, err := cli.ImageRemove(ctx, tag, image.RemoveOptions{Force: true, PruneChildren: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func moduleRoot() (string, error) {

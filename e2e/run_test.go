@@ -25,7 +25,12 @@ func TestMain(m *testing.M) {
 	code := harness.Main(m, "run", &h)
 	if h != nil && h.Docker != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		removeDemoImages(ctx)
+		if err := removeDemoImages(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e run: remove demo images:", err)
+			if code == 0 {
+				code = 1
+			}
+		}
 		cancel()
 	}
 	if code == 0 {
