@@ -485,7 +485,7 @@ func (tr *taskRun) finish(ctx context.Context, err error) *Record {
 	})
 	rec := tr.rec.snapshot()
 	tr.r.progress().Update(ProgressUpdate{Task: tr.t.ID, Step: rec.Phase, Started: tr.started,
-		Blocked: rec.BlockedTotal(), Done: true, Status: rec.Status})
+		Blocked: rec.BlockedTotal(), Done: true, Ended: now, Status: rec.Status})
 	tr.r.logger().Info("task finished", "task", tr.t.ID, "status", rec.Status, "blocked", rec.BlockedTotal())
 	return rec
 }

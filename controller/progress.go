@@ -18,6 +18,7 @@ type ProgressUpdate struct {
 	Started time.Time   // when the task started
 	Blocked uint64      // blocked attempts so far, every phase
 	Done    bool
+	Ended   time.Time // when the task finished (Done)
 	Status  TaskStatus
 }
 
@@ -131,6 +132,9 @@ func progressLine(u ProgressUpdate, now time.Time) string {
 	mode := string(u.Mode)
 	if mode == "" {
 		mode = "-"
+	}
+	if u.Done && !u.Ended.IsZero() {
+		now = u.Ended
 	}
 	elapsed := now.Sub(u.Started).Truncate(100 * time.Millisecond)
 	return fmt.Sprintf("task=%s phase=%s mode=%s elapsed=%s blocked=%d", u.Task, step, mode, elapsed, u.Blocked)

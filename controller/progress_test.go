@@ -61,10 +61,16 @@ func TestLiveProgressRedrawsInPlace(t *testing.T) {
 	lp := controller.NewLiveProgress(&out, time.Hour)
 	lp.Update(controller.ProgressUpdate{Task: "a", Step: controller.StepRun, Mode: "no-network", Started: time.Now(), Blocked: 1})
 	lp.Update(controller.ProgressUpdate{Task: "b", Step: controller.StepPrepare, Mode: "public", Started: time.Now()})
+	start := time.Now().Add(-time.Hour)
+	lp.Update(controller.ProgressUpdate{Task: "c", Step: controller.StepClose, Started: start, Done: true,
+		Ended: start.Add(90 * time.Second), Status: controller.StatusSucceeded})
 	lp.Update(controller.ProgressUpdate{Task: "a", Step: controller.StepEvaluate, Mode: "allowlist", Started: time.Now(), Blocked: 3})
 	lp.Stop()
 	text := out.String()
-	if strings.Count(text, "\n") != 2 || !strings.Contains(text, "task=a phase=evaluate mode=allowlist") ||
+	if !strings.Contains(text, "task=c phase=done: succeeded mode=- elapsed=1m30s") {
+		t.Errorf("a finished task's elapsed time should stop at its end: %q", text)
+	}
+	if strings.Count(text, "\n") != 3 || !strings.Contains(text, "task=a phase=evaluate mode=allowlist") ||
 		!strings.Contains(text, "blocked=3") || !strings.Contains(text, "task=b phase=prepare mode=public") {
 		t.Errorf("live output %q", text)
 	}
