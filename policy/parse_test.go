@@ -37,6 +37,11 @@ func TestParseTargetAccepts(t *testing.T) {
 		{"2001:db8::/32", "2001:db8::/32", KindPrefix},
 		{"[2001:db8::/32]:443", "[2001:db8::/32]:443", KindPrefix},
 		{"2001:db8::1/128", "2001:db8::1", KindAddr},
+		{"::ffff:203.0.113.10", "203.0.113.10", KindAddr},
+		{"[::ffff:203.0.113.10]:443", "203.0.113.10:443", KindAddr},
+		{"::ffff:203.0.113.0/120", "203.0.113.0/24", KindPrefix},
+		{"::ffff:0.0.0.0/96", "0.0.0.0/0", KindPrefix},
+		{"::/64", "::/64", KindPrefix},
 		{"a:1", "a:1", KindHost},
 		{"a:65535", "a:65535", KindHost},
 	}

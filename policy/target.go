@@ -201,6 +201,7 @@ func parseHost(h string) (Target, error) {
 		if a.Zone() != "" {
 			return Target{}, ruleErr("an IPv6 zone (%%%s) is not allowed", a.Zone())
 		}
+		a = a.Unmap()
 		return Target{Kind: KindAddr, Prefix: netip.PrefixFrom(a, a.BitLen())}, nil
 	}
 	if strings.Contains(h, ":") {
@@ -248,6 +249,11 @@ func parsePrefix(h string) (Target, error) {
 	}
 	if m := p.Masked(); m != p {
 		return Target{}, ruleErr("a CIDR must be canonical (host bits zero): did you mean %s?", m)
+	}
+	// An IPv4-mapped range names IPv4 addresses: written as IPv4, rules and dialled
+	// addresses compare like for like.
+	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
 	}
 	if p.IsSingleIP() {
 		return Target{Kind: KindAddr, Prefix: p}, nil
