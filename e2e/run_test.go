@@ -263,3 +263,49 @@ func TestRunRetain(t *testing.T) {
 		t.Errorf("left behind after env close: %v", left)
 	}
 }
+
+// TestRunStepConditions checks the conditional rows on Docker: steps 3 and 5 with a
+// harness session, step 6 without collection commands, and a download whose path does
+// not resolve (recorded, and the task still evaluated).
+func TestRunStepConditions(t *testing.T) {
+	demoImages(t)
+	t.Parallel()
+	tests := []struct {
+		name   string
+		steps  string
+		want   []string
+		status controller.TaskStatus
+	}{
+		{"harness session", "harness: {start: [\"demo sleep 1ms\"], close: [\"demo sleep 1ms\"]}\nrun: [\"demo sleep 1ms\"]\nevaluate: [\"demo sleep 1ms\"]\n",
+			[]string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok", "collect:skipped", "download:skipped", "evaluate:ok", "close:ok"},
+			controller.StatusSucceeded},
+		{"artifact path that does not resolve", "run: [\"demo sleep 1ms\"]\nartifacts: [/no/such/file]\nevaluate: [\"demo sleep 1ms\"]\n",
+			[]string{"open:ok", "prepare:ok", "harness_start:skipped", "run:ok", "harness_close:skipped", "collect:skipped", "download:failed", "evaluate:ok", "close:ok"},
+			controller.StatusFailed},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			id := h.Name("cond")
+			dir := t.TempDir()
+			file := writeTask(t, dir, "task.yaml", taskYAML(id, "shared", tc.steps))
+			_, out := startRun(t, context.Background(), file, "--out", filepath.Join(dir, "out")).wait(t, 3*time.Minute)
+			rec, err := controller.ReadRecord(filepath.Join(dir, "out", id))
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			var got []string
+			for _, s := range rec.Steps {
+				got = append(got, string(s.Name)+":"+string(s.Status))
+			}
+			if !slices.Equal(got, tc.want) || rec.Status != tc.status {
+				t.Errorf("steps %v (%s), want %v (%s)\n%s", got, rec.Status, tc.want, tc.status, out)
+			}
+			for _, a := range rec.Artifacts {
+				if a.Saved || a.Error == "" {
+					t.Errorf("artifact %+v should be recorded as not saved, with the error", a)
+				}
+			}
+		})
+	}
+}
