@@ -265,8 +265,9 @@ func TestRunRetain(t *testing.T) {
 }
 
 // TestRunStepConditions checks the conditional rows on Docker: steps 3 and 5 with a
-// harness session, step 6 without collection commands, and a download whose path does
-// not resolve (recorded, and the task still evaluated).
+// harness session, step 6 without collection commands, a timed-out rollout (its process
+// is gone when evaluation starts: `demo procs` fails otherwise), and a download whose
+// path does not resolve (recorded, and the task still evaluated).
 func TestRunStepConditions(t *testing.T) {
 	demoImages(t)
 	t.Parallel()
@@ -279,6 +280,9 @@ func TestRunStepConditions(t *testing.T) {
 		{"harness session", "harness: {start: [\"demo sleep 1ms\"], close: [\"demo sleep 1ms\"]}\nrun: [\"demo sleep 1ms\"]\nevaluate: [\"demo sleep 1ms\"]\n",
 			[]string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok", "collect:skipped", "download:skipped", "evaluate:ok", "close:ok"},
 			controller.StatusSucceeded},
+		{"a timed-out rollout is stopped before evaluation", "run: [demo]\ntimeouts: {run: 2s}\nevaluate: [\"demo procs\"]\n",
+			[]string{"open:ok", "prepare:ok", "harness_start:skipped", "run:timed_out", "harness_close:skipped", "collect:skipped", "download:skipped", "evaluate:ok", "close:ok"},
+			controller.StatusFailed},
 		{"artifact path that does not resolve", "run: [\"demo sleep 1ms\"]\nartifacts: [/no/such/file]\nevaluate: [\"demo sleep 1ms\"]\n",
 			[]string{"open:ok", "prepare:ok", "harness_start:skipped", "run:ok", "harness_close:skipped", "collect:skipped", "download:failed", "evaluate:ok", "close:ok"},
 			controller.StatusFailed},

@@ -4,12 +4,16 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
 	"path"
+	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
@@ -75,6 +79,101 @@ func (p runProvider) Reattach(ctx context.Context, task string, role controller.
 type runEnv struct {
 	*docker.Env
 	cli *client.Client
+}
+
+// Exec runs cmd; when the step's context cuts it (timeout, Ctrl-C), the command is
+// killed too, so that a timed-out rollout or grader does not keep running into the next
+// phase (and its policy). Docker has no call to stop an exec; see killCutCommands.
+func (e runEnv) Exec(ctx context.Context, cmd []string, opts controller.ExecOptions) (controller.ExecResult, error) {
+	res, err := e.Env.Exec(ctx, cmd, opts)
+	if err != nil && ctx.Err() != nil {
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if kerr := e.killCutCommands(kctx); kerr != nil {
+			err = errors.Join(err, kerr)
+		}
+	}
+	return res, err
+}
+
+// killCutCommands kills every exec'd command still running in the agent container, with
+// its descendants. Seen from the host, a process of the container whose parent is not
+// in the container's PID namespace was started by `docker exec` (processes left behind
+// by an ended command are re-parented to the container's init instead). The runner
+// runs one command at a time per environment, so that is the command just cut.
+func (e runEnv) killCutCommands(ctx context.Context) error {
+	ci, err := e.cli.ContainerInspect(ctx, e.AgentContainer())
+	if err != nil {
+		return fmt.Errorf("run: stop the cut command: %w", err)
+	}
+	if ci.State == nil || ci.State.Pid == 0 {
+		return nil // not running: nothing left to stop
+	}
+	init := ci.State.Pid
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", init))
+	if err != nil {
+		return fmt.Errorf("run: stop the cut command: %w", err)
+	}
+	parent := map[int]int{} // pid → ppid, for the container's processes
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return fmt.Errorf("run: stop the cut command: %w", err)
+	}
+	for _, d := range entries {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		if link, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err != nil || link != ns {
+			continue
+		}
+		if ppid, ok := parentPID(pid); ok {
+			parent[pid] = ppid
+		}
+	}
+	var kill []int
+	for pid, ppid := range parent {
+		if _, inside := parent[ppid]; pid != init && !inside {
+			kill = append(kill, descendants(pid, parent)...)
+		}
+	}
+	var errs []error
+	for _, pid := range kill {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			errs = append(errs, fmt.Errorf("run: kill %d in %s: %w", pid, e.AgentContainer(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// parentPID reads a process's parent from /proc/<pid>/stat (the field after the
+// parenthesised command name, which may itself hold spaces and parentheses).
+func parentPID(pid int) (int, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0, false
+	}
+	ppid, err := strconv.Atoi(f[1])
+	return ppid, err == nil
+}
+
+// descendants is pid and every process below it.
+func descendants(pid int, parent map[int]int) []int {
+	out := []int{pid}
+	for child, ppid := range parent {
+		if ppid == pid {
+			out = append(out, descendants(child, parent)...)
+		}
+	}
+	return out
 }
 
 // Upload copies a host file into the agent container at dstDir/<name>, creating the

@@ -12,6 +12,8 @@
 //	                          the rollout: the model (via proxy), then exfiltration via
 //	                          the proxy, directly by IP, over UDP and over DNS
 //	pack OUT.tar PATH...      write a tar archive (there is no tar in the image)
+//	procs                     list the processes other than init and itself; fail if
+//	                          there are any (a cut step must leave nothing running)
 //	grade --judge URL --exfil URL ARCHIVE
 //	                          check the archive, ask the judge, try to leak the answer
 //
@@ -33,6 +35,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -67,8 +70,10 @@ func main() {
 		err = pack(args)
 	case "grade":
 		err = grade(args)
+	case "procs":
+		err = procs()
 	default:
-		err = fmt.Errorf("unknown command %q (fetch, recon, agent, pack, grade)", name)
+		err = fmt.Errorf("unknown command %q (fetch, recon, agent, pack, grade, procs, sleep)", name)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
@@ -338,6 +343,28 @@ func grade(args []string) error {
 	}
 	if answer != "42" {
 		return fmt.Errorf("wrong answer %q", answer)
+	}
+	return nil
+}
+
+func procs() error {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return err
+	}
+	var others []string
+	for _, d := range entries {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil || pid == 1 || pid == os.Getpid() {
+			continue
+		}
+		cmd, _ := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
+		others = append(others, fmt.Sprintf("%d %s", pid, strings.ReplaceAll(string(cmd), "\x00", " ")))
+	}
+	b, _ := json.Marshal(map[string]any{"processes": others})
+	fmt.Println(string(b))
+	if len(others) > 0 {
+		return fmt.Errorf("%d other processes running", len(others))
 	}
 	return nil
 }
