@@ -41,8 +41,8 @@ func (s *policySource) bind(cmd *cobra.Command, phaseHelp string) {
 }
 
 // resolve returns the policy and the phase label. def is the phase used with --plan
-// when --phase is absent.
-func (s *policySource) resolve(def string) (policy.Policy, string, error) {
+// when --phase is absent; task picks the task's plan out of a multi-task plan file.
+func (s *policySource) resolve(task, def string) (policy.Policy, string, error) {
 	switch {
 	case s.policy != "" && s.plan != "":
 		return policy.Policy{}, "", usageError{fmt.Errorf("give --policy or --plan, not both")}
@@ -61,7 +61,7 @@ func (s *policySource) resolve(def string) (policy.Policy, string, error) {
 		if phase == "" {
 			phase = def
 		}
-		p, err := policyFromPlan(s.plan, phase)
+		p, err := policyFromPlan(s.plan, task, phase)
 		if err != nil {
 			return policy.Policy{}, "", usageError{err}
 		}
@@ -84,7 +84,7 @@ func newEnvOpenCommand(f *envFlags) *cobra.Command {
 			if task == "" || image == "" {
 				return usageError{fmt.Errorf("--task and --image are required")}
 			}
-			baseline, _, err := src.resolve("baseline")
+			baseline, _, err := src.resolve(task, "baseline")
 			if err != nil {
 				return err
 			}
@@ -155,7 +155,7 @@ func newEnvAttachCommand(f *envFlags) *cobra.Command {
 			if task == "" || ctr == "" {
 				return usageError{fmt.Errorf("--task and --container are required")}
 			}
-			baseline, _, err := src.resolve("baseline")
+			baseline, _, err := src.resolve(task, "baseline")
 			if err != nil {
 				return err
 			}

@@ -3,17 +3,19 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/compass-egress/compass-egress/policy"
 )
 
 // policyFromPlan reads one phase's effective policy from a plan file (JSON or YAML).
-// It accepts the plan as `compassctl plan` writes it and the bare policy fields of a
-// task: the phase's policy is looked up as
+// It accepts the output of `compassctl plan --json` (a list of task plans, of which the
+// one whose task_id is task is used) or one task's plan or policy fields: the phase's
+// policy is looked up as
 //
 //	<phase>_network_policy: POLICY | {policy: POLICY, ...}
 //	policies: {<phase>: POLICY | {policy: POLICY, ...}}
-func policyFromPlan(path, phase string) (policy.Policy, error) {
+func policyFromPlan(path, task, phase string) (policy.Policy, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return policy.Policy{}, fmt.Errorf("--plan: %w", err)
@@ -22,9 +24,14 @@ func policyFromPlan(path, phase string) (policy.Policy, error) {
 	if err != nil {
 		return policy.Policy{}, fmt.Errorf("--plan %s: %w", path, err)
 	}
+	if list, isList := doc.([]any); isList {
+		if doc, err = planOfTask(list, task); err != nil {
+			return policy.Policy{}, fmt.Errorf("--plan %s: %w", path, err)
+		}
+	}
 	obj, ok := doc.(map[string]any)
 	if !ok {
-		return policy.Policy{}, fmt.Errorf("--plan %s: want an object", path)
+		return policy.Policy{}, fmt.Errorf("--plan %s: want a task plan object or a list of them", path)
 	}
 	field := phase + "_network_policy"
 	raw, ok := obj[field]
@@ -53,4 +60,21 @@ func policyFromPlan(path, phase string) (policy.Policy, error) {
 		return policy.Policy{}, fmt.Errorf("--plan %s: %w", path, err)
 	}
 	return p, nil
+}
+
+// planOfTask picks the plan whose task_id is task out of a list of plans.
+func planOfTask(list []any, task string) (any, error) {
+	var ids []string
+	for _, item := range list {
+		obj, ok := item.(map[string]any)
+		if !ok {
+			continue
+		}
+		id, _ := obj["task_id"].(string)
+		if id == task {
+			return obj, nil
+		}
+		ids = append(ids, id)
+	}
+	return nil, fmt.Errorf("no plan for task %q in the list (it has %s)", task, strings.Join(ids, ", "))
 }

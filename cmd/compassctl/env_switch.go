@@ -27,7 +27,7 @@ func newEnvSwitchCommand(f *envFlags) *cobra.Command {
 			if src.policy == "" && src.plan == "" {
 				return usageError{fmt.Errorf("give --policy, or --phase with --plan")}
 			}
-			pol, phase, err := src.resolve("switch")
+			pol, phase, err := src.resolve(task, "switch")
 			if err != nil {
 				return err
 			}

@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"github.com/docker/docker/api/types/build"
+
+	compassegress "github.com/compass-egress/compass-egress"
 )
 
 // ImageSpec describes a FROM-scratch image made of one static binary.
@@ -22,10 +24,16 @@ type ImageSpec struct {
 	Name   string   // file name inside the image (/Name)
 	User   string   // USER line ("" for root)
 	Cmd    []string // default CMD
+	// Recipe is a complete Dockerfile to use instead of the generated one; its COPY must
+	// take the binary as Name.
+	Recipe string
 }
 
 // Dockerfile is the build recipe of spec: the binary alone on an empty filesystem.
 func (s ImageSpec) Dockerfile() string {
+	if s.Recipe != "" {
+		return s.Recipe
+	}
 	var b strings.Builder
 	b.WriteString("FROM scratch\n")
 	fmt.Fprintf(&b, "COPY %s /%s\n", s.Name, s.Name)
@@ -41,9 +49,10 @@ func (s ImageSpec) Dockerfile() string {
 	return b.String()
 }
 
-// ProxyImageSpec is the compass-proxy sidecar image (what Dockerfile.proxy describes).
+// ProxyImageSpec is the compass-proxy sidecar image, built from Dockerfile.proxy itself
+// (non-root user, OCI labels, HEALTHCHECK), so every build path makes the same image.
 func ProxyImageSpec(tag, binary string) ImageSpec {
-	return ImageSpec{Tag: tag, Binary: binary, Name: "compass-proxy", User: "65532:65532"}
+	return ImageSpec{Tag: tag, Binary: binary, Name: "compass-proxy", Recipe: compassegress.ProxyDockerfile}
 }
 
 // ProbeImageSpec is the verify probe image.

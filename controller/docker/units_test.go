@@ -145,10 +145,16 @@ func TestUntarStaysInside(t *testing.T) {
 }
 
 func TestImageDockerfile(t *testing.T) {
-	got := ProxyImageSpec("compass-proxy:x", "/bin/compass-proxy").Dockerfile()
-	want := "FROM scratch\nCOPY compass-proxy /compass-proxy\nUSER 65532:65532\nENTRYPOINT [\"/compass-proxy\"]\n"
+	got := ProbeImageSpec("probe:x", "/bin/probe").Dockerfile()
+	want := "FROM scratch\nCOPY probe /probe\nENTRYPOINT [\"/probe\"]\nCMD [\"sleep\"]\n"
 	if got != want {
 		t.Errorf("Dockerfile =\n%s\nwant\n%s", got, want)
+	}
+	proxy := ProxyImageSpec("compass-proxy:x", "/bin/compass-proxy").Dockerfile()
+	for _, line := range []string{"FROM scratch\n", "COPY compass-proxy /compass-proxy\n", "USER 65532:65532\n", `CMD ["/compass-proxy", "healthcheck"]`} {
+		if !strings.Contains(proxy, line) {
+			t.Errorf("proxy Dockerfile lacks %q:\n%s", line, proxy)
+		}
 	}
 }
 
