@@ -107,7 +107,7 @@ func (d *Decider) Decide(ctx context.Context, rs *RuleSet, host string, port uin
 		if a.Zone() != "" {
 			return refuse(ReasonInvalidHost)
 		}
-		candidates = []netip.Addr{a}
+		candidates = []netip.Addr{a.Unmap()}
 	} else {
 		if policy.IsNonCanonicalIPv4(host) {
 			return refuse(ReasonNonCanonicalIP)
@@ -138,8 +138,12 @@ func (d *Decider) Decide(ctx context.Context, rs *RuleSet, host string, port uin
 		if err != nil || len(addrs) == 0 {
 			return refuse(ReasonResolveFailed)
 		}
-		candidates = addrs
+		candidates = make([]netip.Addr, len(addrs))
+		for i, a := range addrs {
+			candidates[i] = a.Unmap()
+		}
 	}
+	// Candidates are unmapped: ::ffff:127.0.0.1 is 127.0.0.1 to rules, guard and dialler.
 	var refusal Verdict
 	for _, a := range candidates {
 		dec := m.Decide(v.Name, a, port)
@@ -149,7 +153,7 @@ func (d *Decider) Decide(ctx context.Context, rs *RuleSet, host string, port uin
 			}
 			continue
 		}
-		if internal, _ := d.Guard.Internal(a); internal && !d.Guard.Exempt(a) && !m.AllowsAddrExplicitly(a, port) {
+		if d.Guard.Refuses(m, a, port) {
 			if refusal.Reason == "" {
 				refusal.Reason, refusal.Addr = ReasonInternalAddress, a
 			}
@@ -170,13 +174,8 @@ func (d *Decider) Decide(ctx context.Context, rs *RuleSet, host string, port uin
 // lookup: the address is the one actually dialled.
 func (d *Decider) Recheck(rs *RuleSet, name string, addr netip.Addr, port uint16) bool {
 	m := rs.Matcher
-	if !m.Decide(name, addr, port).Allowed {
-		return false
-	}
-	if internal, _ := d.Guard.Internal(addr); internal && !d.Guard.Exempt(addr) && !m.AllowsAddrExplicitly(addr, port) {
-		return false
-	}
-	return true
+	addr = addr.Unmap()
+	return m.Decide(name, addr, port).Allowed && !d.Guard.Refuses(m, addr, port)
 }
 
 func ruleString(t policy.Target) string {

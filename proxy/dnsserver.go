@@ -77,13 +77,13 @@ func (s *Server) answerDNS(rs *RuleSet, req *dns.Msg) (resp *dns.Msg, decision, 
 				return refuse(reason)
 			}
 			// Allowed only if it resolves into an allowed IP or CIDR rule.
-			keep = func(a netip.Addr) bool { return m.AllowsAddrExplicitly(a, 0) }
+			keep = func(a netip.Addr) bool { return m.AllowsAddrExplicitly(a.Unmap(), 0) }
 		}
 	case policy.ModeDenylist:
 		if !d.Allowed {
 			return refuse(reason)
 		}
-		keep = func(a netip.Addr) bool { return m.Decide(name, a, 0).Allowed }
+		keep = func(a netip.Addr) bool { return m.Decide(name, a.Unmap(), 0).Allowed }
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DNSTimeout*2)

@@ -5,31 +5,51 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/compass-egress/compass-egress/policy"
 )
 
-// embeddingPrefixes are IPv6 ranges whose addresses carry an IPv4 address that a relay,
-// translator or dual stack may turn into an IPv4 connection: a path to an internal IPv4
-// address written as a public-looking IPv6 one.
-var embeddingPrefixes = []netip.Prefix{
-	netip.MustParsePrefix("64:ff9b::/96"),   // NAT64 well-known prefix
-	netip.MustParsePrefix("64:ff9b:1::/48"), // NAT64 local-use prefix
-	netip.MustParsePrefix("2002::/16"),      // 6to4
-	netip.MustParsePrefix("2001::/32"),      // Teredo
-	netip.MustParsePrefix("::/96"),          // IPv4-compatible (deprecated)
+// internalClass is one range the guard refuses by default. An allowlist's IP or CIDR
+// rule lifts the guard only for a liftable class and only when the rule lies inside the
+// class's prefix: "127.0.0.0/8" opens loopback, "0.0.0.0/0" opens nothing internal.
+type internalClass struct {
+	name     string
+	prefix   netip.Prefix
+	liftable bool
 }
 
-// specialPrefixes are further addresses a sandbox must not reach by default.
-var specialPrefixes = []netip.Prefix{
-	netip.MustParsePrefix("0.0.0.0/8"),          // "this network"
-	netip.MustParsePrefix("100.100.100.200/32"), // Alibaba Cloud metadata
-	netip.MustParsePrefix("fd00:ec2::254/128"),  // AWS metadata over IPv6
-	netip.MustParsePrefix("255.255.255.255/32"), // limited broadcast
+// internalClasses in match order: specific ranges before the ranges that contain them
+// (::1 and :: lie inside ::/96).
+var internalClasses = []internalClass{
+	{"loopback", netip.MustParsePrefix("127.0.0.0/8"), true},
+	{"loopback", netip.MustParsePrefix("::1/128"), true},
+	{"link-local", netip.MustParsePrefix("169.254.0.0/16"), true},
+	{"link-local", netip.MustParsePrefix("fe80::/10"), true},
+	// Dialling an unspecified address reaches this host: the proxy itself.
+	{"unspecified", netip.MustParsePrefix("0.0.0.0/32"), false},
+	{"unspecified", netip.MustParsePrefix("::/128"), false},
+	{"multicast", netip.MustParsePrefix("224.0.0.0/4"), true},
+	{"multicast", netip.MustParsePrefix("ff00::/8"), true},
+	{"special", netip.MustParsePrefix("0.0.0.0/8"), true},               // "this network"
+	{"special", netip.MustParsePrefix("100.100.100.200/32"), true},      // Alibaba Cloud metadata
+	{"special", netip.MustParsePrefix("fd00:ec2::254/128"), true},       // AWS metadata over IPv6
+	{"special", netip.MustParsePrefix("255.255.255.255/32"), true},      // limited broadcast
+	{"ipv4-mapped", netip.MustParsePrefix("::ffff:0:0/96"), false},      // callers unmap first
+	{"ipv4-embedding", netip.MustParsePrefix("::ffff:0:0:0/96"), false}, // SIIT IPv4-translated
+	{"ipv4-embedding", netip.MustParsePrefix("64:ff9b::/96"), false},    // NAT64 well-known prefix
+	{"ipv4-embedding", netip.MustParsePrefix("64:ff9b:1::/48"), false},  // NAT64 local-use prefix
+	{"ipv4-embedding", netip.MustParsePrefix("2002::/16"), false},       // 6to4
+	{"ipv4-embedding", netip.MustParsePrefix("2001::/32"), false},       // Teredo
+	{"ipv4-embedding", netip.MustParsePrefix("::/96"), false},           // IPv4-compatible (deprecated)
 }
+
+// ownClass is the proxy's own addresses: never lifted by a rule (a proxy loop).
+var ownClass = internalClass{name: "proxy-own-address"}
 
 // Guard refuses internal addresses: loopback, link-local (cloud metadata included),
 // unspecified, multicast, IPv4-embedding IPv6 forms and the proxy's own addresses,
-// unless an operator range (--allow-internal) exempts them. A policy's explicit IP or
-// CIDR rule exemption is checked by the caller, who holds the rule set.
+// unless an operator range (--allow-internal) exempts them or a policy rule inside the
+// class lifts it (see Refuses). The proxy's own listening endpoints are refused always.
 type Guard struct {
 	allow []netip.Prefix
 	// ownAddrs lists the proxy's own addresses. Docker may attach a network after the
@@ -38,6 +58,8 @@ type Guard struct {
 	own      atomic.Pointer[ownSet]
 	mu       sync.Mutex
 	every    time.Duration
+	// listeners are the proxy's bound TCP endpoints (unspecified address: every own one).
+	listeners []netip.AddrPort
 }
 
 type ownSet struct {
@@ -53,6 +75,13 @@ func NewGuard(allowInternal []netip.Prefix, ownAddrs func() []netip.Addr) *Guard
 	g := &Guard{allow: allowInternal, ownAddrs: ownAddrs, every: ownRefresh}
 	g.refresh()
 	return g
+}
+
+// setListeners records the proxy's bound endpoints (before it serves).
+func (g *Guard) setListeners(eps []netip.AddrPort) {
+	for _, ep := range eps {
+		g.listeners = append(g.listeners, netip.AddrPortFrom(ep.Addr().Unmap().WithZone(""), ep.Port()))
+	}
 }
 
 func (g *Guard) refresh() {
@@ -79,37 +108,25 @@ func (g *Guard) isOwn(a netip.Addr) bool {
 	return ok
 }
 
+// classify returns the internal class of a, if any. The proxy's own addresses come
+// first: 127.0.0.1 on the proxy's host is the proxy, whatever else it is.
+func (g *Guard) classify(a netip.Addr) (internalClass, bool) {
+	a = a.WithZone("")
+	if g.isOwn(a) {
+		return ownClass, true
+	}
+	for _, c := range internalClasses {
+		if c.prefix.Contains(a) {
+			return c, true
+		}
+	}
+	return internalClass{}, false
+}
+
 // Internal reports whether addr is an internal address and, if so, which class.
 func (g *Guard) Internal(addr netip.Addr) (bool, string) {
-	a := addr.WithZone("")
-	switch {
-	case a.Is4In6():
-		return true, "ipv4-mapped"
-	case a.IsLoopback():
-		return true, "loopback"
-	case a.IsLinkLocalUnicast():
-		return true, "link-local"
-	case a.IsUnspecified():
-		return true, "unspecified"
-	case a.IsMulticast():
-		return true, "multicast"
-	}
-	if a.Is6() {
-		for _, p := range embeddingPrefixes {
-			if p.Contains(a) {
-				return true, "ipv4-embedding"
-			}
-		}
-	}
-	for _, p := range specialPrefixes {
-		if p.Contains(a) {
-			return true, "special"
-		}
-	}
-	if g.isOwn(a) {
-		return true, "proxy-own-address"
-	}
-	return false, ""
+	c, ok := g.classify(addr)
+	return ok, c.name
 }
 
 // Exempt reports whether an --allow-internal range covers addr.
@@ -121,4 +138,38 @@ func (g *Guard) Exempt(addr netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// ownEndpoint reports whether (a, port) reaches one of the proxy's own listeners.
+func (g *Guard) ownEndpoint(a netip.Addr, port uint16) bool {
+	for _, l := range g.listeners {
+		if l.Port() != port {
+			continue
+		}
+		if a == l.Addr() || a.IsUnspecified() || l.Addr().IsUnspecified() && (a.IsLoopback() || g.isOwn(a)) {
+			return true
+		}
+	}
+	return false
+}
+
+// Refuses reports whether the guard refuses a connection to addr (unmapped by the
+// caller) on port under m. The proxy's own listeners are refused always; otherwise an
+// --allow-internal range exempts, and an allowlist's IP or CIDR rule lifts a liftable
+// class when the rule that allows addr lies within that class.
+func (g *Guard) Refuses(m *policy.Matcher, addr netip.Addr, port uint16) bool {
+	a := addr.WithZone("")
+	if g.ownEndpoint(a, port) {
+		return true
+	}
+	c, internal := g.classify(a)
+	if !internal || g.Exempt(a) {
+		return false
+	}
+	if !c.liftable || m.Mode() != policy.ModeAllowlist {
+		return true
+	}
+	d := m.Decide("", a, port)
+	r := d.Rule.Prefix
+	return !d.Allowed || !d.Rule.IsAddress() || r.Bits() < c.prefix.Bits() || !c.prefix.Contains(r.Addr())
 }

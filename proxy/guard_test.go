@@ -31,6 +31,7 @@ func TestGuardClasses(t *testing.T) {
 		{"2002:808:808::1", true, "ipv4-embedding"},
 		{"2001:0:1::1", true, "ipv4-embedding"},
 		{"::8.8.8.8", true, "ipv4-embedding"},
+		{"::ffff:0:808:808", true, "ipv4-embedding"},
 		{"100.100.100.200", true, "special"},
 		{"fd00:ec2::254", true, "special"},
 		{"172.18.0.2", true, "proxy-own-address"},

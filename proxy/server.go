@@ -217,6 +217,7 @@ func (s *Server) Start() (err error) {
 	}
 
 	s.decider.Guard = NewGuard(s.cfg.AllowInternal, s.ownAddrs)
+	s.decider.Guard.setListeners(s.listenEndpoints())
 	s.serve(dnsConns)
 	s.checkReady()
 	return nil
@@ -265,6 +266,20 @@ func (s *Server) ownAddrs() []netip.Addr {
 		}
 	}
 	return own
+}
+
+// listenEndpoints are the bound TCP endpoints a tunnel could loop back into.
+func (s *Server) listenEndpoints() []netip.AddrPort {
+	var eps []netip.AddrPort
+	for _, a := range []net.Addr{s.proxyLn.Addr(), s.dnsAddr, s.MetricsAddr()} {
+		if a == nil {
+			continue
+		}
+		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
+			eps = append(eps, ap)
+		}
+	}
+	return eps
 }
 
 func (s *Server) serve(dnsConns []any) {
