@@ -34,6 +34,7 @@ func (s *Server) apply(p policy.Policy, task, phase *string, source string) Appl
 		Policy:    p,
 		Matcher:   policy.Compile(p),
 		Digest:    p.Digest(),
+		addrPorts: newAddrRulePorts(p),
 		Applied:   time.Now(),
 		blocked:   newBlockedCounter(),
 		transport: s.newTransport(),

@@ -118,13 +118,15 @@ func (d *Decider) Decide(ctx context.Context, rs *RuleSet, host string, port uin
 		}
 		v.Name = name
 		// Refuse before resolving whatever no address could make allowed, so a refused
-		// name never reaches a resolver (no lookups to exfiltrate through).
+		// name never reaches a resolver (no lookups to exfiltrate through): in an
+		// allowlist, a name no host rule allows resolves only when an address rule
+		// covers the requested port.
 		pre := m.Decide(name, netip.Addr{}, port)
 		switch m.Mode() {
 		case policy.ModeNoNetwork:
 			return refuse(string(pre.Reason))
 		case policy.ModeAllowlist:
-			if !pre.Allowed && !m.HasAddressRules() {
+			if !pre.Allowed && !rs.addrPorts.covers(port) {
 				v.Rule = ruleString(pre.Rule)
 				return refuse(string(pre.Reason))
 			}

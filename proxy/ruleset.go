@@ -19,6 +19,8 @@ type RuleSet struct {
 	Phase      string
 	Applied    time.Time
 
+	// addrPorts says which ports the allowlist's address rules could allow.
+	addrPorts addrRulePorts
 	// blocked counts this generation's refusals (GET /v1/blocked).
 	blocked *blockedCounter
 	// transport carries this generation's forwarded HTTP requests. Each generation has
