@@ -313,3 +313,42 @@ func TestRunStepConditions(t *testing.T) {
 		})
 	}
 }
+
+// TestRunSecondCtrlC: a second Ctrl-C abandons the clean-up at once (exit 130); what is
+// left is for `compassctl env close`, and the record says the task was not finished.
+func TestRunSecondCtrlC(t *testing.T) {
+	demoImages(t)
+	t.Parallel()
+	id := h.Name("abandon")
+	dir := t.TempDir()
+	file := writeTask(t, dir, "task.yaml", taskYAML(id, "shared", "run: [demo]\nevaluate: [\"demo sleep 1ms\"]\n"))
+	r := startRun(t, context.Background(), file, "--out", filepath.Join(dir, "out"))
+	waitPhase(t, r, filepath.Join(dir, "out", id), controller.StepRun)
+	r.signal(syscall.SIGINT)
+	time.Sleep(20 * time.Millisecond)
+	r.signal(syscall.SIGINT)
+	code, out := r.wait(t, time.Minute)
+	if code != 130 || !strings.Contains(out, "abandoned") {
+		t.Errorf("exit %d, want 130 and the abandon message:\n%s", code, out)
+	}
+	if rec, err := controller.ReadRecord(filepath.Join(dir, "out", id)); err != nil || controller.Finished(rec) {
+		t.Errorf("record %+v, %v: want an unfinished task", rec, err)
+	}
+	// The abandoned clean-up may still be under way in Docker ("removal already in
+	// progress"): close until it succeeds.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		out, err := h.Compassctl(ctx, "env", "close", "--task", id).CombinedOutput()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("env close: %v\n%s", err, out)
+		}
+		time.Sleep(time.Second)
+	}
+	if left := taskLeftovers(t, id); len(left) > 0 {
+		t.Errorf("left behind after env close: %v", left)
+	}
+}

@@ -7,8 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -50,7 +52,7 @@ docs/run.md). Exit status: 0 all tasks succeeded, 1 a task failed, 2 invalid inp
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, stop := signalContext(cmd)
+			ctx, stop := stopOnSignal(cmd.Context(), cmd.ErrOrStderr())
 			defer stop()
 			return runTasks(ctx, cmd.OutOrStdout(), args, o)
 		},
@@ -152,6 +154,36 @@ func runTasks(ctx context.Context, out io.Writer, files []string, o runOptions) 
 		return fmt.Errorf("run: %d of %d tasks did not succeed", failed, len(outcomes))
 	}
 	return nil
+}
+
+// stopOnSignal cancels the run on the first SIGINT/SIGTERM, which closes every
+// environment and writes every record; a second one exits at once, leaving the
+// environments and records as they are (--resume and `compassctl env close` pick up).
+func stopOnSignal(parent context.Context, errOut io.Writer) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(parent)
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case s := <-sig:
+			fmt.Fprintf(errOut, "compassctl run: %s: stopping, closing environments and writing records (again to abandon them)\n", s)
+			cancel()
+		case <-done:
+			return
+		}
+		select {
+		case <-sig:
+			fmt.Fprintln(errOut, "compassctl run: abandoned: environments may be left running; see `compassctl env ls`")
+			os.Exit(130)
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sig)
+		close(done)
+		cancel()
+	}
 }
 
 func isTerminal(w io.Writer) bool {
