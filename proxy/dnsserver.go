@@ -102,7 +102,24 @@ func (s *Server) answerDNS(rs *RuleSet, req *dns.Msg) (resp *dns.Msg, decision, 
 	if !d.Allowed {
 		reason = string(policy.ReasonAllowlisted)
 	}
+	replaceOPT(up, req)
 	return up, "allowed", reason, rule, name, qtype
+}
+
+// replaceOPT swaps the upstream's OPT record for the proxy's own, present only when the
+// client sent EDNS (RFC 6891), with the client's DO bit: the upstream's EDNS options
+// were meant for the proxy, not for the sandbox.
+func replaceOPT(resp, req *dns.Msg) {
+	extra := resp.Extra[:0]
+	for _, rr := range resp.Extra {
+		if rr.Header().Rrtype != dns.TypeOPT {
+			extra = append(extra, rr)
+		}
+	}
+	resp.Extra = extra
+	if opt := req.IsEdns0(); opt != nil {
+		resp.SetEdns0(dns.DefaultMsgSize, opt.Do())
+	}
 }
 
 // filterAnswers drops the A and AAAA records keep refuses and returns how many address

@@ -33,6 +33,7 @@ type fakeDNS struct {
 	// truncate names are answered with TC set (and no records) over UDP.
 	truncate map[string]bool
 	ids      []uint16
+	msgs     []*dns.Msg // every query as it arrived
 	addr     string
 	servers  []*dns.Server
 }
@@ -79,10 +80,17 @@ func (f *fakeDNS) seenIDs() []uint16 {
 	return append([]uint16(nil), f.ids...)
 }
 
+func (f *fakeDNS) seenMsgs() []*dns.Msg {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*dns.Msg(nil), f.msgs...)
+}
+
 func (f *fakeDNS) serve(w dns.ResponseWriter, req *dns.Msg) {
 	q := req.Question[0]
 	f.mu.Lock()
 	f.ids = append(f.ids, req.Id)
+	f.msgs = append(f.msgs, req.Copy())
 	addrs, ok := f.records[strings.ToLower(q.Name)]
 	trunc := f.truncate[strings.ToLower(q.Name)]
 	f.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,13 +31,16 @@ func NewUpstreams(servers []string, timeout time.Duration) *Upstreams {
 	}
 }
 
-// Exchange sends q (which it does not modify) and returns the first usable answer. The
-// answer's ID is q's ID.
+// Exchange sends q's one question (q itself is not modified and never leaves: see
+// upstreamQuery) and returns the first usable answer, with q's ID and question.
 func (u *Upstreams) Exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) {
 	if len(u.servers) == 0 {
 		return nil, errors.New("proxy: no DNS upstream configured")
 	}
-	out := q.Copy()
+	if len(q.Question) != 1 {
+		return nil, errors.New("proxy: dns upstream: a query needs exactly one question")
+	}
+	out := upstreamQuery(q)
 	var lastErr error
 	for _, server := range u.servers {
 		if err := ctx.Err(); err != nil {
@@ -62,9 +66,33 @@ func (u *Upstreams) Exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) 
 			continue
 		}
 		resp.Id = q.Id
+		resp.Question = q.Question
 		return resp, nil
 	}
 	return nil, fmt.Errorf("proxy: dns upstream: %w", lastErr)
+}
+
+// upstreamUDPSize is the EDNS0 UDP size the proxy advertises upstream (DNS flag day 2020).
+const upstreamUDPSize = 1232
+
+// upstreamQuery builds the query the proxy sends for q: q's one question (name in lower
+// case), RD and CD, and the proxy's own EDNS0 OPT with DO only if the client set it.
+// Nothing else of the client's message leaves: no other sections, no EDNS options (ECS,
+// cookies, private codes), no header bits; the ID is set per try by the caller.
+func upstreamQuery(q *dns.Msg) *dns.Msg {
+	out := new(dns.Msg)
+	out.Opcode = dns.OpcodeQuery
+	out.RecursionDesired = q.RecursionDesired
+	out.CheckingDisabled = q.CheckingDisabled
+	question := q.Question[0]
+	question.Name = strings.ToLower(question.Name)
+	out.Question = []dns.Question{question}
+	do := false
+	if opt := q.IsEdns0(); opt != nil {
+		do = opt.Do()
+	}
+	out.SetEdns0(upstreamUDPSize, do)
+	return out
 }
 
 func isTimeout(err error) bool {
