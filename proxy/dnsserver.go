@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"strings"
@@ -23,8 +24,8 @@ const (
 func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	client := w.RemoteAddr().String()
 	_, udp := w.RemoteAddr().(*net.UDPAddr)
-	rs := s.current.Load()
-	resp, decision, reason, rule, name, qtype := s.answerDNS(rs, req)
+	a := s.answerDNS(s.current.Load(), req)
+	resp := a.resp
 	if udp {
 		size := dns.MinMsgSize
 		if opt := req.IsEdns0(); opt != nil {
@@ -32,94 +33,123 @@ func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		}
 		resp.Truncate(size)
 	}
-	s.metrics.dnsQueries.WithLabelValues(decision, dnsTypeLabel(qtype)).Inc()
-	if decision == "denied" {
-		rs.blocked.add(name, 0, typeDNS, reason)
+	s.metrics.dnsQueries.WithLabelValues(a.decision, dnsTypeLabel(a.qtype)).Inc()
+	if a.decision == "denied" {
+		a.rs.blocked.add(a.name, 0, typeDNS, a.reason)
 	}
 	_ = w.WriteMsg(resp)
-	s.logDecision(rs, typeDNS, decision, reason, rule, name, 0, netip.Addr{}, client, "qtype", dns.TypeToString[qtype])
+	s.logDecision(a.rs, typeDNS, a.decision, a.reason, a.rule, a.name, 0, netip.Addr{}, client, "qtype", dns.TypeToString[a.qtype])
 }
 
-func (s *Server) answerDNS(rs *RuleSet, req *dns.Msg) (resp *dns.Msg, decision, reason, rule, name string, qtype uint16) {
-	m := rs.Matcher
-	refuse := func(r string) (*dns.Msg, string, string, string, string, uint16) {
-		return refusal(req, dns.RcodeRefused, r), "denied", r, rule, name, qtype
+// dnsAnswer is the outcome of one query, with the rule set that decided it.
+type dnsAnswer struct {
+	resp                         *dns.Msg
+	decision, reason, rule, name string
+	qtype                        uint16
+	rs                           *RuleSet
+}
+
+// dnsRules is what one rule set says about a query's name.
+type dnsRules struct {
+	decision policy.Decision
+	refused  bool
+	// keep filters the A/AAAA answers; nil forwards the answer as it is.
+	keep func(netip.Addr) bool
+}
+
+func decideDNS(m *policy.Matcher, name string, qtype uint16) dnsRules {
+	r := dnsRules{decision: m.Decide(name, netip.Addr{}, 0)}
+	switch m.Mode() {
+	case policy.ModeNoNetwork:
+		r.refused = true
+	case policy.ModeAllowlist:
+		if !r.decision.Allowed {
+			if !m.HasAddressRules() || (qtype != dns.TypeA && qtype != dns.TypeAAAA) {
+				r.refused = true
+				break
+			}
+			// Allowed only if it resolves into an allowed IP or CIDR rule.
+			r.keep = func(a netip.Addr) bool { return m.AllowsAddrExplicitly(a.Unmap(), 0) }
+		}
+	case policy.ModeDenylist:
+		if !r.decision.Allowed {
+			r.refused = true
+			break
+		}
+		r.keep = func(a netip.Addr) bool { return m.Decide(name, a.Unmap(), 0).Allowed }
+	}
+	return r
+}
+
+// errPolicyChanged stops an upstream exchange whose name a newer rule set refuses.
+var errPolicyChanged = errors.New("proxy: the policy changed and refuses the name")
+
+func (s *Server) answerDNS(rs *RuleSet, req *dns.Msg) dnsAnswer {
+	a := dnsAnswer{rs: rs}
+	refuse := func(r string) dnsAnswer {
+		a.resp, a.decision, a.reason = refusal(req, dns.RcodeRefused, r), "denied", r
+		return a
 	}
 	if req.Opcode != dns.OpcodeQuery || len(req.Question) != 1 || req.Question[0].Qclass != dns.ClassINET {
 		if len(req.Question) > 0 {
-			qtype = req.Question[0].Qtype
+			a.qtype = req.Question[0].Qtype
 		}
 		return refuse(ReasonDNSUnsupported)
 	}
 	q := req.Question[0]
-	qtype = q.Qtype
-	name = strings.ToLower(strings.TrimSuffix(q.Name, "."))
+	a.qtype = q.Qtype
+	a.name = strings.ToLower(strings.TrimSuffix(q.Name, "."))
 	canonical, err := policy.CanonicalHostname(q.Name)
 	if err != nil {
-		if policy.IsNonCanonicalIPv4(name) {
+		if policy.IsNonCanonicalIPv4(a.name) {
 			return refuse(ReasonNonCanonicalIP)
 		}
 		return refuse(ReasonInvalidHost)
 	}
-	name = canonical
+	a.name = canonical
 
-	// keep filters the A/AAAA answers; nil forwards the answer as it is.
-	var keep func(netip.Addr) bool
-	d := m.Decide(name, netip.Addr{}, 0)
-	rule = ruleString(d.Rule)
-	reason = string(d.Reason)
-	switch m.Mode() {
-	case policy.ModeNoNetwork:
-		return refuse(reason)
-	case policy.ModeAllowlist:
-		if !d.Allowed {
-			if !m.HasAddressRules() || (qtype != dns.TypeA && qtype != dns.TypeAAAA) {
-				return refuse(reason)
-			}
-			// Allowed only if it resolves into an allowed IP or CIDR rule.
-			keep = func(a netip.Addr) bool { return m.AllowsAddrExplicitly(a.Unmap(), 0) }
+	rules := decideDNS(rs.Matcher, a.name, a.qtype)
+	// redecide follows a swap: the rule set in force now decides, so a query decided
+	// under a policy that is gone neither leaves again nor gets its answer.
+	redecide := func() bool {
+		if cur := s.current.Load(); cur != a.rs {
+			a.rs, rules = cur, decideDNS(cur.Matcher, a.name, a.qtype)
 		}
-	case policy.ModeDenylist:
-		if !d.Allowed {
-			return refuse(reason)
-		}
-		keep = func(a netip.Addr) bool { return m.Decide(name, a.Unmap(), 0).Allowed }
+		a.rule, a.reason = ruleString(rules.decision.Rule), string(rules.decision.Reason)
+		return !rules.refused
+	}
+	if !redecide() {
+		return refuse(a.reason)
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DNSTimeout*2)
 	defer cancel()
-	up, err := s.upstreams.Exchange(ctx, req)
-	if err != nil {
-		s.log.Warn("dns upstream failed", "name", name, "error", err.Error())
-		return refusal(req, dns.RcodeServerFailure, ReasonUpstreamFailed), "denied", ReasonUpstreamFailed, rule, name, qtype
+	up, err := s.upstreams.Exchange(ctx, req, func() error {
+		if !redecide() {
+			return errPolicyChanged
+		}
+		return nil
+	})
+	if !redecide() {
+		return refuse(a.reason)
 	}
-	if keep != nil {
-		before, after := filterAnswers(up, keep)
-		if after == 0 && (before > 0 || !d.Allowed) {
+	if err != nil {
+		s.log.Warn("dns upstream failed", "name", a.name, "error", err.Error())
+		a.resp, a.decision, a.reason = refusal(req, dns.RcodeServerFailure, ReasonUpstreamFailed), "denied", ReasonUpstreamFailed
+		return a
+	}
+	if rules.keep != nil {
+		before, after := filterAnswers(up, rules.keep)
+		if after == 0 && (before > 0 || !rules.decision.Allowed) {
 			return refuse(ReasonNoAllowedAnswer)
 		}
 	}
-	if !d.Allowed {
-		reason = string(policy.ReasonAllowlisted)
+	if !rules.decision.Allowed {
+		a.reason = string(policy.ReasonAllowlisted)
 	}
 	replaceOPT(up, req)
-	return up, "allowed", reason, rule, name, qtype
-}
-
-// replaceOPT swaps the upstream's OPT record for the proxy's own, present only when the
-// client sent EDNS (RFC 6891), with the client's DO bit: the upstream's EDNS options
-// were meant for the proxy, not for the sandbox.
-func replaceOPT(resp, req *dns.Msg) {
-	extra := resp.Extra[:0]
-	for _, rr := range resp.Extra {
-		if rr.Header().Rrtype != dns.TypeOPT {
-			extra = append(extra, rr)
-		}
-	}
-	resp.Extra = extra
-	if opt := req.IsEdns0(); opt != nil {
-		resp.SetEdns0(dns.DefaultMsgSize, opt.Do())
-	}
+	a.resp, a.decision = up, "allowed"
+	return a
 }
 
 // filterAnswers drops the A and AAAA records keep refuses and returns how many address
@@ -138,6 +168,22 @@ func filterAnswers(m *dns.Msg, keep func(netip.Addr) bool) (before, after int) {
 	}
 	m.Answer = kept
 	return before, after
+}
+
+// replaceOPT swaps the upstream's OPT record for the proxy's own, present only when the
+// client sent EDNS (RFC 6891), with the client's DO bit: the upstream's EDNS options
+// were meant for the proxy, not for the sandbox.
+func replaceOPT(resp, req *dns.Msg) {
+	extra := resp.Extra[:0]
+	for _, rr := range resp.Extra {
+		if rr.Header().Rrtype != dns.TypeOPT {
+			extra = append(extra, rr)
+		}
+	}
+	resp.Extra = extra
+	if opt := req.IsEdns0(); opt != nil {
+		resp.SetEdns0(dns.DefaultMsgSize, opt.Do())
+	}
 }
 
 // refusal answers with rcode and, for an EDNS client, Extended DNS Error 15 (Blocked).

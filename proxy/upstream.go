@@ -32,8 +32,9 @@ func NewUpstreams(servers []string, timeout time.Duration) *Upstreams {
 }
 
 // Exchange sends q's one question (q itself is not modified and never leaves: see
-// upstreamQuery) and returns the first usable answer, with q's ID and question.
-func (u *Upstreams) Exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) {
+// upstreamQuery) and returns the first usable answer, with q's ID and question. proceed,
+// when not nil, is asked before every send; its error stops the exchange.
+func (u *Upstreams) Exchange(ctx context.Context, q *dns.Msg, proceed func() error) (*dns.Msg, error) {
 	if len(u.servers) == 0 {
 		return nil, errors.New("proxy: no DNS upstream configured")
 	}
@@ -41,21 +42,31 @@ func (u *Upstreams) Exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) 
 		return nil, errors.New("proxy: dns upstream: a query needs exactly one question")
 	}
 	out := upstreamQuery(q)
+	send := func(c *dns.Client, server string) (*dns.Msg, error) {
+		if proceed != nil {
+			if err := proceed(); err != nil {
+				return nil, err
+			}
+		}
+		out.Id = dns.Id()
+		resp, _, err := c.ExchangeContext(ctx, out, server)
+		return resp, err
+	}
 	var lastErr error
 	for _, server := range u.servers {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("proxy: dns upstream: %w", err)
 		}
-		out.Id = dns.Id()
-		resp, _, err := u.udp.ExchangeContext(ctx, out, server)
+		resp, err := send(u.udp, server)
 		if isTimeout(err) && ctx.Err() == nil {
 			// One lost datagram should not fail a decision: ask once more.
-			out.Id = dns.Id()
-			resp, _, err = u.udp.ExchangeContext(ctx, out, server)
+			resp, err = send(u.udp, server)
 		}
 		if err == nil && resp.Truncated {
-			out.Id = dns.Id()
-			resp, _, err = u.tcp.ExchangeContext(ctx, out, server)
+			resp, err = send(u.tcp, server)
+		}
+		if errors.Is(err, errPolicyChanged) {
+			return nil, err
 		}
 		if err != nil {
 			lastErr = err
@@ -199,7 +210,7 @@ func (r *UpstreamResolver) query(ctx context.Context, name string) ([]netip.Addr
 			q := new(dns.Msg)
 			q.SetQuestion(fqdn, qtype)
 			q.RecursionDesired = true
-			resp, err := r.upstreams.Exchange(ctx, q)
+			resp, err := r.upstreams.Exchange(ctx, q, nil)
 			if err != nil {
 				errs[i] = err
 				return

@@ -1,0 +1,98 @@
+package proxy
+
+import (
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// gateDNS is an upstream that holds every query until the test releases it, then
+// answers with rcode (and, for NOERROR, one A record).
+type gateDNS struct {
+	addr    string
+	got     chan string
+	release chan struct{}
+	rcode   int
+	srv     *dns.Server
+}
+
+func startGateDNS(t *testing.T, rcode int) *gateDNS {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gateDNS{addr: pc.LocalAddr().String(), got: make(chan string, 16), release: make(chan struct{}), rcode: rcode}
+	g.srv = &dns.Server{PacketConn: pc, Net: "udp", Handler: dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
+		g.got <- req.Question[0].Name
+		<-g.release
+		m := new(dns.Msg)
+		m.SetRcode(req, g.rcode)
+		if g.rcode == dns.RcodeSuccess {
+			rr, _ := dns.NewRR(req.Question[0].Name + " 60 IN A 192.0.2.1")
+			m.Answer = append(m.Answer, rr)
+		}
+		_ = w.WriteMsg(m)
+	})}
+	started := make(chan struct{})
+	g.srv.NotifyStartedFunc = func() { close(started) }
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = g.srv.ActivateAndServe() }()
+	<-started
+	t.Cleanup(func() {
+		select {
+		case <-g.release:
+		default:
+			close(g.release)
+		}
+		_ = g.srv.Shutdown()
+		wg.Wait()
+	})
+	return g
+}
+
+// TestDNSQueryRecheckedAfterSwap: a query decided under public and still waiting for an
+// upstream when no-network comes into force is neither sent to the next upstream nor
+// answered: the client gets REFUSED.
+func TestDNSQueryRecheckedAfterSwap(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		rcode int // the held upstream's answer: SERVFAIL makes the proxy try the next one
+	}{{"next upstream", dns.RcodeServerFailure}, {"held answer", dns.RcodeSuccess}} {
+		t.Run(tc.name, func(t *testing.T) {
+			gate := startGateDNS(t, tc.rcode)
+			h := newHarness(t, func(c *Config) {
+				c.DNSUpstreams = append([]string{gate.addr}, c.DNSUpstreams...)
+				c.DNSTimeout = 5 * time.Second
+			})
+			h.apply(`"public"`)
+			answer := make(chan *dns.Msg, 1)
+			go func() {
+				q := new(dns.Msg)
+				q.SetQuestion("leak-after-swap.a.test.", dns.TypeA)
+				r, _, err := (&dns.Client{Timeout: 10 * time.Second}).Exchange(q, h.srv.DNSAddr().String())
+				if err != nil {
+					t.Error(err)
+				}
+				answer <- r
+			}()
+			<-gate.got
+			h.apply(`"no-network"`)
+			close(gate.release)
+			r := <-answer
+			if r == nil || r.Rcode != dns.RcodeRefused {
+				t.Fatalf("answer after the swap: %v", r)
+			}
+			for _, m := range h.dns.seenMsgs() {
+				if strings.HasPrefix(m.Question[0].Name, "leak-after-swap") {
+					t.Fatalf("the next upstream saw the query after no-network was in force")
+				}
+			}
+		})
+	}
+}
