@@ -31,7 +31,7 @@ unit:
 	$(GO) test -race -count=1 -short ./...
 
 # The main job: see README.md for what it shows.
-demo: demo-plan
+demo: demo-run
 
 # Benchmarks print ratios against a baseline measured in the same run: the matcher
 # against its linear reference, the proxy against direct connections, squid and tinyproxy.

@@ -58,6 +58,11 @@ func taskRunOf(p *policy.Plan) (controller.TaskRun, error) {
 	if p.Provider != "docker" {
 		d.fail("provider", fmt.Sprintf("%q: compassctl run drives the docker provider only", p.Provider))
 	}
+	// The Docker provider wires each task onto its own internal network behind the
+	// sidecar; any other network asked for would be silently replaced, so refuse it.
+	if p.Network != "" && p.Network != "bridge" {
+		d.fail("network", fmt.Sprintf("%q: compassctl run puts every task on its own internal bridge network behind the sidecar and cannot honour another network mode; omit network (or use bridge)", p.Network))
+	}
 	plan, err := json.Marshal(p)
 	if err != nil {
 		d.errs = append(d.errs, fmt.Errorf("task %q: plan: %w", p.TaskID, err))

@@ -131,6 +131,26 @@ func TestTaskRunOfRefusals(t *testing.T) {
 	}
 }
 
+// TestTaskRunOfNetwork: a Docker network asked for through --env-params is refused
+// rather than silently replaced by the task's own internal network.
+func TestTaskRunOfNetwork(t *testing.T) {
+	for _, tc := range []struct{ network, want string }{
+		{"", ""},
+		{"bridge", ""},
+		{"my-custom-net", `network: "my-custom-net": compassctl run puts every task on its own internal bridge network`},
+	} {
+		p := planOf(t, "task_id: a\nimage: i\nrun: [x]\n")
+		p.Network = tc.network
+		_, err := taskRunOf(p)
+		if tc.want == "" && err != nil {
+			t.Errorf("network %q: %v", tc.network, err)
+		}
+		if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("network %q: err = %v, want %q", tc.network, err, tc.want)
+		}
+	}
+}
+
 func TestPrepareOutputs(t *testing.T) {
 	out := t.TempDir()
 	fake := controllertest.New()
