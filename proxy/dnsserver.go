@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/miekg/dns"
 
@@ -122,7 +123,8 @@ func (s *Server) answerDNS(rs *RuleSet, req *dns.Msg) dnsAnswer {
 		return refuse(a.reason)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DNSTimeout*2)
+	// One --dns-timeout per upstream, and two for a single one (its retry).
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DNSTimeout*time.Duration(max(2, len(s.cfg.DNSUpstreams))))
 	defer cancel()
 	up, err := s.upstreams.Exchange(ctx, req, func() error {
 		if !redecide() {

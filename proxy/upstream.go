@@ -42,29 +42,33 @@ func (u *Upstreams) Exchange(ctx context.Context, q *dns.Msg, proceed func() err
 		return nil, errors.New("proxy: dns upstream: a query needs exactly one question")
 	}
 	out := upstreamQuery(q)
-	send := func(c *dns.Client, server string) (*dns.Msg, error) {
-		if proceed != nil {
-			if err := proceed(); err != nil {
-				return nil, err
-			}
-		}
-		out.Id = dns.Id()
-		resp, _, err := c.ExchangeContext(ctx, out, server)
-		return resp, err
-	}
 	var lastErr error
-	for _, server := range u.servers {
+	for i, server := range u.servers {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("proxy: dns upstream: %w", err)
 		}
-		resp, err := send(u.udp, server)
-		if isTimeout(err) && ctx.Err() == nil {
+		// Each server gets its share of what is left, so a silent first server cannot
+		// use up the whole budget (its retry included) before the second is asked.
+		sctx, cancel := serverBudget(ctx, len(u.servers)-i)
+		send := func(c *dns.Client) (*dns.Msg, error) {
+			if proceed != nil {
+				if err := proceed(); err != nil {
+					return nil, err
+				}
+			}
+			out.Id = dns.Id()
+			resp, _, err := c.ExchangeContext(sctx, out, server)
+			return resp, err
+		}
+		resp, err := send(u.udp)
+		if isTimeout(err) && sctx.Err() == nil {
 			// One lost datagram should not fail a decision: ask once more.
-			resp, err = send(u.udp, server)
+			resp, err = send(u.udp)
 		}
 		if err == nil && resp.Truncated {
-			resp, err = send(u.tcp, server)
+			resp, err = send(u.tcp)
 		}
+		cancel()
 		if errors.Is(err, errPolicyChanged) {
 			return nil, err
 		}
@@ -104,6 +108,16 @@ func upstreamQuery(q *dns.Msg) *dns.Msg {
 	}
 	out.SetEdns0(upstreamUDPSize, do)
 	return out
+}
+
+// serverBudget bounds one server's exchange to an equal share of ctx's remaining time
+// among the servers not yet asked (left counts this one).
+func serverBudget(ctx context.Context, left int) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok || left <= 1 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, time.Until(deadline)/time.Duration(left))
 }
 
 func isTimeout(err error) bool {
