@@ -18,6 +18,7 @@ const (
 	ReasonDNSUnsupported  = "unsupported-query" // not a single-question IN query
 	ReasonUpstreamFailed  = "upstream-failed"   // no upstream answered
 	ReasonNoAllowedAnswer = "no-allowed-answer" // every address in the answer was disallowed
+	ReasonOverloaded      = "overloaded"        // --dns-max-inflight queries were being answered
 )
 
 // serveDNS answers the sandbox's queries: forward what the policy allows, refuse the
@@ -25,6 +26,16 @@ const (
 func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	client := w.RemoteAddr().String()
 	_, udp := w.RemoteAddr().(*net.UDPAddr)
+	select {
+	case s.dnsSlots <- struct{}{}:
+		defer func() { <-s.dnsSlots }()
+	default:
+		// Full: shed at once rather than pile up goroutines waiting for upstreams.
+		// Not logged (a flood would flood the log), counted.
+		s.metrics.dnsOverloaded.WithLabelValues(protocolLabel(udp)).Inc()
+		_ = w.WriteMsg(refusal(req, dns.RcodeServerFailure, ReasonOverloaded))
+		return
+	}
 	a := s.answerDNS(s.current.Load(), req)
 	resp := a.resp
 	if udp {
@@ -170,6 +181,13 @@ func filterAnswers(m *dns.Msg, keep func(netip.Addr) bool) (before, after int) {
 	}
 	m.Answer = kept
 	return before, after
+}
+
+func protocolLabel(udp bool) string {
+	if udp {
+		return "udp"
+	}
+	return "tcp"
 }
 
 // replaceOPT swaps the upstream's OPT record for the proxy's own, present only when the

@@ -53,3 +53,34 @@ func (l *limitListener) Close() error {
 	l.closeOnce.Do(func() { close(l.done) })
 	return l.Listener.Close()
 }
+
+// capListener bounds concurrent connections of a server that owns its connections
+// (the DNS server over TCP): each accepted connection holds a slot until it is closed.
+// Further clients wait in the kernel's accept queue.
+type capListener struct {
+	*limitListener
+}
+
+func newCapListener(l net.Listener, max int) net.Listener {
+	return capListener{newLimitListener(l, max)}
+}
+
+func (l capListener) Accept() (net.Conn, error) {
+	c, err := l.limitListener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &slotConn{Conn: c, release: l.release}, nil
+}
+
+// slotConn gives its listener slot back when closed (once).
+type slotConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *slotConn) Close() error {
+	c.once.Do(c.release)
+	return c.Conn.Close()
+}

@@ -23,6 +23,7 @@ type metrics struct {
 	reloadOK       prometheus.Gauge
 	swapClosed     prometheus.Counter
 	connectionsCap prometheus.Gauge
+	dnsOverloaded  *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -69,6 +70,10 @@ func newMetrics() *metrics {
 			Name: "compass_proxy_max_connections",
 			Help: "The configured bound on concurrent client connections (0: unbounded).",
 		}),
+		dnsOverloaded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "compass_proxy_dns_overloaded_total",
+			Help: "DNS queries answered SERVFAIL at once because --dns-max-inflight queries were being answered, by protocol (udp or tcp).",
+		}, []string{"protocol"}),
 	}
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "compass_proxy_build_info",
@@ -76,13 +81,16 @@ func newMetrics() *metrics {
 	}, []string{"version", "goversion"})
 	buildInfo.WithLabelValues(buildinfo.Version, runtime.Version()).Set(1)
 	m.registry.MustRegister(m.requests, m.dnsQueries, m.active, m.bytes, m.dialDuration,
-		m.generation, m.reloads, m.reloadOK, m.swapClosed, m.connectionsCap, buildInfo,
+		m.generation, m.reloads, m.reloadOK, m.swapClosed, m.connectionsCap, m.dnsOverloaded, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, t := range []string{typeHTTP, typeConnect} {
 		m.active.WithLabelValues(t)
 	}
 	for _, d := range []string{"upstream", "downstream"} {
 		m.bytes.WithLabelValues(d)
+	}
+	for _, p := range []string{"udp", "tcp"} {
+		m.dnsOverloaded.WithLabelValues(p)
 	}
 	for _, r := range []string{"success", "failure"} {
 		m.reloads.WithLabelValues(r)

@@ -45,6 +45,11 @@ type Config struct {
 	IdleTimeout    time.Duration
 	DrainTimeout   time.Duration
 	MaxConnections int // 0: unbounded
+	// DNSMaxInflight bounds DNS queries being answered at once (0: 256); a query beyond
+	// it gets SERVFAIL at once. DNSMaxTCPConns bounds DNS-over-TCP connections (0: 128);
+	// further ones wait in the accept queue.
+	DNSMaxInflight int
+	DNSMaxTCPConns int
 
 	Logger *slog.Logger
 	// Resolver overrides the resolver used for connection decisions (tests); nil means
@@ -83,6 +88,7 @@ type Server struct {
 	metricsSrv *http.Server
 	metricsLn  net.Listener
 	dnsAddr    net.Addr
+	dnsSlots   chan struct{} // one per DNS query being answered
 
 	tunnelMu sync.Mutex // orders tunnels.Add against the drain's Wait
 	tunnels  sync.WaitGroup
@@ -113,7 +119,14 @@ func New(cfg Config) (*Server, error) {
 			*x.d = x.def
 		}
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), tracker: newTracker()}
+	if cfg.DNSMaxInflight <= 0 {
+		cfg.DNSMaxInflight = 256
+	}
+	if cfg.DNSMaxTCPConns <= 0 {
+		cfg.DNSMaxTCPConns = 128
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), tracker: newTracker(),
+		dnsSlots: make(chan struct{}, cfg.DNSMaxInflight)}
 	s.notReady.Store("starting")
 	s.upstreams = NewUpstreams(cfg.DNSUpstreams, cfg.DNSTimeout)
 	resolver := cfg.Resolver
@@ -305,7 +318,7 @@ func (s *Server) serve(dnsConns []any) {
 		case net.PacketConn:
 			srv.PacketConn, srv.Net = x, "udp"
 		case net.Listener:
-			srv.Listener, srv.Net = x, "tcp"
+			srv.Listener, srv.Net = newCapListener(x, s.cfg.DNSMaxTCPConns), "tcp"
 		}
 		started := make(chan struct{})
 		srv.NotifyStartedFunc = func() { close(started) }

@@ -77,6 +77,8 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.DurationVar(&c.DNSTimeout, "dns-timeout", 2*time.Second, "time for one upstream DNS exchange")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 90*time.Second, "idle keep-alive connections (client and upstream) are closed after this")
 	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "bound on concurrent client connections; further clients wait in the accept queue (0: unbounded)")
+	fs.IntVar(&c.DNSMaxInflight, "dns-max-inflight", 256, "bound on DNS queries being answered at once; a query beyond it gets SERVFAIL")
+	fs.IntVar(&c.DNSMaxTCPConns, "dns-max-tcp-connections", 128, "bound on concurrent DNS-over-TCP connections; further ones wait in the accept queue")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, time for requests and tunnels to finish before they are cut")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info (every decision), warn (blocked attempts only) or error")
 	return fs

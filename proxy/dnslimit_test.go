@@ -1,0 +1,105 @@
+package proxy
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// TestDNSInflightBound: with --dns-max-inflight 2 and two queries held by the upstream,
+// a third is answered SERVFAIL at once and counted; the held ones still get answers.
+func TestDNSInflightBound(t *testing.T) {
+	gate := startGateDNS(t, dns.RcodeSuccess)
+	h := newHarness(t, func(c *Config) {
+		c.DNSUpstreams = []string{gate.addr}
+		c.DNSTimeout = 5 * time.Second
+		c.DNSMaxInflight = 2
+	})
+	h.apply(`"public"`)
+	answers := make(chan *dns.Msg, 2)
+	for _, name := range []string{"one.test.", "two.test."} {
+		go func() {
+			q := new(dns.Msg)
+			q.SetQuestion(name, dns.TypeA)
+			r, _, err := (&dns.Client{Timeout: 10 * time.Second}).Exchange(q, h.srv.DNSAddr().String())
+			if err != nil {
+				t.Error(err)
+			}
+			answers <- r
+		}()
+	}
+	<-gate.got
+	<-gate.got
+	if r := h.query("three.test", dns.TypeA, "udp"); r.Rcode != dns.RcodeServerFailure {
+		t.Errorf("third query: %s, want SERVFAIL", dns.RcodeToString[r.Rcode])
+	}
+	close(gate.release)
+	for range 2 {
+		if r := <-answers; r == nil || r.Rcode != dns.RcodeSuccess {
+			t.Errorf("held query: %v", r)
+		}
+	}
+	if m := h.metricsText(); !strings.Contains(m, `compass_proxy_dns_overloaded_total{protocol="udp"} 1`) {
+		t.Errorf("overload not counted:\n%s", grepLines(m, "overloaded"))
+	}
+	// Slots come back: the next query is forwarded.
+	if r := h.query("four.test", dns.TypeA, "udp"); r.Rcode != dns.RcodeSuccess {
+		t.Errorf("query after the held ones: %s", dns.RcodeToString[r.Rcode])
+	}
+}
+
+// TestCapListenerHoldsSlotUntilClose: a DNS-over-TCP connection holds its slot until
+// it is closed, however many times Close is called.
+func TestCapListenerHoldsSlotUntilClose(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := newCapListener(ln, 1)
+	defer cl.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	c, err := cl.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sem := cl.(capListener).sem
+	if len(sem) != 1 {
+		t.Fatalf("slots taken with one connection open: %d", len(sem))
+	}
+	c.Close()
+	c.Close()
+	if len(sem) != 0 {
+		t.Fatalf("slots taken after close: %d", len(sem))
+	}
+}
+
+// metricsText scrapes /metrics.
+func (h *harness) metricsText() string {
+	h.t.Helper()
+	resp, err := http.Get("http://" + h.srv.MetricsAddr().String() + "/metrics")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return string(body)
+}
+
+func grepLines(text, word string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, word) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
