@@ -40,15 +40,21 @@ func (s *Server) adminHandler() http.Handler {
 	mux.HandleFunc("PUT /v1/policy", s.putPolicy)
 	mux.HandleFunc("GET /v1/policy", s.getPolicy)
 	mux.HandleFunc("GET /v1/blocked", s.getBlocked)
+	// The controller reads the metrics here: nothing on the sandbox's network can.
+	s.metricsRoute(mux)
 	s.healthRoutes(mux)
 	return mux
 }
 
 func (s *Server) metricsHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}))
+	s.metricsRoute(mux)
 	s.healthRoutes(mux)
 	return mux
+}
+
+func (s *Server) metricsRoute(mux *http.ServeMux) {
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}))
 }
 
 func (s *Server) healthRoutes(mux *http.ServeMux) {

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -82,15 +83,25 @@ func TestCapListenerHoldsSlotUntilClose(t *testing.T) {
 	}
 }
 
-// metricsText scrapes /metrics.
+// metricsText scrapes /metrics on the admin socket, where the controller reads it.
 func (h *harness) metricsText() string {
 	h.t.Helper()
-	resp, err := http.Get("http://" + h.srv.MetricsAddr().String() + "/metrics")
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", h.socket)
+		},
+	}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get("http://admin/metrics")
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		h.t.Fatalf("GET /metrics on the admin socket: %d %s", resp.StatusCode, body)
+	}
 	return string(body)
 }
 

@@ -215,6 +215,10 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
+	// The admin socket serves the same registry.
+	if admin := h.metricsText(); !strings.Contains(admin, `compass_proxy_policy_generation 2`) {
+		t.Errorf("admin socket /metrics:\n%s", grepLines(admin, "generation"))
+	}
 	for _, want := range []string{
 		`compass_proxy_requests_total{decision="denied",reason="not-allowlisted",type="connect"} 1`,
 		`compass_proxy_dns_queries_total{decision="allowed",qtype="A"} 1`,

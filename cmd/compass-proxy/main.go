@@ -66,7 +66,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&c.DNSListen, "dns-listen", ":53", "address of the DNS server (UDP and TCP); empty disables it")
 	fs.Var(&o.upstreams, "dns-upstream", "upstream DNS resolver host:port (repeatable or comma-separated; default: the nameservers of /etc/resolv.conf)")
 	fs.StringVar(&c.AdminSocket, "admin-socket", "/run/compass/admin.sock", "unix socket of the admin API")
-	fs.StringVar(&c.MetricsListen, "metrics-listen", ":9090", "address of /metrics, /livez and /readyz; empty disables it")
+	fs.StringVar(&c.MetricsListen, "metrics-listen", "", "TCP address of /metrics, /livez and /readyz (also on the admin socket); empty (default) disables it. Never an address the sandbox can reach")
 	fs.StringVar(&c.PolicyFile, "policy", "", "initial policy file (JSON or YAML), re-read on SIGHUP; without it the proxy starts as no-network")
 	fs.Var(&o.allowInternal, "allow-internal", "CIDR exempt from the internal-address guard (repeatable; for development and tests)")
 	fs.StringVar(&c.Task, "task", "", "initial task label of logs")

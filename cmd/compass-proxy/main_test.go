@@ -27,7 +27,7 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 	}{
 		{"defaults", nil, nil, func(t *testing.T, o *options) {
 			c := o.cfg
-			if c.Listen != ":3128" || c.DNSListen != ":53" || c.MetricsListen != ":9090" || c.AdminSocket != "/run/compass/admin.sock" ||
+			if c.Listen != ":3128" || c.DNSListen != ":53" || c.MetricsListen != "" || c.AdminSocket != "/run/compass/admin.sock" ||
 				!c.RequireNoForwarding || c.MaxConnections != 4096 || c.DNSTimeout != 2*time.Second || c.PolicyFile != "" {
 				t.Fatalf("%+v", c)
 			}
