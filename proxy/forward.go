@@ -78,7 +78,7 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
 		r.Body = &countingBody{ReadCloser: r.Body, n: &st.up}
 	}
-	rw := &proxyResponseWriter{ResponseWriter: w, st: st}
+	rw := &proxyResponseWriter{ResponseWriter: w, st: st, idle: s.cfg.TunnelIdleTimeout}
 	s.goproxy.ServeHTTP(rw, r)
 
 	if st.entry != nil {
@@ -271,7 +271,8 @@ func writeRefusal(w http.ResponseWriter, rs *RuleSet, typ string, v Verdict) {
 // the server had already read past the request (a tunnel must forward them).
 type proxyResponseWriter struct {
 	http.ResponseWriter
-	st *requestState
+	st   *requestState
+	idle time.Duration // a hijacked websocket's idle timeout
 }
 
 func (w *proxyResponseWriter) Write(p []byte) (int, error) {
@@ -304,6 +305,11 @@ func (w *proxyResponseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if n := rw.Reader.Buffered(); n > 0 {
 		b, _ := rw.Reader.Peek(n)
 		w.st.buffered = append([]byte(nil), b...)
+	}
+	if w.st.entry != nil {
+		// A websocket relay (goproxy's, through this connection both ways): it ends
+		// when idle. A CONNECT tunnel keeps the bare *net.TCPConn to splice.
+		return &idleConn{Conn: c, clock: newIdleClock(w.idle)}, rw, nil
 	}
 	return c, rw, nil
 }

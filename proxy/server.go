@@ -39,12 +39,15 @@ type Config struct {
 	RequireNoForwarding bool
 	ProcRoot            string // "/proc" unless tests say otherwise
 
-	HeaderTimeout  time.Duration
-	DialTimeout    time.Duration
-	DNSTimeout     time.Duration
-	IdleTimeout    time.Duration
-	DrainTimeout   time.Duration
-	MaxConnections int // 0: unbounded
+	HeaderTimeout time.Duration
+	DialTimeout   time.Duration
+	DNSTimeout    time.Duration
+	IdleTimeout   time.Duration
+	// TunnelIdleTimeout closes a CONNECT tunnel or websocket relay that carried no byte in
+	// either direction for this long (see idleClock).
+	TunnelIdleTimeout time.Duration
+	DrainTimeout      time.Duration
+	MaxConnections    int // 0: unbounded
 	// DNSMaxInflight bounds DNS queries being answered at once (0: 256); a query beyond
 	// it gets SERVFAIL at once. DNSMaxTCPConns bounds DNS-over-TCP connections (0: 128);
 	// further ones wait in the accept queue.
@@ -112,7 +115,7 @@ func New(cfg Config) (*Server, error) {
 	}{
 		{&cfg.HeaderTimeout, 10 * time.Second}, {&cfg.DialTimeout, 10 * time.Second},
 		{&cfg.DNSTimeout, 2 * time.Second}, {&cfg.IdleTimeout, 90 * time.Second},
-		{&cfg.DrainTimeout, 10 * time.Second},
+		{&cfg.DrainTimeout, 10 * time.Second}, {&cfg.TunnelIdleTimeout, 15 * time.Minute},
 	}
 	for _, x := range defaults {
 		if *x.d <= 0 {

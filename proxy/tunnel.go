@@ -1,11 +1,13 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -134,8 +136,9 @@ type tunnelDone struct {
 func (s *Server) runTunnel(client, up net.Conn, buffered []byte, t *tunnelDone) {
 	t.start = time.Now()
 	done := make(chan int64, 1)
-	go copyDirection(client, up, nil, done)
-	t.upBytes = copyDirection(up, client, buffered, nil)
+	clock := newIdleClock(s.cfg.TunnelIdleTimeout)
+	go copyDirection(client, up, nil, clock, done)
+	t.upBytes = copyDirection(up, client, buffered, clock, nil)
 	t.downBytes = <-done
 	client.Close()
 	up.Close()
@@ -173,11 +176,12 @@ type halfCloser interface {
 }
 
 // copyDirection relays one direction (pre first), ends it, and reports the count on done
-// when done is not nil. Kept out of line so an idle direction's stack stays at its
-// smallest size.
+// when done is not nil. clock ends the relay when both directions stay idle; the copy
+// itself stays a splice between the two *net.TCPConn (see idleClock). Kept out of line
+// so an idle direction's stack stays at its smallest size.
 //
 //go:noinline
-func copyDirection(dst, src net.Conn, pre []byte, done chan<- int64) int64 {
+func copyDirection(dst, src net.Conn, pre []byte, clock *idleClock, done chan<- int64) int64 {
 	var (
 		n   int64
 		err error
@@ -187,10 +191,20 @@ func copyDirection(dst, src net.Conn, pre []byte, done chan<- int64) int64 {
 		w, err = dst.Write(pre)
 		n = int64(w)
 	}
-	if err == nil {
+	for err == nil {
+		clock.arm(src)
 		var m int64
 		m, err = pump(dst, src)
 		n += m
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			break
+		}
+		if m > 0 {
+			clock.touch()
+		}
+		if !clock.idle() {
+			err = nil // a period ended with traffic somewhere: go on
+		}
 	}
 	endDirection(dst, src, err)
 	if done != nil {

@@ -76,6 +76,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.DurationVar(&c.DialTimeout, "dial-timeout", 10*time.Second, "time to connect to a destination (and for its TLS handshake on https:// requests)")
 	fs.DurationVar(&c.DNSTimeout, "dns-timeout", 2*time.Second, "time for one upstream DNS exchange")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 90*time.Second, "idle keep-alive connections (client and upstream) are closed after this")
+	fs.DurationVar(&c.TunnelIdleTimeout, "tunnel-idle-timeout", 15*time.Minute, "a CONNECT tunnel or websocket relay with no byte either way for this long is closed")
 	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "bound on concurrent client connections; further clients wait in the accept queue (0: unbounded)")
 	fs.IntVar(&c.DNSMaxInflight, "dns-max-inflight", 256, "bound on DNS queries being answered at once; a query beyond it gets SERVFAIL")
 	fs.IntVar(&c.DNSMaxTCPConns, "dns-max-tcp-connections", 128, "bound on concurrent DNS-over-TCP connections; further ones wait in the accept queue")

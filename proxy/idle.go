@@ -1,0 +1,68 @@
+package proxy
+
+import (
+	"errors"
+	"net"
+	"os"
+	"sync/atomic"
+	"time"
+)
+
+// idleClock is one relay's last sign of life, shared by its two directions. A direction
+// learns how much it copied only when its copy returns (a splice reports nothing while
+// it runs), so each direction's read deadline makes its copy return every half
+// timeout: an active direction stamps the clock at least that often, and a direction
+// whose deadline passes ends the relay only when neither direction has stamped it for
+// a whole timeout. A relay is thus cut between one and one and a half timeouts after
+// its last byte.
+type idleClock struct {
+	timeout time.Duration
+	last    atomic.Int64 // unix nanoseconds of the last progress seen
+}
+
+func newIdleClock(timeout time.Duration) *idleClock {
+	c := &idleClock{timeout: timeout}
+	c.touch()
+	return c
+}
+
+func (c *idleClock) touch() { c.last.Store(time.Now().UnixNano()) }
+
+// arm sets src's read deadline for the next period.
+func (c *idleClock) arm(src net.Conn) { _ = src.SetReadDeadline(time.Now().Add(c.timeout / 2)) }
+
+// idle reports whether no direction made progress for the timeout.
+func (c *idleClock) idle() bool { return time.Since(time.Unix(0, c.last.Load())) >= c.timeout }
+
+// idleConn is the client side of a relay that is not spliced (a websocket): every read
+// and write is a sign of life, and a read fails with the deadline's error once the
+// relay has been idle for the clock's timeout.
+type idleConn struct {
+	net.Conn
+	clock *idleClock
+}
+
+func (c *idleConn) Read(p []byte) (int, error) {
+	for {
+		c.clock.arm(c.Conn)
+		n, err := c.Conn.Read(p)
+		if n > 0 {
+			c.clock.touch()
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				err = nil
+			}
+			return n, err
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) || c.clock.idle() {
+			return n, err
+		}
+	}
+}
+
+func (c *idleConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if n > 0 {
+		c.clock.touch()
+	}
+	return n, err
+}
