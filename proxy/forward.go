@@ -79,8 +79,14 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 		r.Body = &countingBody{ReadCloser: r.Body, n: &st.up}
 	}
 	rw := &proxyResponseWriter{ResponseWriter: w, st: st, idle: s.cfg.TunnelIdleTimeout}
-	s.goproxy.ServeHTTP(rw, r)
+	// Deferred, so a panic in the handler chain (which the HTTP server recovers) still
+	// gives back the tracker entry, the gauge and the connection slot.
+	defer s.settle(st)
+	s.relay.ServeHTTP(rw, r)
+}
 
+// settle releases what a request held once goproxy is done with it.
+func (s *Server) settle(st *requestState) {
 	if st.entry != nil {
 		s.tracker.remove(st.entry)
 		s.metrics.active.WithLabelValues(typeHTTP).Dec()

@@ -61,6 +61,9 @@ type Config struct {
 	// OwnAddrs are further addresses of this proxy for the internal-address guard; the
 	// addresses of the host's interfaces are always included.
 	OwnAddrs []netip.Addr
+
+	// wrapRelay lets tests wrap the goproxy handler (to inject failures).
+	wrapRelay func(http.Handler) http.Handler
 }
 
 // Connection types, as they appear in logs and metric labels.
@@ -83,6 +86,7 @@ type Server struct {
 	applyMu sync.Mutex // serialises swaps
 
 	goproxy    *goproxy.ProxyHttpServer
+	relay      http.Handler // goproxy, as serveProxy calls it
 	proxySrv   *http.Server
 	proxyLn    *limitListener
 	dnsServers []*dns.Server
@@ -150,6 +154,10 @@ func New(cfg Config) (*Server, error) {
 	task, phase := cfg.Task, cfg.Phase
 	s.apply(initial, &task, &phase, "start")
 	s.goproxy = s.newGoproxy()
+	s.relay = s.goproxy
+	if cfg.wrapRelay != nil {
+		s.relay = cfg.wrapRelay(s.goproxy)
+	}
 	return s, nil
 }
 
