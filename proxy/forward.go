@@ -157,9 +157,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		return r, refusalResponse(r, rs, typeHTTP, v)
 	}
 	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
-		if ap, err := netip.ParseAddrPort(info.Conn.RemoteAddr().String()); err == nil {
-			s.tracker.setAddr(st.entry, ap.Addr().Unmap())
-		}
+		s.gotUpstreamConn(rs, st.entry, info.Conn)
 	}}
 	dctx := context.WithValue(r.Context(), verdictKey{}, &v)
 	r = r.WithContext(httptrace.WithClientTrace(dctx, trace))
@@ -167,6 +165,22 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		return rs.transport.RoundTrip(req)
 	})
 	return r, nil
+}
+
+// gotUpstreamConn records the address an HTTP request's upstream connection really
+// goes to (a pooled connection may predate the request's own lookup) and, when a swap
+// came after the request was decided, re-checks that address under the rule set in
+// force: a connection it no longer allows is closed before the request is written. The
+// address is recorded first, so a sweep that starts later sees it (see tracker.closeIf).
+func (s *Server) gotUpstreamConn(rs *RuleSet, entry *liveConn, c net.Conn) {
+	ap, err := netip.ParseAddrPort(c.RemoteAddr().String())
+	if err != nil {
+		return
+	}
+	s.tracker.setAddr(entry, ap.Addr().Unmap())
+	if cur := s.current.Load(); cur != rs && !s.decider.Recheck(cur, entry.name, ap.Addr(), entry.port) {
+		c.Close()
+	}
 }
 
 // redecide re-checks an allowed verdict's addresses under a rule set published while
