@@ -114,6 +114,8 @@ func parseDestination(dest, resolve string) (string, netip.Addr, uint16, error) 
 }
 
 func writeMatch(w io.Writer, m *policy.Matcher, name string, addr netip.Addr, port uint16) error {
+	// The proxy matches and guards IPv4-mapped addresses as the IPv4 address they dial.
+	addr = addr.Unmap()
 	d := m.Decide(name, addr, port)
 	verdict, rule, reason := "deny", "-", string(d.Reason)
 	if d.Allowed {
@@ -126,7 +128,7 @@ func writeMatch(w io.Writer, m *policy.Matcher, name string, addr netip.Addr, po
 		// The proxy's own guard, without operator exemptions or the sidecar's own
 		// addresses, which only a running sidecar knows.
 		guard := proxy.NewGuard(nil, func() []netip.Addr { return nil })
-		if internal, _ := guard.Internal(addr); internal && !m.AllowsAddrExplicitly(addr, port) {
+		if guard.Refuses(m, addr, port) {
 			verdict, rule, reason = "deny", "-", proxy.ReasonInternalAddress
 		}
 	}
