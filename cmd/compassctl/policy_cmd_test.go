@@ -67,6 +67,12 @@ func TestPolicyMatch(t *testing.T) {
 		{[]string{`"public"`, "x.test", "--resolve", "::ffff:127.0.0.1"}, "deny rule=- reason=internal-address\n"},
 		{[]string{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.0/8"]}`, "127.0.0.1:8080"}, "allow rule=127.0.0.0/8 reason=allowlisted\n"},
 		{[]string{`{"network_mode":"denylist","denied_hosts":[]}`, "[::1]:443"}, "deny rule=- reason=internal-address\n"},
+		// Only a rule inside the internal range lifts the guard: /0 allows everything
+		// outside but opens nothing internal, in either address family.
+		{[]string{`{"network_mode":"allowlist","allowed_hosts":["0.0.0.0/0","::/0"]}`, "127.0.0.1:8080"}, "deny rule=- reason=internal-address\n"},
+		{[]string{`{"network_mode":"allowlist","allowed_hosts":["0.0.0.0/0","::/0"]}`, "[::ffff:127.0.0.1]:8080"}, "deny rule=- reason=internal-address\n"},
+		{[]string{`{"network_mode":"allowlist","allowed_hosts":["0.0.0.0/0"]}`, "x.test", "--resolve", "169.254.169.254"}, "deny rule=- reason=internal-address\n"},
+		{[]string{`{"network_mode":"allowlist","allowed_hosts":["0.0.0.0/0"]}`, "198.51.100.7:443"}, "allow rule=0.0.0.0/0 reason=allowlisted\n"},
 	}
 	for _, tt := range tests {
 		code, stdout, stderr := runCaptured(t, append([]string{"policy", "match"}, tt.args...)...)
