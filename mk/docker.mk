@@ -1,6 +1,6 @@
 # Docker provider targets (controller/docker, compassctl env, images/, e2e/).
 
-.PHONY: images bench-env e2e-docker
+.PHONY: images bench-env e2e-docker scale-env
 
 # The sidecar and probe images, FROM scratch, offline.
 images: build
@@ -15,3 +15,9 @@ bench-env:
 # Only the Docker e2e tests.
 e2e-docker:
 	$(GO) test -race -count=1 -v -timeout 15m ./e2e/dockerenv/
+
+# The scale target: SCALE_ENVS environments (default 200) opened at once on this host,
+# switched, checked and closed, with nothing left behind; prints the time of each stage.
+SCALE_ENVS ?= 200
+scale-env:
+	CI=1 COMPASS_E2E_SCALE_ENVS=$(SCALE_ENVS) $(GO) test -count=1 -v -run '^TestConcurrentEnvironments$$' -timeout 60m ./e2e/dockerenv/
