@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -109,5 +110,22 @@ func TestHealthcheckExitCode(t *testing.T) {
 	ready.Store(false)
 	if code := healthcheck([]string{"--admin-socket", sock}, &stderr); code != 1 {
 		t.Fatalf("not ready: exit %d", code)
+	}
+}
+
+func TestGCDefaultRespectsGOGC(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	setGCDefault(func(string) string { return "" })
+	if got := debug.SetGCPercent(100); got != gcPercentDefault {
+		t.Errorf("without GOGC: GC percent %d, want %d", got, gcPercentDefault)
+	}
+	setGCDefault(func(k string) string {
+		if k == "GOGC" {
+			return "50"
+		}
+		return ""
+	})
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Errorf("with GOGC set: GC percent changed to %d", got)
 	}
 }
