@@ -14,6 +14,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/pkg/stdcopy"
 
+	"github.com/compass-egress/compass-egress/images/probe/probespec"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -47,25 +48,6 @@ type VerifyReport struct {
 	OK     bool        `json:"ok"`
 }
 
-// probeCheck and probeResult mirror the probe's JSON (images/probe).
-type probeCheck struct {
-	Name      string `json:"name"`
-	Kind      string `json:"kind"`
-	Target    string `json:"target,omitempty"`
-	Proxy     string `json:"proxy,omitempty"`
-	Server    string `json:"server,omitempty"`
-	Net       string `json:"net,omitempty"`
-	QName     string `json:"qname,omitempty"`
-	TimeoutMS int    `json:"timeout_ms,omitempty"`
-}
-
-type probeResult struct {
-	Name      string `json:"name"`
-	Reachable bool   `json:"reachable"`
-	Resolved  bool   `json:"resolved"`
-	Detail    string `json:"detail"`
-}
-
 const (
 	works = "works"
 	fails = "fails"
@@ -73,7 +55,7 @@ const (
 
 // plannedCheck is one probe check and the outcome the mode calls for.
 type plannedCheck struct {
-	probeCheck
+	probespec.Check
 	label, target string
 	wantWorks     bool
 	resolved      bool // judge by "resolved" instead of "reachable"
@@ -84,35 +66,35 @@ func (e *Env) planChecks(mode policy.Mode, o VerifyOptions) ([]plannedCheck, err
 	resolver := netip.AddrPortFrom(e.plan.Sidecar, dnsPort).String()
 	public := mode == policy.ModePublic
 	var out []plannedCheck
-	add := func(label, target string, want bool, c probeCheck) {
+	add := func(label, target string, want bool, c probespec.Check) {
 		c.Name = strconv.Itoa(len(out))
-		out = append(out, plannedCheck{probeCheck: c, label: label, target: target, wantWorks: want})
+		out = append(out, plannedCheck{Check: c, label: label, target: target, wantWorks: want})
 	}
 	for _, t := range o.Allowed {
 		if _, _, err := net.SplitHostPort(t); err != nil {
 			return nil, fmt.Errorf("verify: allowed target %q: want host:port", t)
 		}
-		add("allowed via proxy", t, true, probeCheck{Kind: "proxy", Target: t, Proxy: proxy})
+		add("allowed via proxy", t, true, probespec.Check{Kind: "proxy", Target: t, Proxy: proxy})
 	}
 	for _, t := range o.Blocked {
 		host, _, err := net.SplitHostPort(t)
 		if err != nil {
 			return nil, fmt.Errorf("verify: blocked target %q: want host:port", t)
 		}
-		add("blocked via proxy", t, false, probeCheck{Kind: "proxy", Target: t, Proxy: proxy})
+		add("blocked via proxy", t, false, probespec.Check{Kind: "proxy", Target: t, Proxy: proxy})
 		if _, err := netip.ParseAddr(host); err != nil {
-			add("DNS of blocked name", host, false, probeCheck{Kind: "dns", Server: resolver, QName: host})
+			add("DNS of blocked name", host, false, probespec.Check{Kind: "dns", Server: resolver, QName: host})
 			out[len(out)-1].resolved = true
 		}
 	}
 	outside := netip.AddrPortFrom(o.Outside, o.OutsidePort).String()
 	outsideDNS := netip.AddrPortFrom(o.Outside, dnsPort).String()
-	add("direct TCP out", outside, public, probeCheck{Kind: "tcp", Target: outside})
-	add("UDP out (DNS query)", outsideDNS, public, probeCheck{Kind: "dns", Server: outsideDNS, QName: "compass-verify.test"})
-	add("DNS to outside resolver (TCP)", outsideDNS, public, probeCheck{Kind: "dns", Net: "tcp", Server: outsideDNS, QName: "compass-verify.test"})
+	add("direct TCP out", outside, public, probespec.Check{Kind: "tcp", Target: outside})
+	add("UDP out (DNS query)", outsideDNS, public, probespec.Check{Kind: "dns", Server: outsideDNS, QName: "compass-verify.test"})
+	add("DNS to outside resolver (TCP)", outsideDNS, public, probespec.Check{Kind: "dns", Net: "tcp", Server: outsideDNS, QName: "compass-verify.test"})
 	for _, port := range []uint16{proxyPort, 9090, 80} {
 		t := netip.AddrPortFrom(e.plan.Sidecar, port).String()
-		add("sidecar admin API", t, false, probeCheck{Kind: "admin", Target: t})
+		add("sidecar admin API", t, false, probespec.Check{Kind: "admin", Target: t})
 	}
 	return out, nil
 }
@@ -140,9 +122,9 @@ func (e *Env) Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error)
 	if err != nil {
 		return VerifyReport{}, err
 	}
-	checks := make([]probeCheck, len(planned))
+	checks := make([]probespec.Check, len(planned))
 	for i, p := range planned {
-		checks[i] = p.probeCheck
+		checks[i] = p.Check
 	}
 	results, err := e.runProbe(ctx, checks)
 	if err != nil {
@@ -173,7 +155,7 @@ func outcome(ok bool) string {
 	return fails
 }
 
-func (e *Env) runProbe(ctx context.Context, checks []probeCheck) (map[string]probeResult, error) {
+func (e *Env) runProbe(ctx context.Context, checks []probespec.Check) (map[string]probespec.Result, error) {
 	spec, err := json.Marshal(checks)
 	if err != nil {
 		return nil, fmt.Errorf("verify: %w", err)
@@ -214,11 +196,11 @@ func (e *Env) runProbe(ctx context.Context, checks []probeCheck) (map[string]pro
 	if _, err := stdcopy.StdCopy(&stdout, &stderr, rc); err != nil {
 		return nil, fmt.Errorf("verify: probe output: %w", err)
 	}
-	var results []probeResult
+	var results []probespec.Result
 	if err := json.Unmarshal(stdout.Bytes(), &results); err != nil {
 		return nil, fmt.Errorf("verify: probe output %q: %w (stderr: %s)", strings.TrimSpace(stdout.String()), err, strings.TrimSpace(stderr.String()))
 	}
-	byName := make(map[string]probeResult, len(results))
+	byName := make(map[string]probespec.Result, len(results))
 	for _, r := range results {
 		byName[r.Name] = r
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/docker"
+	"github.com/compass-egress/compass-egress/images/probe/probespec"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -95,25 +96,11 @@ func (h *Harness) Compassctl(ctx context.Context, args ...string) *exec.Cmd {
 	return cmd
 }
 
-// Check is one probe check (see images/probe): kinds proxy, http, tcp, dns, admin.
-type Check struct {
-	Name      string `json:"name"`
-	Kind      string `json:"kind"`
-	Target    string `json:"target,omitempty"`
-	Proxy     string `json:"proxy,omitempty"`
-	Server    string `json:"server,omitempty"`
-	Net       string `json:"net,omitempty"`
-	QName     string `json:"qname,omitempty"`
-	TimeoutMS int    `json:"timeout_ms,omitempty"`
-}
-
-// Result is what a probe check observed.
-type Result struct {
-	Name      string `json:"name"`
-	Reachable bool   `json:"reachable"`
-	Resolved  bool   `json:"resolved"`
-	Detail    string `json:"detail"`
-}
+// Check and Result are the probe's protocol (images/probe/probespec).
+type (
+	Check  = probespec.Check
+	Result = probespec.Result
+)
 
 // ExecProbe runs `/probe check` inside a container (the agent itself: its own
 // namespace, resolver and filesystem) and returns the results by check name.
