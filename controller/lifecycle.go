@@ -235,14 +235,15 @@ func (tr *taskRun) open(ctx context.Context, role Role, name StepName, image, ph
 	return nil
 }
 
-// apply switches the environment's policy and returns once it is in force; the blocked
-// summary of the phase that ends is taken first.
+// apply switches the environment's policy and returns once it is in force. The blocked
+// summary of the phase that ends is the one the provider took with the swap; a read just
+// before the switch stands in when the provider reports none.
 func (tr *taskRun) apply(ctx context.Context, role Role, phase string, p policy.Policy) error {
 	es := tr.envOf(role)
 	if es == nil {
 		return fmt.Errorf("controller: switch to %s: the %s environment is not open", phase, role)
 	}
-	tr.summariseBlocked(ctx, es)
+	ended := tr.readBlocked(ctx, es)
 	tr.mu.Lock()
 	tr.current, tr.stepRole = StepName("switch:"+phase), role
 	tr.mu.Unlock()
@@ -253,6 +254,10 @@ func (tr *taskRun) apply(ctx context.Context, role Role, phase string, p policy.
 	tn, err := es.env.Apply(actx, p, PhaseLabel{Phase: phase})
 	tn = completeTransition(tn, tr.t.ID, es, phase, p, start, err)
 	tr.rec.update(func(r *Record) { r.Transitions = append(r.Transitions, tn) })
+	if tn.PreviousBlocked != nil {
+		ended.Summary, ended.Error = *tn.PreviousBlocked, ""
+	}
+	tr.recordBlocked(ended)
 	tr.mu.Lock()
 	if err != nil {
 		// A failed switch leaves the environment with no egress at all.
@@ -315,7 +320,8 @@ func (tr *taskRun) closeEnv(ctx context.Context, role Role) error {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tr.r.controlTimeout())
 	defer cancel()
-	tr.summariseBlocked(cctx, es)
+	// No switch ends the last phase: its summary is read just before the close.
+	tr.recordBlocked(tr.readBlocked(cctx, es))
 	name := StepClose
 	if role == RoleEvaluation {
 		name = StepEvaluationEnd
@@ -383,17 +389,25 @@ func (tr *taskRun) envOf(role Role) *envState {
 	return tr.envs[role]
 }
 
-// summariseBlocked records the blocked attempts of the phase in force in es.
-func (tr *taskRun) summariseBlocked(ctx context.Context, es *envState) {
+// readBlocked reads the blocked attempts so far of the phase in force in es.
+func (tr *taskRun) readBlocked(ctx context.Context, es *envState) PhaseBlocked {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tr.r.controlTimeout())
 	defer cancel()
+	tr.mu.Lock()
+	pb := PhaseBlocked{Environment: es.env.ID(), Phase: es.phase, Mode: es.policy.Mode}
+	tr.mu.Unlock()
 	sum, err := es.env.Blocked(bctx)
-	pb := PhaseBlocked{Environment: es.env.ID(), Phase: es.phase, Mode: es.policy.Mode, Summary: sum}
+	pb.Summary = sum
 	if err != nil {
 		pb.Error = err.Error()
 	}
+	return pb
+}
+
+// recordBlocked records the summary of a phase that has ended.
+func (tr *taskRun) recordBlocked(pb PhaseBlocked) {
 	tr.mu.Lock()
-	tr.blockedDone += sum.Total
+	tr.blockedDone += pb.Summary.Total
 	tr.blockedLive = 0
 	tr.mu.Unlock()
 	tr.rec.update(func(r *Record) { r.Blocked = append(r.Blocked, pb) })

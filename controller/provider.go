@@ -105,4 +105,7 @@ type Transition struct {
 	Parts       map[string]time.Duration `json:"parts_ns"` // e.g. "rules", "wiring", "routes"
 	OK          bool                     `json:"ok"`
 	Error       string                   `json:"error,omitempty"`
+	// PreviousBlocked is the summary of the policy generation this switch ended, taken
+	// by the enforcement point atomically with the swap; nil when the provider cannot say.
+	PreviousBlocked *BlockedSummary `json:"previous_blocked,omitempty"`
 }

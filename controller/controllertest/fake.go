@@ -40,6 +40,12 @@ type Provider struct {
 	Missing map[string]bool
 	// Cancel is called by the "cancel" command (a test's Ctrl-C).
 	Cancel func()
+	// ReportPrevious makes Apply report the ended generation's blocked summary, taken
+	// with the swap as the Docker sidecar does; without it Apply reports none.
+	ReportPrevious bool
+	// BlockedAtSwitch adds, when a switch to that phase starts, blocked attempts under
+	// the outgoing policy: attempts made after the runner's last read, before the swap.
+	BlockedAtSwitch map[string]uint64
 }
 
 // New returns an empty fake provider.
@@ -154,29 +160,38 @@ func (e *Env) Mode() policy.Mode {
 func (e *Env) Apply(ctx context.Context, p policy.Policy, label controller.PhaseLabel) (controller.Transition, error) {
 	e.mu.Lock()
 	from := e.policy.Mode
+	e.blocked += e.p.BlockedAtSwitch[label.Phase]
 	e.mu.Unlock()
 	if e.p.ApplyErr != nil {
 		if err := e.p.ApplyErr(label.Phase); err != nil {
-			e.mu.Lock()
-			e.policy, e.gen, e.blocked = policy.NoNetwork, e.gen+1, 0
-			e.mu.Unlock()
+			_, prev := e.swap(policy.NoNetwork)
 			e.p.logf("%s apply %s %s failed", e.role, label.Phase, p.Mode)
-			return controller.Transition{FromMode: from, ToMode: p.Mode}, err
+			return controller.Transition{FromMode: from, ToMode: p.Mode, PreviousBlocked: prev}, err
 		}
 	}
 	if err := ctx.Err(); err != nil {
 		return controller.Transition{}, err
 	}
-	e.mu.Lock()
-	e.policy, e.gen, e.blocked = p, e.gen+1, 0
-	gen := e.gen
-	e.mu.Unlock()
+	gen, prev := e.swap(p)
 	e.p.logf("%s apply %s %s", e.role, label.Phase, p.Mode)
 	return controller.Transition{
 		Time: time.Now(), Environment: e.id, Phase: label.Phase, FromMode: from, ToMode: p.Mode,
 		Digest: p.Digest(), Generation: gen, Duration: time.Millisecond,
-		Parts: map[string]time.Duration{"rules": time.Millisecond}, OK: true,
+		Parts: map[string]time.Duration{"rules": time.Millisecond}, OK: true, PreviousBlocked: prev,
 	}, nil
+}
+
+// swap puts p in force as a new generation; it returns that generation and, when the
+// provider is set to report it, the ended generation's summary.
+func (e *Env) swap(p policy.Policy) (uint64, *controller.BlockedSummary) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	prev := e.summary()
+	e.policy, e.gen, e.blocked = p, e.gen+1, 0
+	if !e.p.ReportPrevious {
+		return e.gen, nil
+	}
+	return e.gen, &prev
 }
 
 // Exec runs one command of the fake's command language.
@@ -241,11 +256,16 @@ func (e *Env) Upload(_ context.Context, srcPath, dstDir string) error {
 func (e *Env) Blocked(context.Context) (controller.BlockedSummary, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.summary(), nil
+}
+
+// summary is the blocked summary of the generation in force; e.mu is held.
+func (e *Env) summary() controller.BlockedSummary {
 	sum := controller.BlockedSummary{Generation: e.gen, Total: e.blocked}
 	if e.blocked > 0 {
 		sum.Top = []controller.BlockedTarget{{Host: "exfil.test", Port: 443, Type: "connect", Reason: "not_allowed", Count: e.blocked}}
 	}
-	return sum, nil
+	return sum
 }
 
 // Close removes the environment, or keeps it when retained.

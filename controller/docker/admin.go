@@ -42,6 +42,9 @@ type policyAck struct {
 	Task              string          `json:"task"`
 	Phase             string          `json:"phase"`
 	ClosedConnections uint64          `json:"closed_connections"`
+	// PreviousBlocked (PUT only) is the outgoing generation's blocked summary, taken
+	// atomically with the swap; absent on the first policy a sidecar gets.
+	PreviousBlocked *controller.BlockedSummary `json:"previous_blocked,omitempty"`
 }
 
 type adminError struct {

@@ -66,7 +66,13 @@ func (e *Env) Switch(ctx context.Context, pol policy.Policy, label controller.Ph
 		err = e.switchSteps(ctx, pol, label, &r)
 	}
 	if err != nil {
-		r.FailClosed, err = e.failClosed(ctx, err)
+		var prev *controller.BlockedSummary
+		r.FailClosed, prev, err = e.failClosed(ctx, err)
+		if r.PreviousBlocked == nil {
+			// The rules never changed, so the fail-closed PUT is what ended the old
+			// generation. Had they changed, the first PUT's summary is the old phase's.
+			r.PreviousBlocked = prev
+		}
 		r.Error = err.Error()
 	} else {
 		r.OK = true
@@ -216,6 +222,8 @@ func (e *Env) egressGateway(ctx context.Context) (netip.Addr, error) {
 
 func (e *Env) putRules(ctx context.Context, pol policy.Policy, label controller.PhaseLabel, r *SwitchReport) error {
 	ack, err := e.admin.PutPolicy(ctx, pol, e.task, label.Phase)
+	// A swap acknowledged with the wrong digest still ended the old generation.
+	r.PreviousBlocked = ack.PreviousBlocked
 	if err != nil {
 		return fmt.Errorf("docker: sidecar %s: %w", e.names.Sidecar, err)
 	}
@@ -263,8 +271,9 @@ func (e *Env) ensureSidecarEgress(ctx context.Context, r *SwitchReport) error {
 }
 
 // failClosed leaves the agent with no egress after a failed switch: no direct wiring,
-// no default route, and a sidecar that either denies everything or has no way out.
-func (e *Env) failClosed(ctx context.Context, cause error) ([]string, error) {
+// no default route, and a sidecar that either denies everything or has no way out. It
+// also returns the blocked summary the sidecar reported for the generation it ended, if any.
+func (e *Env) failClosed(ctx context.Context, cause error) ([]string, *controller.BlockedSummary, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 20*time.Second)
 	defer cancel()
 	var done []string
@@ -284,7 +293,9 @@ func (e *Env) failClosed(ctx context.Context, cause error) ([]string, error) {
 	pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
 	ack, err := e.admin.PutPolicy(pctx, policy.NoNetwork, e.task, "fail-closed")
 	pcancel()
+	var prev *controller.BlockedSummary
 	if err == nil {
+		prev = ack.PreviousBlocked
 		done = append(done, fmt.Sprintf("sidecar rules: no-network generation %d", ack.Generation))
 	} else if derr := e.p.api.NetworkDisconnect(ctx, e.egressNet, e.names.Sidecar, true); derr != nil && !ignorableDisconnect(derr) {
 		errs = append(errs, fmt.Errorf("sidecar unreachable (%v) and could not be cut from %s: %w", err, e.egressNet, derr))
@@ -293,7 +304,7 @@ func (e *Env) failClosed(ctx context.Context, cause error) ([]string, error) {
 	}
 	msg := fmt.Sprintf("docker: switch of %s failed, agent left with no egress (%s): %v", e.names.Env, strings.Join(done, "; "), cause)
 	if len(errs) > 0 {
-		return done, fmt.Errorf("%s; FAIL-CLOSED INCOMPLETE: %w", msg, errors.Join(errs...))
+		return done, prev, fmt.Errorf("%s; FAIL-CLOSED INCOMPLETE: %w", msg, errors.Join(errs...))
 	}
-	return done, errors.New(msg)
+	return done, prev, errors.New(msg)
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/docker/docker/client"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -378,7 +379,9 @@ type fakeAdmin struct {
 	mu         sync.Mutex
 	generation uint64
 	current    policy.Policy
-	fail       bool // refuse every PUT with 400
+	fail       bool        // refuse every PUT with 400
+	refuse     policy.Mode // refuse PUTs of this mode with 400
+	blocked    uint64      // blocked attempts under the generation in force
 	srv        *http.Server
 	done       chan struct{}
 }
@@ -398,7 +401,7 @@ func startFakeAdmin(t *testing.T, socket string, ev *events) *fakeAdmin {
 	mux.HandleFunc("GET /v1/policy", func(w http.ResponseWriter, _ *http.Request) {
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		a.writeAck(w)
+		a.writeAck(w, nil)
 	})
 	mux.HandleFunc("PUT /v1/policy", func(w http.ResponseWriter, r *http.Request) {
 		var body struct {
@@ -407,16 +410,21 @@ func startFakeAdmin(t *testing.T, socket string, ev *events) *fakeAdmin {
 		err := json.NewDecoder(r.Body).Decode(&body)
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		if err != nil || a.fail {
+		if err != nil || a.fail || (a.refuse != "" && body.Policy.Mode == a.refuse) {
 			w.WriteHeader(http.StatusBadRequest)
 			fmt.Fprint(w, `{"error":"refused","errors":["test"]}`)
 			a.ev.add("admin-put-refused")
 			return
 		}
+		prev := controller.BlockedSummary{Generation: a.generation, Total: a.blocked}
+		if a.blocked > 0 {
+			prev.Top = []controller.BlockedTarget{{Host: "exfil.test", Port: 443, Type: "connect", Reason: "not_allowed", Count: a.blocked}}
+		}
 		a.generation++
 		a.current = body.Policy
+		a.blocked = 0
 		a.ev.add("admin-put %s", body.Policy.Mode)
-		a.writeAck(w)
+		a.writeAck(w, &prev)
 	})
 	a.srv = &http.Server{Handler: mux, ReadHeaderTimeout: time.Second}
 	go func() {
@@ -430,8 +438,14 @@ func startFakeAdmin(t *testing.T, socket string, ev *events) *fakeAdmin {
 	return a
 }
 
-func (a *fakeAdmin) writeAck(w http.ResponseWriter) {
-	_ = json.NewEncoder(w).Encode(map[string]any{
+// writeAck answers as compass-proxy does: prev, the ended generation's blocked summary,
+// only in the answer to a PUT.
+func (a *fakeAdmin) writeAck(w http.ResponseWriter, prev *controller.BlockedSummary) {
+	ack := map[string]any{
 		"generation": a.generation, "digest": a.current.Digest(), "mode": a.current.Mode, "policy": a.current,
-	})
+	}
+	if prev != nil {
+		ack["previous_blocked"] = prev
+	}
+	_ = json.NewEncoder(w).Encode(ack)
 }
