@@ -9,7 +9,9 @@
 // of rules. Exact names sit in an open-addressing hash table whose slots hold the name
 // (sharing the policy's bytes), a hash tag and a rule reference; wildcard suffixes sit
 // in a second table, looked up once per label of the requested name (and only for
-// label counts that some wildcard has).
+// label counts that some wildcard has). A small Bloom filter in front of each table
+// (16 to 32 bits per name, so it stays in the cache) turns most absent names away
+// before they cost a read of the table's slots in main memory.
 // Each address family is cut into disjoint spans at every prefix boundary; a radix index
 // on the bits where the boundaries differ finds the span, which names its innermost
 // prefix, and parent links lead outwards to the enclosing prefixes for the port check.
