@@ -70,6 +70,19 @@ func (s *policySource) resolve(task, def string) (policy.Policy, string, error) 
 	return policy.Policy{}, "", nil
 }
 
+// baseline is the policy an environment opens under: the one given, or the runtime
+// default (public) when neither --policy nor --plan is.
+func (s *policySource) baseline(task string) (policy.Policy, error) {
+	p, _, err := s.resolve(task, "baseline")
+	if err != nil {
+		return policy.Policy{}, err
+	}
+	if !p.Mode.Valid() {
+		return policy.Public, nil
+	}
+	return p, nil
+}
+
 func newEnvOpenCommand(f *envFlags) *cobra.Command {
 	var (
 		task, image, role string
@@ -84,12 +97,9 @@ func newEnvOpenCommand(f *envFlags) *cobra.Command {
 			if task == "" || image == "" {
 				return usageError{fmt.Errorf("--task and --image are required")}
 			}
-			baseline, _, err := src.resolve(task, "baseline")
+			baseline, err := src.baseline(task)
 			if err != nil {
 				return err
-			}
-			if !baseline.Mode.Valid() {
-				baseline = policy.Public
 			}
 			vars, err := parseEnvVars(env)
 			if err != nil {
@@ -155,12 +165,9 @@ func newEnvAttachCommand(f *envFlags) *cobra.Command {
 			if task == "" || ctr == "" {
 				return usageError{fmt.Errorf("--task and --container are required")}
 			}
-			baseline, _, err := src.resolve(task, "baseline")
+			baseline, err := src.baseline(task)
 			if err != nil {
 				return err
-			}
-			if !baseline.Mode.Valid() {
-				baseline = policy.Public
 			}
 			p, done, err := f.provider()
 			if err != nil {
