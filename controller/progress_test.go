@@ -1,37 +1,18 @@
 package controller_test
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
+	"github.com/compass-egress/compass-egress/internal/testutil"
 )
 
-// syncBuffer is a bytes.Buffer safe for the progress goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestLogProgress(t *testing.T) {
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	p := controllertest.New()
 	r := newRunner(t, p)
 	r.Progress = controller.NewLogProgress(&out)
@@ -57,7 +38,7 @@ func TestLogProgress(t *testing.T) {
 }
 
 func TestLiveProgressRedrawsInPlace(t *testing.T) {
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	lp := controller.NewLiveProgress(&out, time.Hour)
 	lp.Update(controller.ProgressUpdate{Task: "a", Step: controller.StepRun, Mode: "no-network", Started: time.Now(), Blocked: 1})
 	lp.Update(controller.ProgressUpdate{Task: "b", Step: controller.StepPrepare, Mode: "public", Started: time.Now()})

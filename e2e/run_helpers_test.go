@@ -24,6 +24,7 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/internal/testutil"
 )
 
 // The demo images, under the tags the example task files name.
@@ -160,7 +161,7 @@ func writeTask(t *testing.T, dir, name, body string) string {
 // run is one `compassctl run` in progress: its output, and a way to wait or interrupt.
 type run struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testutil.SyncBuffer
 	done chan error
 }
 
@@ -169,7 +170,7 @@ type run struct {
 func startRun(t *testing.T, ctx context.Context, args ...string) *run {
 	t.Helper()
 	cmd := h.Compassctl(ctx, append([]string{"run", "--progress", "plain"}, args...)...)
-	out := &syncBuffer{}
+	out := &testutil.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -287,21 +288,4 @@ func attemptsOf(t *testing.T, taskDir string, s controller.StepRecord) []Attempt
 		}
 	}
 	return out
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

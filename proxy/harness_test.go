@@ -21,6 +21,7 @@ import (
 	"github.com/miekg/dns"
 	"go.uber.org/goleak"
 
+	"github.com/compass-egress/compass-egress/internal/testutil"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -222,30 +223,13 @@ type harness struct {
 	a, b   *upstream // a.test → 127.0.0.2, b.test → 127.0.0.3
 	c      *upstream // x.svc.test, svc.test → 127.0.0.4
 	socket string
-	logs   *syncBuffer
+	logs   *testutil.SyncBuffer
 	client *http.Client
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func newHarness(t testing.TB, tune ...func(*Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, logs: &syncBuffer{}}
+	h := &harness{t: t, logs: &testutil.SyncBuffer{}}
 	h.a = startUpstream(t, "127.0.0.2")
 	h.b = startUpstream(t, "127.0.0.3")
 	h.c = startUpstream(t, "127.0.0.4")
