@@ -309,6 +309,31 @@ func (c *tunnelConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // connect opens a CONNECT tunnel; early is sent in the same write as the request.
 // It returns the response and, on 200, the tunnel.
+// websocket upgrades a connection to host's /ws echo through the proxy, checks that one
+// frame comes back, and returns the reader of the relayed connection (closed with the
+// test).
+func (h *harness) websocket(t testing.TB, host string, deadline time.Duration) *bufio.Reader {
+	t.Helper()
+	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(deadline))
+	fmt.Fprintf(c, "GET http://%s:%d/ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host, h.a.httpPort, host)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	_, _ = io.WriteString(c, "frame")
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(br, buf); err != nil || string(buf) != "frame" {
+		t.Fatalf("echo %q %v", buf, err)
+	}
+	return br
+}
+
 func (h *harness) connect(target string, early string) (*http.Response, *tunnelConn) {
 	h.t.Helper()
 	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -76,23 +75,7 @@ func TestTunnelIdleTimeout(t *testing.T) {
 	})
 
 	t.Run("websocket", func(t *testing.T) {
-		c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		fmt.Fprintf(c, "GET http://127.0.0.2:%d/ws HTTP/1.1\r\nHost: 127.0.0.2\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", h.a.httpPort)
-		br := bufio.NewReader(c)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
-			t.Fatalf("upgrade: %v %v", resp, err)
-		}
-		_, _ = io.WriteString(c, "frame")
-		buf := make([]byte, 5)
-		if _, err := io.ReadFull(br, buf); err != nil || string(buf) != "frame" {
-			t.Fatalf("echo %q %v", buf, err)
-		}
+		br := h.websocket(t, "127.0.0.2", 10*time.Second)
 		if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
 			t.Fatalf("idle websocket: read %v, want EOF (closed by the proxy)", err)
 		}

@@ -106,23 +106,7 @@ func TestDialFailureIs502(t *testing.T) {
 func TestWebsocketUpgrade(t *testing.T) {
 	h := newHarness(t)
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
-	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	fmt.Fprintf(c, "GET http://a.test:%d/ws HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", h.a.httpPort)
-	br := bufio.NewReader(c)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
-		t.Fatalf("upgrade: %v %v", resp, err)
-	}
-	_, _ = io.WriteString(c, "frame")
-	buf := make([]byte, 5)
-	if _, err := io.ReadFull(br, buf); err != nil || string(buf) != "frame" {
-		t.Fatalf("echo %q %v", buf, err)
-	}
+	br := h.websocket(t, "a.test", 5*time.Second)
 	// A swap that disallows a.test cuts the websocket too.
 	if res := h.apply(`"no-network"`); res.ClosedConnections != 1 {
 		t.Fatalf("closed %d", res.ClosedConnections)
