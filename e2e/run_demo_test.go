@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/e2e/harness"
 )
 
 // expected is what the demo must show: per step, who tried what, and the outcome.
@@ -45,7 +46,7 @@ var expected = map[string]map[string]string{
 func TestDemo(t *testing.T) {
 	demoImages(t)
 	t.Parallel()
-	root, err := moduleRoot()
+	root, err := harness.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/e2e/harness"
 	"github.com/compass-egress/compass-egress/internal/testutil"
 )
 
@@ -54,12 +55,12 @@ func demoImages(t *testing.T) {
 }
 
 func buildDemoImages(ctx context.Context) error {
-	root, err := moduleRoot()
+	root, err := harness.ModuleRoot()
 	if err != nil {
 		return err
 	}
 	bin := filepath.Join(h.BinDir, "demo")
-	cmd := exec.CommandContext(ctx, goTool(), "build", "-trimpath", "-o", bin, "./images/demo")
+	cmd := exec.CommandContext(ctx, harness.GoTool(), "build", "-trimpath", "-o", bin, "./images/demo")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -122,30 +123,6 @@ func removeDemoImages(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("go.mod not found")
-		}
-		dir = parent
-	}
-}
-
-func goTool() string {
-	if g := os.Getenv("GO"); g != "" {
-		return g
-	}
-	return "go"
 }
 
 // writeTask writes a task file (YAML) into dir and returns its path.

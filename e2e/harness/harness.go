@@ -161,8 +161,8 @@ func Setup(ctx context.Context, pkg string) (*Harness, error) {
 	return h, nil
 }
 
-// moduleRoot finds the directory of go.mod above the working directory.
-func moduleRoot() (string, error) {
+// ModuleRoot finds the directory of go.mod above the working directory.
+func ModuleRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
@@ -179,16 +179,20 @@ func moduleRoot() (string, error) {
 	}
 }
 
+// GoTool is the go command to build with: $GO, or go from PATH.
+func GoTool() string {
+	if g := os.Getenv("GO"); g != "" {
+		return g
+	}
+	return "go"
+}
+
 func (h *Harness) buildBinaries(ctx context.Context) error {
-	root, err := moduleRoot()
+	root, err := ModuleRoot()
 	if err != nil {
 		return err
 	}
-	goBin := os.Getenv("GO")
-	if goBin == "" {
-		goBin = "go"
-	}
-	cmd := exec.CommandContext(ctx, goBin, "build", "-trimpath", "-o", h.BinDir+string(os.PathSeparator),
+	cmd := exec.CommandContext(ctx, GoTool(), "build", "-trimpath", "-o", h.BinDir+string(os.PathSeparator),
 		"./cmd/compass-proxy", "./cmd/compassctl", "./images/probe", "./images/fakenet")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
