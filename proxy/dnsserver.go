@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
@@ -50,7 +51,7 @@ func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		a.rs.blocked.add(a.name, 0, typeDNS, a.reason)
 	}
 	_ = w.WriteMsg(resp)
-	s.logDecision(a.rs, typeDNS, a.decision, a.reason, a.rule, a.name, 0, netip.Addr{}, client, "qtype", dns.TypeToString[a.qtype])
+	s.logDecision(a.rs, typeDNS, a.decision, a.reason, a.rule, a.name, 0, netip.Addr{}, client, slog.String("qtype", dns.TypeToString[a.qtype]))
 }
 
 // dnsAnswer is the outcome of one query, with the rule set that decided it.

@@ -11,6 +11,7 @@ import (
 	"net/http/httptrace"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -204,8 +205,12 @@ func (s *Server) redecide(rs *RuleSet, v Verdict) Verdict {
 	return v
 }
 
-// decide resolves and checks with the DNS time budget.
+// decide resolves and checks with the DNS time budget. An address literal needs no
+// lookup, so it skips the budget's timer.
 func (s *Server) decide(ctx context.Context, rs *RuleSet, host string, port uint16) Verdict {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return s.decider.Decide(ctx, rs, host, port)
+	}
 	budget := s.cfg.DNSTimeout * time.Duration(max(1, len(s.cfg.DNSUpstreams)))
 	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
@@ -305,6 +310,16 @@ func (w *proxyResponseWriter) Write(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// ReadFrom copies a response body through a pooled buffer: goproxy's io.Copy would
+// otherwise allocate 32 KiB for every response.
+func (w *proxyResponseWriter) ReadFrom(r io.Reader) (int64, error) {
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	return io.CopyBuffer(struct{ io.Writer }{w}, r, *bp)
+}
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 func (w *proxyResponseWriter) Flush() {
 	if f, ok := w.ResponseWriter.(http.Flusher); ok {

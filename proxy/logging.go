@@ -7,8 +7,9 @@ import (
 )
 
 // logDecision writes the one JSON line of a decision: allowed at INFO, denied at WARN,
-// so --log-level=warn keeps exactly the blocked attempts.
-func (s *Server) logDecision(rs *RuleSet, typ, decision, reason, rule, host string, port uint16, addr netip.Addr, client string, extra ...any) {
+// so --log-level=warn keeps exactly the blocked attempts. It runs once per connection
+// and request, so it builds typed attributes (LogAttrs) rather than boxing each value.
+func (s *Server) logDecision(rs *RuleSet, typ, decision, reason, rule, host string, port uint16, addr netip.Addr, client string, extra ...slog.Attr) {
 	level := slog.LevelInfo
 	if decision != "allowed" {
 		level = slog.LevelWarn
@@ -20,10 +21,12 @@ func (s *Server) logDecision(rs *RuleSet, typ, decision, reason, rule, host stri
 	if addr.IsValid() {
 		dialled = addr.String()
 	}
-	attrs := append([]any{
-		"decision", decision, "reason", reason, "rule", rule, "host", host, "port", port,
-		"addr", dialled, "client", client, "type", typ, "mode", string(rs.Mode()),
-		"generation", rs.Generation, "task", rs.Task, "phase", rs.Phase,
-	}, extra...)
-	s.log.Log(context.Background(), level, "decision", attrs...)
+	var buf [16]slog.Attr
+	attrs := append(buf[:0],
+		slog.String("decision", decision), slog.String("reason", reason), slog.String("rule", rule),
+		slog.String("host", host), slog.Int("port", int(port)), slog.String("addr", dialled),
+		slog.String("client", client), slog.String("type", typ), slog.String("mode", string(rs.Mode())),
+		slog.Uint64("generation", rs.Generation), slog.String("task", rs.Task), slog.String("phase", rs.Phase))
+	attrs = append(attrs, extra...)
+	s.log.LogAttrs(context.Background(), level, "decision", attrs...)
 }

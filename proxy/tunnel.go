@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -152,9 +154,13 @@ func (s *Server) finishTunnel(t *tunnelDone) {
 	s.proxyLn.release()
 	s.metrics.bytes.WithLabelValues("upstream").Add(float64(t.upBytes))
 	s.metrics.bytes.WithLabelValues("downstream").Add(float64(t.downBytes))
-	s.log.Info("tunnel closed", "type", typeConnect, "host", t.host, "port", t.port,
-		"addr", t.addr.String(), "client", t.client, "bytes_up", t.upBytes, "bytes_down", t.downBytes,
-		"duration_seconds", time.Since(t.start).Seconds(), "generation", t.gen, "task", t.task, "phase", t.phase)
+	if s.log.Enabled(context.Background(), slog.LevelInfo) {
+		s.log.LogAttrs(context.Background(), slog.LevelInfo, "tunnel closed", slog.String("type", typeConnect),
+			slog.String("host", t.host), slog.Int("port", int(t.port)), slog.String("addr", t.addr.String()),
+			slog.String("client", t.client), slog.Int64("bytes_up", t.upBytes), slog.Int64("bytes_down", t.downBytes),
+			slog.Float64("duration_seconds", time.Since(t.start).Seconds()), slog.Uint64("generation", t.gen),
+			slog.String("task", t.task), slog.String("phase", t.phase))
+	}
 	s.metrics.active.WithLabelValues(typeConnect).Dec()
 }
 
@@ -172,7 +178,6 @@ func (s *Server) addTunnel() bool {
 // halfCloser is what *net.TCPConn offers for a clean one-way EOF.
 type halfCloser interface {
 	CloseWrite() error
-	CloseRead() error
 }
 
 // copyDirection relays one direction (pre first), ends it, and reports the count on done
@@ -227,13 +232,11 @@ func pump(dst, src net.Conn) (int64, error) {
 
 // endDirection ends one direction: on EOF it passes the EOF on (half-close) so the
 // other direction keeps flowing; on an error it closes both, which also stops the
-// other direction's copy.
+// other direction's copy. src has already said EOF, so shutting its read side too
+// would only cost a system call per tunnel.
 func endDirection(dst, src net.Conn, err error) {
-	d, dok := dst.(halfCloser)
-	s, sok := src.(halfCloser)
-	if err == nil && dok && sok {
+	if d, ok := dst.(halfCloser); ok && err == nil {
 		_ = d.CloseWrite()
-		_ = s.CloseRead()
 		return
 	}
 	dst.Close()
