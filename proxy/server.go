@@ -89,6 +89,7 @@ type Server struct {
 	relay      http.Handler // goproxy, as serveProxy calls it
 	proxySrv   *http.Server
 	proxyLn    *limitListener
+	front      *front
 	dnsServers []*dns.Server
 	adminSrv   *http.Server
 	adminLn    net.Listener
@@ -320,7 +321,9 @@ func (s *Server) serve(dnsConns []any) {
 		},
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
-	s.goServe(func() error { return s.proxySrv.Serve(s.proxyLn) })
+	s.front = newFront(s)
+	s.goServe(s.front.serve)
+	s.goServe(func() error { return s.proxySrv.Serve(s.front) })
 
 	handler := dns.HandlerFunc(s.serveDNS)
 	for _, c := range dnsConns {
@@ -420,6 +423,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	err := s.proxySrv.Shutdown(ctx)
+	s.front.Close()
+	s.front.wait()
 	done := make(chan struct{})
 	go func() { s.tunnels.Wait(); close(done) }()
 	select {

@@ -16,34 +16,50 @@ import (
 	"github.com/elazarl/goproxy"
 )
 
-// decideConnect decides a CONNECT request: the target must carry a port; refusals are
-// written by goproxy (ConnectReject with our 403), allowed targets become our tunnel.
+// decideConnect decides a CONNECT request that reached goproxy (one that followed
+// another request on a keep-alive connection; a connection's first CONNECT is served by
+// the front): the target must carry a port; refusals are written by goproxy
+// (ConnectReject with our 403), allowed targets become our tunnel.
 func (s *Server) decideConnect(host string, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
 	r := ctx.Req
 	st := stateOf(r)
-	rs := s.current.Load()
-	st.rs = rs
-	v := Verdict{Host: host}
-	if h, port, reason := splitAuthority(host, 0); reason != "" {
-		v.Reason = reason
-	} else {
-		v = s.decide(r.Context(), rs, h, port)
-	}
-	s.record(rs, typeConnect, v, r.RemoteAddr)
+	st.rs = s.current.Load()
+	v := s.decideTunnel(r.Context(), st.rs, host, r.RemoteAddr)
 	if !v.Allowed {
-		ctx.Resp = refusalResponse(r, rs, typeConnect, v)
+		ctx.Resp = refusalResponse(r, st.rs, typeConnect, v)
 		return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
 	}
 	st.verdict = v
-	return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: s.tunnel}, host
+	return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: s.hijackedTunnel}, host
 }
 
-// tunnel dials the checked address and relays bytes. Both sides stay *net.TCPConn so
-// ReadFrom splices in the kernel; each direction half-closes on EOF; bytes the client
-// sent along with the CONNECT are forwarded first.
-func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
+// decideTunnel decides and records a CONNECT target under rs.
+func (s *Server) decideTunnel(ctx context.Context, rs *RuleSet, target, client string) Verdict {
+	v := Verdict{Host: target}
+	if h, port, reason := splitAuthority(target, 0); reason != "" {
+		v.Reason = reason
+	} else {
+		v = s.decide(ctx, rs, h, port)
+	}
+	s.record(rs, typeConnect, v, client)
+	return v
+}
+
+// hijackedTunnel is goproxy's hijack hook: the tunnel takes over the connection, and
+// with it the connection slot, when it starts.
+func (s *Server) hijackedTunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 	st := stateOf(r)
-	v, rs := st.verdict, st.rs
+	buffered := st.buffered
+	st.buffered = nil
+	st.tunnel = s.openTunnel(r, client, buffered, st.rs, st.verdict)
+}
+
+// openTunnel dials the checked address and relays bytes. Both sides stay *net.TCPConn
+// so ReadFrom splices in the kernel; each direction half-closes on EOF; bytes the client
+// sent along with the CONNECT (buffered) are forwarded first. It reports whether the
+// tunnel started; if it did not, it has answered the client and the caller closes the
+// connection.
+func (s *Server) openTunnel(r *http.Request, client net.Conn, buffered []byte, rs *RuleSet, v Verdict) bool {
 	fail := func(status, reason string) {
 		fmt.Fprintf(client, "HTTP/1.1 %s\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nX-Compass-Egress: %s\r\nContent-Length: 0\r\n\r\n", status, reason)
 	}
@@ -51,7 +67,7 @@ func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 	if err != nil {
 		s.log.Warn("dial failed", "type", typeConnect, "host", blockedHost(v), "port", v.Port, "client", r.RemoteAddr, "error", err.Error())
 		fail("502 Bad Gateway", "error; reason=dial-failed")
-		return
+		return false
 	}
 	// Until the 200 is written, a swap that cuts this tunnel closes only the upstream
 	// side, so the client still gets a clean 403 rather than a bare EOF.
@@ -84,7 +100,7 @@ func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 	}
 	if cur := s.current.Load(); cur != rs && !s.decider.Recheck(cur, v.Name, addr, v.Port) {
 		refuse()
-		return
+		return false
 	}
 	// Counted for the drain before the client hears 200: a drain that starts now waits
 	// for this tunnel instead of cutting one it just confirmed.
@@ -92,14 +108,14 @@ func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 		s.tracker.remove(entry)
 		up.Close()
 		fail("503 Service Unavailable", "error; reason=draining")
-		return
+		return false
 	}
 	mu.Lock()
 	if cut {
 		mu.Unlock()
 		s.tunnels.Done()
 		refuse()
-		return
+		return false
 	}
 	_, err = io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n")
 	established = true
@@ -108,16 +124,15 @@ func (s *Server) tunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 		s.tracker.remove(entry)
 		up.Close()
 		s.tunnels.Done()
-		return
+		return false
 	}
-	st.tunnel = true
 	s.metrics.active.WithLabelValues(typeConnect).Inc()
 	// The goroutine keeps only what it logs: not the request, whose memory would
 	// otherwise live as long as the tunnel.
-	buffered, clientAddr, gen, task, phase := st.buffered, r.RemoteAddr, rs.Generation, rs.Task, rs.Phase
-	st.buffered = nil
-	t := &tunnelDone{entry: entry, host: blockedHost(v), port: v.Port, addr: addr, client: clientAddr, gen: gen, task: task, phase: phase}
+	t := &tunnelDone{entry: entry, host: blockedHost(v), port: v.Port, addr: addr, client: r.RemoteAddr,
+		gen: rs.Generation, task: rs.Task, phase: rs.Phase}
 	go s.runTunnel(client, up, buffered, t)
+	return true
 }
 
 // tunnelDone is what a finished tunnel reports.

@@ -1,0 +1,121 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestConnectAfterRequest: a CONNECT that follows a request on a keep-alive connection
+// is served by the HTTP server's path (goproxy), not the front; it tunnels, carries its
+// early bytes, half-closes, and is refused with the same 403 as the front's.
+func TestConnectAfterRequest(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+	dialGET := func() (net.Conn, *bufio.Reader) {
+		t.Helper()
+		c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		target := h.a.httpHostPort("a.test")
+		fmt.Fprintf(c, "GET http://%s/ HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Close {
+			t.Fatalf("GET: status %d, close %v", resp.StatusCode, resp.Close)
+		}
+		return c, br
+	}
+
+	c, br := dialGET()
+	target := h.a.echoHostPort("a.test")
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\nearly-", target, target)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("CONNECT after GET: %v %v", resp, err)
+	}
+	_, _ = io.WriteString(c, "late")
+	_ = c.(*net.TCPConn).CloseWrite()
+	if out, err := io.ReadAll(br); err != nil || string(out) != "early-late|eof after 10" {
+		t.Fatalf("tunnel after GET echoed %q, %v", out, err)
+	}
+
+	c, br = dialGET()
+	blocked := h.b.echoHostPort("b.test")
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", blocked, blocked)
+	resp, err = http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusForbidden || !strings.HasPrefix(resp.Header.Get("X-Compass-Egress"), "denied; reason=") {
+		t.Fatalf("blocked CONNECT after GET: %d %q", resp.StatusCode, resp.Header.Get("X-Compass-Egress"))
+	}
+}
+
+// TestFrontRefusesBadConnect: a CONNECT head the HTTP server would refuse is refused
+// by the front too, and a head beyond the size bound gets 431.
+func TestFrontRefusesBadConnect(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	target := h.a.echoHostPort("a.test")
+	for _, tc := range []struct {
+		name, req, want string
+	}{
+		{"two Host headers", "CONNECT " + target + " HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "HTTP/1.1 400 "},
+		{"malformed request line", "CONNECT " + target + "\r\n\r\n", "HTTP/1.1 400 "},
+		{"bad header line", "CONNECT " + target + " HTTP/1.1\r\nno colon here\r\n\r\n", "HTTP/1.1 400 "},
+		{"head too large", "CONNECT " + target + " HTTP/1.1\r\nX-Big: " + strings.Repeat("a", 70<<10) + "\r\n\r\n", "HTTP/1.1 431 "},
+		{"no port", "CONNECT a.test HTTP/1.1\r\n\r\n", "HTTP/1.1 403 "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := h.raw(tc.req); !strings.HasPrefix(got, tc.want) {
+				t.Fatalf("answer %q, want prefix %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestDrainWakesHalfReadHead: a client that sent part of a CONNECT head when the drain
+// began is told 503 and closed at once, instead of holding the drain for its header
+// timeout (an hour here: a drain that waited for it would time the test out).
+func TestDrainWakesHalfReadHead(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.HeaderTimeout = time.Hour })
+	h.apply(`"public"`)
+	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.WriteString(c, "CONNECT a.te"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		h.srv.front.mu.Lock()
+		defer h.srv.front.mu.Unlock()
+		return len(h.srv.front.reading) == 1
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := h.srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(c)
+	if !strings.HasPrefix(string(out), "HTTP/1.1 503 ") || !strings.Contains(string(out), "reason=draining") {
+		t.Fatalf("half-read client got %q", out)
+	}
+}
