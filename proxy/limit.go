@@ -37,9 +37,6 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		l.release()
 		return nil, err
 	}
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetKeepAlive(true)
-	}
 	return c, nil
 }
 
