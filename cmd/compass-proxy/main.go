@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/internal/buildinfo"
+	"github.com/compass-egress/compass-egress/internal/jsonlog"
 	"github.com/compass-egress/compass-egress/proxy"
 )
 
@@ -156,7 +157,7 @@ func run(args []string) error {
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("compass-proxy: --log-level: %w", err)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(jsonlog.NewHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	o.cfg.Logger = log
 	srv, err := proxy.New(o.cfg)
 	if err != nil {
