@@ -22,6 +22,7 @@ const (
 	ReasonResolveFailed   = "resolve-failed"        // the name did not resolve
 	ReasonUnsupported     = "unsupported-upgrade"   // an Upgrade other than websocket
 	ReasonPolicyChanged   = "policy-changed"        // cut by a swap while being set up
+	ReasonHostMismatch    = "host-mismatch"         // the Host field names another destination than the URI
 )
 
 // Verdict is the outcome of one destination check.
@@ -185,4 +186,24 @@ func ruleString(t policy.Target) string {
 		return ""
 	}
 	return t.String()
+}
+
+// sameAuthority reports whether a Host field names the destination of the URI
+// authority uri: the same canonical name or address and, when the field has a port,
+// the same port (the URI's defaulting to the scheme's). A field without a port is
+// read as the URI's port: clients that leave out a non-default port are common, and
+// the host is what the field could lie about.
+func sameAuthority(field, uri string, defaultPort uint16) bool {
+	uh, up, ureason := splitAuthority(uri, defaultPort)
+	fh, fp, freason := splitAuthority(field, up)
+	if freason != "" || ureason != "" || fp != up {
+		return false
+	}
+	if fa, err := netip.ParseAddr(fh); err == nil {
+		ua, err := netip.ParseAddr(uh)
+		return err == nil && fa.Unmap() == ua.Unmap()
+	}
+	fn, ferr := policy.CanonicalHostname(fh)
+	un, uerr := policy.CanonicalHostname(uh)
+	return ferr == nil && uerr == nil && fn == un
 }

@@ -22,15 +22,11 @@ import (
 type requestState struct {
 	client net.Conn
 	rs     *RuleSet
-	// verdict is the allowed CONNECT decision the tunnel acts on.
-	verdict Verdict
+	host   hostField // the request's raw Host field
 	// entry is the tracked in-flight HTTP request, if one was allowed.
 	entry *liveConn
-	// hijacked is set when goproxy took the connection over; tunnel when a tunnel now
-	// owns it (and its connection slot).
+	// hijacked is set when goproxy took the connection over (a websocket).
 	hijacked net.Conn
-	buffered []byte
-	tunnel   bool
 	up, down atomic.Int64
 }
 
@@ -65,16 +61,20 @@ func (s *Server) newGoproxy() *goproxy.ProxyHttpServer {
 		writeRefusal(w, rs, typeHTTP, v)
 	})
 	gp.OnRequest().DoFunc(s.decideHTTP)
-	gp.OnRequest().HandleConnectFunc(s.decideConnect)
+	// The front serves every CONNECT itself; this keeps goproxy from ever dialling one.
+	gp.OnRequest().HandleConnectFunc(func(host string, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
+		ctx.Resp = refusalResponse(ctx.Req, s.current.Load(), typeConnect, Verdict{Host: host, Reason: ReasonUnsupported})
+		return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
+	})
 	return gp
 }
 
-// serveProxy is the proxy listener's handler: it prepares the request's state, runs
-// goproxy, then settles what goproxy leaves behind (tracking, hijacked connections,
-// the previous generation's idle upstream connections).
-func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
+// serveProxy runs goproxy on one request the front read: it prepares the request's
+// state, runs goproxy, then settles what goproxy leaves behind (tracking, hijacked
+// connections, the previous generation's idle upstream connections).
+func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, host hostField) {
 	client, _ := r.Context().Value(clientConnKey{}).(net.Conn)
-	st := &requestState{client: client}
+	st := &requestState{client: client, host: host}
 	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
 	if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
 		r.Body = &countingBody{ReadCloser: r.Body, n: &st.up}
@@ -94,9 +94,9 @@ func (s *Server) settle(st *requestState) {
 		s.metrics.bytes.WithLabelValues("upstream").Add(float64(st.up.Load()))
 		s.metrics.bytes.WithLabelValues("downstream").Add(float64(st.down.Load()))
 	}
-	if st.hijacked != nil && !st.tunnel {
-		// A websocket relay or a refused CONNECT: goproxy is done with the connection
-		// but does not always close it.
+	if st.hijacked != nil {
+		// A websocket relay: goproxy is done with the connection but does not always
+		// close it.
 		st.hijacked.Close()
 		s.proxyLn.release()
 	}
@@ -105,9 +105,10 @@ func (s *Server) settle(st *requestState) {
 	}
 }
 
-// decideHTTP decides an absolute-URI request. The destination is the URI's authority;
-// the Host header never matters (RFC 9112 §3.2.2): the server replaced it with the
-// authority, so the upstream sees the name that was decided.
+// decideHTTP decides an absolute-URI request. The destination is the URI's authority,
+// and the upstream is sent that authority as Host (RFC 9112 §3.2.2). A Host field that
+// names another destination is refused all the same: a client that says two things
+// is not one to guess for.
 func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
 	st := stateOf(r)
 	rs := s.current.Load()
@@ -133,6 +134,9 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 			v.Reason = reason
 		} else {
 			v = s.decide(r.Context(), rs, host, port)
+			if v.Allowed && st.host.present && !sameAuthority(st.host.value, r.URL.Host, defaultPort) {
+				v.Allowed, v.Addrs, v.Reason, v.Rule = false, nil, ReasonHostMismatch, ""
+			}
 		}
 	}
 	if v.Allowed {
@@ -337,16 +341,9 @@ func (w *proxyResponseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return nil, nil, err
 	}
 	w.st.hijacked = c
-	if n := rw.Reader.Buffered(); n > 0 {
-		b, _ := rw.Reader.Peek(n)
-		w.st.buffered = append([]byte(nil), b...)
-	}
-	if w.st.entry != nil {
-		// A websocket relay (goproxy's, through this connection both ways): it ends
-		// when idle. A CONNECT tunnel keeps the bare *net.TCPConn to splice.
-		return &idleConn{Conn: c, clock: newIdleClock(w.idle)}, rw, nil
-	}
-	return c, rw, nil
+	// A websocket relay (goproxy's, through this connection both ways): it ends when
+	// idle.
+	return &idleConn{Conn: c, clock: newIdleClock(w.idle)}, rw, nil
 }
 
 func (w *proxyResponseWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -5,41 +5,49 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
+	"os"
+	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 )
 
-// front reads the first bytes of every client connection. A connection that opens with
-// a CONNECT is served here as a tunnel, without net/http's server and goproxy: a tunnel
-// needs neither, and their per-connection machinery was the largest share of the
-// proxy's own CPU per tunnel set-up. Every other connection is handed, with the bytes
-// read so far, to the HTTP server (goproxy), which serves plain HTTP and anything odd.
-//
-// front is also the listener that HTTP server accepts from.
+// front serves the proxy's client connections: it reads each request head with
+// net/http's parser, serves a CONNECT itself (a tunnel needs nothing more), and hands
+// every other request to goproxy with a lean response writer. It replaces net/http's
+// server for this listener: the server's per-connection and per-request machinery
+// (contexts, background reads, its response writer) was the largest share of the
+// proxy's own CPU per tunnel set-up and per forwarded request, and it drops the Host
+// field of absolute-form requests before a handler can compare it with the URI.
 type front struct {
-	s       *Server
-	handoff chan net.Conn
-	done    chan struct{}
-	once    sync.Once
+	s    *Server
+	done chan struct{}
+	once sync.Once
 
-	mu      sync.Mutex
-	reading map[net.Conn]struct{} // connections whose first request is being read
-	wg      sync.WaitGroup        // their goroutines
+	mu    sync.Mutex
+	conns map[net.Conn]bool // open client connections; true while waiting for a head
+	wg    sync.WaitGroup    // their goroutines
 }
 
 func newFront(s *Server) *front {
-	return &front{s: s, handoff: make(chan net.Conn), done: make(chan struct{}), reading: make(map[net.Conn]struct{})}
+	return &front{s: s, done: make(chan struct{}), conns: make(map[net.Conn]bool)}
 }
 
-// maxHeadBytes bounds a CONNECT request's head, as the HTTP server's MaxHeaderBytes
-// bounds the others (it allows 4 KiB of slack for its buffer; so does this).
+// maxHeadBytes bounds a request head (what net/http's server allows with our
+// MaxHeaderBytes of 64 KiB, including its 4 KiB of slack).
 const maxHeadBytes = 64<<10 + 4096
 
-// frontReaders are the 4 KiB readers of request heads; a tunnel gives its back once
-// the head is parsed.
+// maxDrainBytes is how much of a request body nobody read is discarded to keep the
+// connection for another request; a longer rest closes it instead.
+const maxDrainBytes = 256 << 10
+
+// frontReaders are the connections' 4 KiB readers; a head that does not fit gets a
+// reader of its own (see hostFields).
 var frontReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
 
 // serve accepts until the listener closes.
@@ -50,183 +58,366 @@ func (f *front) serve() error {
 			f.Close()
 			return err
 		}
-		f.mu.Lock()
-		select {
-		case <-f.done:
-			f.mu.Unlock()
+		if !f.track(c) {
 			c.Close()
 			f.s.proxyLn.release()
 			continue
-		default:
 		}
-		f.reading[c] = struct{}{}
-		f.wg.Add(1)
-		f.mu.Unlock()
 		go f.serveConn(c)
 	}
 }
 
-// Accept, Close and Addr make front the HTTP server's listener.
-func (f *front) Accept() (net.Conn, error) {
+// track registers a new connection, unless the drain has begun.
+func (f *front) track(c net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	select {
-	case c := <-f.handoff:
-		return c, nil
 	case <-f.done:
-		return nil, net.ErrClosed
+		return false
+	default:
+	}
+	f.conns[c] = true
+	f.wg.Add(1)
+	return true
+}
+
+// waiting marks whether c is waiting for a request head, the state in which the drain
+// may close it at once. It reports false when the drain has begun.
+func (f *front) waiting(c net.Conn, w bool) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.conns[c]; ok {
+		f.conns[c] = w
+	}
+	select {
+	case <-f.done:
+		return false
+	default:
+		return true
 	}
 }
 
-// Close stops hand-offs and wakes every connection still being read, which then
-// closes; it does not wait (see wait).
-func (f *front) Close() error {
+func (f *front) untrack(c net.Conn) {
+	f.mu.Lock()
+	delete(f.conns, c)
+	f.mu.Unlock()
+	f.wg.Done()
+}
+
+func (f *front) draining() bool {
+	select {
+	case <-f.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Close begins the drain: no new connections, and every connection waiting for a head
+// is woken (its read deadline passes) to close; connections in a request close after
+// their response.
+func (f *front) Close() {
 	f.once.Do(func() {
 		f.mu.Lock()
 		close(f.done)
-		for c := range f.reading {
-			_ = c.SetReadDeadline(time.Now())
+		for c, waiting := range f.conns {
+			if waiting {
+				_ = c.SetReadDeadline(time.Now())
+			}
 		}
 		f.mu.Unlock()
 	})
-	return nil
 }
 
-func (f *front) Addr() net.Addr { return f.s.proxyLn.Addr() }
+// wait returns when every connection has ended, or when ctx ends; then it closes the
+// connections still open and waits for their goroutines.
+func (f *front) wait(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { f.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-ctx.Done():
+	}
+	f.mu.Lock()
+	for c := range f.conns {
+		c.Close()
+	}
+	f.mu.Unlock()
+	<-done
+}
 
-// wait returns when no connection is being read any more.
-func (f *front) wait() { f.wg.Wait() }
+// clientConn is one client connection's reading state.
+type clientConn struct {
+	c      net.Conn
+	head   *io.LimitedReader // the socket, limited while a head is read
+	br     *bufio.Reader
+	remote string
+	ctx    context.Context // carries the connection (withClientConn)
+}
 
 func (f *front) serveConn(c net.Conn) {
-	defer f.wg.Done()
-	head := &io.LimitedReader{R: c, N: maxHeadBytes}
-	br := frontReaders.Get().(*bufio.Reader)
-	br.Reset(head)
-	_ = c.SetReadDeadline(time.Now().Add(f.s.cfg.HeaderTimeout))
-	first, _ := br.Peek(len("CONNECT "))
-	if !bytes.Equal(first, []byte("CONNECT ")) {
-		f.handOff(c, br)
-		return
-	}
-	req, err := http.ReadRequest(br)
-	f.mu.Lock()
-	delete(f.reading, c)
-	f.mu.Unlock()
-	if err == nil {
-		err = checkConnectRequest(req)
-	}
-	if err != nil {
-		status := "400 Bad Request"
-		select {
-		case <-f.done: // woken by the drain
-			f.finish(c, br, "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nX-Compass-Egress: error; reason=draining\r\nContent-Length: 0\r\n\r\n")
+	defer f.untrack(c)
+	cc := &clientConn{c: c, head: &io.LimitedReader{R: c, N: math.MaxInt64}, remote: c.RemoteAddr().String()}
+	cc.ctx = withClientConn(context.Background(), c)
+	cc.br = frontReaders.Get().(*bufio.Reader)
+	cc.br.Reset(cc.head)
+	owned := false // a tunnel or hijacker took the connection
+	defer func() {
+		if !owned {
+			f.closeAnswered(c)
+		}
+		if cc.br != nil && cc.br.Size() == 4096 {
+			cc.br.Reset(nil)
+			frontReaders.Put(cc.br)
+		}
+	}()
+	for first := true; ; first = false {
+		wait := f.s.cfg.IdleTimeout
+		if first {
+			wait = f.s.cfg.HeaderTimeout
+		}
+		if !f.waiting(c, true) {
 			return
-		default:
 		}
-		if head.N <= 0 {
-			status = "431 Request Header Fields Too Large"
+		_ = c.SetReadDeadline(time.Now().Add(wait))
+		if _, err := cc.br.Peek(1); err != nil {
+			return // closed, idle too long, or woken by the drain
 		}
-		f.finish(c, br, "HTTP/1.1 "+status+"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"+status)
-		return
+		if !first {
+			_ = c.SetReadDeadline(time.Now().Add(f.s.cfg.HeaderTimeout))
+		}
+		cc.head.N = maxHeadBytes - int64(cc.br.Buffered())
+		hosts, err := cc.hostFields()
+		var req *http.Request
+		if err == nil {
+			req, err = http.ReadRequest(cc.br)
+		}
+		drain := !f.waiting(c, false)
+		tooLong := cc.head.N <= 0 || errors.Is(err, errHeadTooLong)
+		cc.head.N = math.MaxInt64
+		if err != nil {
+			f.refuseHead(cc.c, err, drain, tooLong)
+			return
+		}
+		_ = c.SetReadDeadline(time.Time{})
+		req.RemoteAddr = cc.remote
+		if answer := checkRequest(req, hosts); answer != "" {
+			f.answer(c, answer)
+			return
+		}
+		if req.Method == http.MethodConnect {
+			owned = f.connect(cc, req)
+			return
+		}
+		keep, hijacked := f.serveRequest(cc, req, hosts)
+		if hijacked {
+			owned, cc.br = true, nil
+			return
+		}
+		if !keep || f.draining() {
+			return
+		}
 	}
-	_ = c.SetReadDeadline(time.Time{})
-	var buffered []byte
-	if n := br.Buffered(); n > 0 {
-		b, _ := br.Peek(n)
-		buffered = append([]byte(nil), b...)
-	}
-	br.Reset(nil)
-	frontReaders.Put(br)
-
-	s := f.s
-	req.RemoteAddr = c.RemoteAddr().String()
-	rs := s.current.Load()
-	v := s.decideTunnel(context.Background(), rs, req.URL.Host, req.RemoteAddr)
-	if !v.Allowed {
-		_ = refusalResponse(req, rs, typeConnect, v).Write(c)
-	} else if s.openTunnel(req, c, buffered, rs, v) {
-		return
-	}
-	f.closeAnswered(c)
 }
 
-// checkConnectRequest refuses what the HTTP server would refuse in a CONNECT request.
-func checkConnectRequest(r *http.Request) error {
-	if len(r.Header["Host"]) > 1 {
-		return errors.New("too many Host headers")
+// refuseHead answers a head that could not be read: 503 when the drain interrupted it,
+// 431 when it was too long, 400 when it was malformed; a client that went away or
+// stalled gets nothing.
+func (f *front) refuseHead(c net.Conn, err error, drain, tooLong bool) {
+	switch {
+	case drain:
+		f.answer(c, "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nX-Compass-Egress: error; reason=draining\r\nContent-Length: 0\r\n\r\n")
+	case tooLong:
+		f.answer(c, plainAnswer("431 Request Header Fields Too Large"))
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, os.ErrDeadlineExceeded):
+	default:
+		f.answer(c, plainAnswer("400 Bad Request"))
 	}
+}
+
+func plainAnswer(status string) string {
+	return "HTTP/1.1 " + status + "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: " +
+		fmt.Sprint(len(status)) + "\r\n\r\n" + status
+}
+
+// checkRequest refuses what net/http's server refuses in a parsed request; "" passes.
+func checkRequest(r *http.Request, hosts []string) string {
 	if r.ProtoMajor != 1 {
-		return errors.New("not HTTP/1")
+		return plainAnswer("505 HTTP Version Not Supported")
 	}
-	return nil
+	if r.ProtoAtLeast(1, 1) && len(hosts) == 0 && r.Method != http.MethodConnect {
+		return plainAnswer("400 Bad Request: missing required Host header")
+	}
+	return ""
 }
 
-// finish writes a last answer to a connection the front gives up on and closes it.
-func (f *front) finish(c net.Conn, br *bufio.Reader, answer string) {
-	br.Reset(nil)
-	frontReaders.Put(br)
+// answer writes a last answer; the connection closes after it.
+func (f *front) answer(c net.Conn, answer string) {
 	_ = c.SetWriteDeadline(time.Now().Add(f.s.cfg.HeaderTimeout))
 	_, _ = io.WriteString(c, answer)
-	f.closeAnswered(c)
 }
 
 // lingerTime bounds how long closeAnswered waits for a client to stop sending.
 const lingerTime = 500 * time.Millisecond
 
-// closeAnswered closes a connection after its last answer. Closing a socket with unread
-// input makes the kernel send a reset, which can destroy the answer before the client
-// reads it; so it first ends its own side and reads what the client still sends, for a
-// bounded time and amount, as net/http's server does.
+// closeAnswered closes a connection after its last answer and gives its slot back.
+// Closing a socket with unread input makes the kernel send a reset, which can destroy
+// the answer before the client reads it; so it first ends its own side and reads what
+// the client still sends, for a bounded time and amount, as net/http's server does.
 func (f *front) closeAnswered(c net.Conn) {
 	if hc, ok := c.(halfCloser); ok && hc.CloseWrite() == nil {
 		_ = c.SetReadDeadline(time.Now().Add(lingerTime))
-		_, _ = io.CopyN(io.Discard, c, 256<<10)
+		_, _ = io.CopyN(io.Discard, c, maxDrainBytes)
 	}
 	c.Close()
 	f.s.proxyLn.release()
 }
 
-// handOff gives a connection to the HTTP server, unless the proxy is shutting down.
-func (f *front) handOff(c net.Conn, br *bufio.Reader) {
-	f.mu.Lock()
-	delete(f.reading, c)
-	f.mu.Unlock()
-	rc := &replayConn{Conn: c, br: br}
-	select {
-	case f.handoff <- rc:
-	case <-f.done:
-		rc.release()
-		c.Close()
-		f.s.proxyLn.release()
+// connect serves a CONNECT: decided, refused or tunnelled. It reports whether the
+// tunnel took the connection.
+func (f *front) connect(cc *clientConn, req *http.Request) bool {
+	var buffered []byte
+	if n := cc.br.Buffered(); n > 0 {
+		b, _ := cc.br.Peek(n)
+		buffered = append([]byte(nil), b...)
 	}
+	s := f.s
+	rs := s.current.Load()
+	v := s.decideTunnel(context.Background(), rs, req.URL.Host, req.RemoteAddr)
+	if !v.Allowed {
+		_ = refusalResponse(req, rs, typeConnect, v).Write(cc.c)
+		return false
+	}
+	return s.openTunnel(req, cc.c, buffered, rs, v)
 }
 
-// replayConn is a connection handed to the HTTP server: its reads return what the front
-// had read first, then go to the socket. It offers no ReadFrom or WriteTo of its own,
-// so no copy can reach around the replayed bytes to the socket.
-type replayConn struct {
-	net.Conn
-	br *bufio.Reader // nil once drained
+// serveRequest runs goproxy on one request and finishes its response. keep says the
+// connection may carry another request; hijacked that goproxy took it over.
+func (f *front) serveRequest(cc *clientConn, req *http.Request, hosts []string) (keep, hijacked bool) {
+	closeAfter := req.Close || !req.ProtoAtLeast(1, 1) || f.draining()
+	w := newResponseWriter(cc.c, cc.br, req, closeAfter)
+	if req.ProtoAtLeast(1, 1) && hasToken(req.Header.Get("Expect"), "100-continue") && req.Body != http.NoBody {
+		req.Body = &continueBody{ReadCloser: req.Body, w: w}
+	}
+	req = req.WithContext(cc.ctx)
+	host := hostField{}
+	if len(hosts) > 0 {
+		host = hostField{value: hosts[0], present: true}
+	}
+	panicked := true
+	func() {
+		defer func() {
+			if p := recover(); p != nil && p != http.ErrAbortHandler {
+				f.s.log.Error("panic serving a request", "client", cc.remote, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			}
+		}()
+		f.s.serveProxy(w, req, host)
+		panicked = false
+	}()
+	if w.hijacked {
+		return false, true
+	}
+	if panicked {
+		return false, false
+	}
+	keep = w.finish()
+	if keep {
+		// What the handler left of the body is discarded, up to a bound, so the next
+		// request starts where it should.
+		_, err := io.CopyN(io.Discard, req.Body, maxDrainBytes+1)
+		keep = errors.Is(err, io.EOF) || errors.Is(err, http.ErrBodyReadAfterClose)
+	}
+	return keep, false
 }
 
-func (c *replayConn) Read(p []byte) (int, error) {
-	if c.br != nil {
-		if c.br.Buffered() > 0 {
-			return c.br.Read(p)
+// continueBody sends the client its "100 Continue" when the body is first read, as
+// net/http's server does: the request is being forwarded and its body is wanted.
+type continueBody struct {
+	io.ReadCloser
+	w    *responseWriter
+	sent bool
+}
+
+func (b *continueBody) Read(p []byte) (int, error) {
+	if !b.sent {
+		b.sent = true
+		if !b.w.wroteHeader && !b.w.hijacked && b.w.bw != nil {
+			_, _ = b.w.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
+			b.w.setErr(b.w.bw.Flush())
 		}
-		c.release()
 	}
-	return c.Conn.Read(p)
+	return b.ReadCloser.Read(p)
 }
 
-func (c *replayConn) release() {
-	c.br.Reset(nil)
-	frontReaders.Put(c.br)
-	c.br = nil
+func hasToken(v, token string) bool {
+	for _, f := range strings.Split(v, ",") {
+		if strings.EqualFold(strings.TrimSpace(f), token) {
+			return true
+		}
+	}
+	return false
 }
 
-// CloseWrite keeps half-close working for a tunnel opened on a handed-off connection.
-func (c *replayConn) CloseWrite() error {
-	if hc, ok := c.Conn.(halfCloser); ok {
-		return hc.CloseWrite()
+// hostField is a request's raw Host field.
+type hostField struct {
+	value   string
+	present bool
+}
+
+var errHeadTooLong = errors.New("proxy: request head too long")
+
+// hostFields returns the values of the Host field of the head about to be read, which
+// net/http's parser drops for absolute-form requests. It peeks without consuming; a
+// head longer than the connection's reader moves the connection to a reader that fits
+// the longest head allowed.
+func (cc *clientConn) hostFields() ([]string, error) {
+	for {
+		buf, _ := cc.br.Peek(cc.br.Buffered())
+		if end := headEnd(buf); end >= 0 {
+			return scanHostFields(buf[:end]), nil
+		}
+		if len(buf) == cc.br.Size() {
+			if cc.br.Size() >= maxHeadBytes {
+				return nil, errHeadTooLong
+			}
+			rest := append([]byte(nil), buf...)
+			old := cc.br
+			cc.br = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(rest), cc.head), maxHeadBytes)
+			old.Reset(nil)
+			frontReaders.Put(old)
+			continue
+		}
+		if _, err := cc.br.Peek(len(buf) + 1); err != nil {
+			// The parser meets the same end and reports it.
+			return nil, nil
+		}
 	}
-	return c.Conn.Close()
+}
+
+// headEnd is the length of the head at the start of buf (through its empty line), or -1.
+func headEnd(buf []byte) int {
+	for i := 0; ; {
+		j := bytes.IndexByte(buf[i:], '\n')
+		if j < 0 {
+			return -1
+		}
+		line := buf[i : i+j]
+		i += j + 1
+		if len(line) == 0 || len(line) == 1 && line[0] == '\r' {
+			return i
+		}
+	}
+}
+
+// scanHostFields returns the values of the Host fields of a head.
+func scanHostFields(head []byte) []string {
+	var hosts []string
+	lines := bytes.Split(head, []byte("\n"))
+	for _, line := range lines[1:] {
+		if len(line) >= 5 && bytes.EqualFold(line[:5], []byte("host:")) {
+			hosts = append(hosts, strings.Trim(string(line[5:]), " \t\r"))
+		}
+	}
+	return hosts
 }

@@ -107,7 +107,7 @@ func TestDrainWakesHalfReadHead(t *testing.T) {
 	waitFor(t, func() bool {
 		h.srv.front.mu.Lock()
 		defer h.srv.front.mu.Unlock()
-		return len(h.srv.front.reading) == 1
+		return len(h.srv.front.conns) == 1
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

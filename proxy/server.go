@@ -87,7 +87,6 @@ type Server struct {
 
 	goproxy    *goproxy.ProxyHttpServer
 	relay      http.Handler // goproxy, as serveProxy calls it
-	proxySrv   *http.Server
 	proxyLn    *limitListener
 	front      *front
 	dnsServers []*dns.Server
@@ -310,22 +309,8 @@ func (s *Server) listenEndpoints() []netip.AddrPort {
 }
 
 func (s *Server) serve(dnsConns []any) {
-	s.proxySrv = &http.Server{
-		Handler:           http.HandlerFunc(s.serveProxy),
-		ReadHeaderTimeout: s.cfg.HeaderTimeout,
-		IdleTimeout:       s.cfg.IdleTimeout,
-		MaxHeaderBytes:    64 << 10,
-		ConnContext:       withClientConn,
-		ConnState: func(_ net.Conn, st http.ConnState) {
-			if st == http.StateClosed {
-				s.proxyLn.release()
-			}
-		},
-		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
-	}
 	s.front = newFront(s)
 	s.goServe(s.front.serve)
-	s.goServe(func() error { return s.proxySrv.Serve(s.front) })
 
 	handler := dns.HandlerFunc(s.serveDNS)
 	for _, c := range dnsConns {
@@ -424,16 +409,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			_ = d.Listener.Close()
 		}
 	}
-	err := s.proxySrv.Shutdown(ctx)
 	s.front.Close()
-	s.front.wait()
+	s.front.wait(ctx)
 	done := make(chan struct{})
 	go func() { s.tunnels.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
 		s.tracker.closeIf(func(*liveConn) bool { return true })
-		_ = s.proxySrv.Close()
 		<-done
 	}
 	s.current.Load().transport.CloseIdleConnections()
@@ -443,8 +426,5 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.serving.Wait()
 	_ = os.Remove(s.cfg.AdminSocket)
-	if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-		return fmt.Errorf("proxy: shutdown: %w", err)
-	}
 	return nil
 }

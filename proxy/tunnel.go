@@ -12,26 +12,7 @@ import (
 	"os"
 	"sync"
 	"time"
-
-	"github.com/elazarl/goproxy"
 )
-
-// decideConnect decides a CONNECT request that reached goproxy (one that followed
-// another request on a keep-alive connection; a connection's first CONNECT is served by
-// the front): the target must carry a port; refusals are written by goproxy
-// (ConnectReject with our 403), allowed targets become our tunnel.
-func (s *Server) decideConnect(host string, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
-	r := ctx.Req
-	st := stateOf(r)
-	st.rs = s.current.Load()
-	v := s.decideTunnel(r.Context(), st.rs, host, r.RemoteAddr)
-	if !v.Allowed {
-		ctx.Resp = refusalResponse(r, st.rs, typeConnect, v)
-		return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
-	}
-	st.verdict = v
-	return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: s.hijackedTunnel}, host
-}
 
 // decideTunnel decides and records a CONNECT target under rs.
 func (s *Server) decideTunnel(ctx context.Context, rs *RuleSet, target, client string) Verdict {
@@ -43,15 +24,6 @@ func (s *Server) decideTunnel(ctx context.Context, rs *RuleSet, target, client s
 	}
 	s.record(rs, typeConnect, v, client)
 	return v
-}
-
-// hijackedTunnel is goproxy's hijack hook: the tunnel takes over the connection, and
-// with it the connection slot, when it starts.
-func (s *Server) hijackedTunnel(r *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
-	st := stateOf(r)
-	buffered := st.buffered
-	st.buffered = nil
-	st.tunnel = s.openTunnel(r, client, buffered, st.rs, st.verdict)
 }
 
 // openTunnel dials the checked address and relays bytes. Both sides stay *net.TCPConn

@@ -1,0 +1,261 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// responseWriter is the http.ResponseWriter of a request the front serves. It does what
+// goproxy and the proxy's own answers need of net/http's: a status and headers written
+// once, a body framed by the Content-Length the handler set, by chunks (HTTP/1.1) or by
+// closing the connection (HTTP/1.0); informational answers; flushing; trailers; hijack.
+type responseWriter struct {
+	conn net.Conn
+	br   *bufio.Reader
+	bw   *bufio.Writer
+	req  *http.Request
+
+	header      http.Header
+	status      int
+	wroteHeader bool // the final status is set
+	headSent    bool
+	chunked     bool
+	noBody      bool     // HEAD, 1xx, 204, 304: body bytes are dropped
+	remaining   int64    // bytes the declared Content-Length still expects; -1 without one
+	declared    []string // trailer fields the head announced
+	closeAfter  bool     // the connection ends with this response
+	hijacked    bool
+	err         error // the first write error; every later write fails with it
+}
+
+var errBodyTooLong = errors.New("proxy: response body longer than its Content-Length")
+
+var frontWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
+
+func newResponseWriter(c net.Conn, br *bufio.Reader, req *http.Request, closeAfter bool) *responseWriter {
+	bw := frontWriters.Get().(*bufio.Writer)
+	bw.Reset(c)
+	return &responseWriter{conn: c, br: br, bw: bw, req: req, header: make(http.Header), remaining: -1, closeAfter: closeAfter}
+}
+
+func (w *responseWriter) Header() http.Header { return w.header }
+
+func (w *responseWriter) WriteHeader(code int) {
+	if w.hijacked || w.wroteHeader || code < 100 || code > 999 {
+		return
+	}
+	if code < 200 && code != http.StatusSwitchingProtocols {
+		// An informational answer goes out at once; the final one follows.
+		w.writeStatusLine(code)
+		_ = w.header.Write(w.bw)
+		_, _ = w.bw.WriteString("\r\n")
+		w.setErr(w.bw.Flush())
+		return
+	}
+	w.wroteHeader, w.status = true, code
+}
+
+func (w *responseWriter) writeStatusLine(code int) {
+	_, _ = w.bw.WriteString("HTTP/1.1 ")
+	_, _ = w.bw.WriteString(strconv.Itoa(code))
+	_ = w.bw.WriteByte(' ')
+	text := http.StatusText(code)
+	if text == "" {
+		text = "status code " + strconv.Itoa(code)
+	}
+	_, _ = w.bw.WriteString(text)
+	_, _ = w.bw.WriteString("\r\n")
+}
+
+// hopHeaders are the hop-by-hop fields (RFC 9110 §7.6.1) a proxy must not pass on; the
+// framing and the connection's fate are this hop's own.
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Transfer-Encoding", "Te", "Upgrade"}
+
+// sendHead writes the status line and headers, choosing the body's framing.
+func (w *responseWriter) sendHead() {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	w.headSent = true
+	h, code := w.header, w.status
+	upgrade := code == http.StatusSwitchingProtocols
+	if !upgrade {
+		for _, name := range h.Values("Connection") {
+			for _, f := range strings.Split(name, ",") {
+				if f = strings.TrimSpace(f); f != "" {
+					h.Del(f)
+				}
+			}
+		}
+		for _, name := range hopHeaders {
+			h.Del(name)
+		}
+	}
+	bodyless := code < 200 || code == http.StatusNoContent || code == http.StatusNotModified
+	switch cl := h.Get("Content-Length"); {
+	case upgrade:
+	case bodyless:
+		w.noBody = true
+		if code < 200 || code == http.StatusNoContent {
+			h.Del("Content-Length")
+		}
+	case w.req.Method == http.MethodHead:
+		w.noBody = true
+	case cl != "":
+		n, err := strconv.ParseInt(cl, 10, 64)
+		if err != nil || n < 0 {
+			h.Del("Content-Length")
+			w.closeAfter = true
+		} else {
+			w.remaining = n
+		}
+	case w.req.ProtoAtLeast(1, 1):
+		w.chunked = true
+		h.Set("Transfer-Encoding", "chunked")
+		for _, v := range h.Values("Trailer") {
+			for _, k := range strings.Split(v, ",") {
+				if k = strings.TrimSpace(k); k != "" {
+					w.declared = append(w.declared, http.CanonicalHeaderKey(k))
+				}
+			}
+		}
+	default:
+		w.closeAfter = true
+	}
+	if w.closeAfter && !upgrade {
+		h.Set("Connection", "close")
+	}
+	w.writeStatusLine(code)
+	if trailers := w.trailerKeys(); len(trailers) > len(w.declared) {
+		exclude := make(map[string]bool, len(trailers))
+		for _, k := range trailers[len(w.declared):] {
+			exclude[k] = true
+		}
+		_ = h.WriteSubset(w.bw, exclude)
+	} else {
+		_ = h.Write(w.bw)
+	}
+	_, _ = w.bw.WriteString("\r\n")
+}
+
+// trailerKeys are the header keys set with http.TrailerPrefix, which go after the body,
+// and (once the head is out) those the head declared in its Trailer field.
+func (w *responseWriter) trailerKeys() []string {
+	keys := w.declared
+	for k := range w.header {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+func (w *responseWriter) setErr(err error) {
+	if err != nil && w.err == nil {
+		w.err = err
+	}
+}
+
+func (w *responseWriter) Write(p []byte) (int, error) {
+	if w.hijacked {
+		return 0, http.ErrHijacked
+	}
+	if !w.headSent {
+		w.sendHead()
+	}
+	if w.err != nil {
+		return 0, w.err
+	}
+	if w.noBody || len(p) == 0 {
+		return len(p), nil
+	}
+	var tooLong error
+	if w.remaining >= 0 {
+		if int64(len(p)) > w.remaining {
+			p, tooLong = p[:w.remaining], errBodyTooLong
+		}
+		w.remaining -= int64(len(p))
+	}
+	if w.chunked {
+		_, _ = w.bw.WriteString(strconv.FormatInt(int64(len(p)), 16))
+		_, _ = w.bw.WriteString("\r\n")
+	}
+	n, err := w.bw.Write(p)
+	if w.chunked && err == nil {
+		_, err = w.bw.WriteString("\r\n")
+	}
+	w.setErr(err)
+	if tooLong != nil {
+		w.closeAfter = true
+		return n, tooLong
+	}
+	return n, err
+}
+
+func (w *responseWriter) Flush() { _ = w.FlushError() }
+
+func (w *responseWriter) FlushError() error {
+	if w.hijacked {
+		return http.ErrHijacked
+	}
+	if !w.headSent {
+		w.sendHead()
+	}
+	w.setErr(w.bw.Flush())
+	return w.err
+}
+
+// Hijack hands the connection over, after the head the handler already set (a 101).
+func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if w.hijacked {
+		return nil, nil, http.ErrHijacked
+	}
+	if w.wroteHeader && !w.headSent {
+		w.sendHead()
+	}
+	if err := w.bw.Flush(); err != nil {
+		return nil, nil, err
+	}
+	w.hijacked = true
+	return w.conn, bufio.NewReadWriter(w.br, bufio.NewWriter(w.conn)), nil
+}
+
+// finish ends the response: the head if nothing was written (then the body is empty),
+// the last chunk and the trailers, the flush. It reports whether the connection may
+// carry another request.
+func (w *responseWriter) finish() bool {
+	if w.hijacked {
+		return false
+	}
+	if !w.headSent {
+		if !w.wroteHeader {
+			w.WriteHeader(http.StatusOK)
+		}
+		if w.header.Get("Content-Length") == "" && w.req.Method != http.MethodHead {
+			w.header.Set("Content-Length", "0")
+		}
+		w.sendHead()
+	}
+	if w.chunked && w.err == nil {
+		_, _ = w.bw.WriteString("0\r\n")
+		trailers := make(http.Header)
+		for _, k := range w.trailerKeys() {
+			trailers[strings.TrimPrefix(k, http.TrailerPrefix)] = w.header[k]
+		}
+		_ = trailers.Write(w.bw)
+		_, _ = w.bw.WriteString("\r\n")
+	}
+	w.setErr(w.bw.Flush())
+	w.bw.Reset(nil)
+	frontWriters.Put(w.bw)
+	w.bw = nil
+	if w.remaining > 0 {
+		w.closeAfter = true // the body fell short of its length: the client must see the end
+	}
+	return w.err == nil && !w.closeAfter
+}
