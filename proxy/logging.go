@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
+	"time"
 )
 
 // logDecision writes the one JSON line of a decision: allowed at INFO, denied at WARN,
@@ -28,5 +29,18 @@ func (s *Server) logDecision(rs *RuleSet, typ, decision, reason, rule, host stri
 		slog.String("client", client), slog.String("type", typ), slog.String("mode", string(rs.Mode())),
 		slog.Uint64("generation", rs.Generation), slog.String("task", rs.Task), slog.String("phase", rs.Phase))
 	attrs = append(attrs, extra...)
-	s.log.LogAttrs(context.Background(), level, "decision", attrs...)
+	s.logLine(level, "decision", attrs...)
+}
+
+// logLine writes one record straight to the handler. Logger.LogAttrs would also walk
+// the stack for the caller's address, which the JSON lines never show; these lines
+// are written once per connection or request.
+func (s *Server) logLine(level slog.Level, msg string, attrs ...slog.Attr) {
+	h := s.log.Handler()
+	if !h.Enabled(context.Background(), level) {
+		return
+	}
+	r := slog.NewRecord(time.Now(), level, msg, 0)
+	r.AddAttrs(attrs...)
+	_ = h.Handle(context.Background(), r)
 }

@@ -142,7 +142,7 @@ func (s *Server) finishTunnel(t *tunnelDone) {
 	s.metrics.bytes.WithLabelValues("upstream").Add(float64(t.upBytes))
 	s.metrics.bytes.WithLabelValues("downstream").Add(float64(t.downBytes))
 	if s.log.Enabled(context.Background(), slog.LevelInfo) {
-		s.log.LogAttrs(context.Background(), slog.LevelInfo, "tunnel closed", slog.String("type", typeConnect),
+		s.logLine(slog.LevelInfo, "tunnel closed", slog.String("type", typeConnect),
 			slog.String("host", t.host), slog.Int("port", int(t.port)), slog.String("addr", t.addr.String()),
 			slog.String("client", t.client), slog.Int64("bytes_up", t.upBytes), slog.Int64("bytes_down", t.downBytes),
 			slog.Float64("duration_seconds", time.Since(t.start).Seconds()), slog.Uint64("generation", t.gen),
