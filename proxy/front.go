@@ -410,14 +410,25 @@ func headEnd(buf []byte) int {
 	}
 }
 
-// scanHostFields returns the values of the Host fields of a head.
+// scanHostFields returns the values of the Host fields of a head, read as net/textproto
+// reads them: a line that starts with a space or a tab continues the field before it
+// (obsolete line folding), joined with one space.
 func scanHostFields(head []byte) []string {
 	var hosts []string
 	lines := bytes.Split(head, []byte("\n"))
-	for _, line := range lines[1:] {
-		if len(line) >= 5 && bytes.EqualFold(line[:5], []byte("host:")) {
-			hosts = append(hosts, strings.Trim(string(line[5:]), " \t\r"))
+	for i := 1; i < len(lines); i++ {
+		line := lines[i]
+		if len(line) < 5 || !bytes.EqualFold(line[:5], []byte("host:")) {
+			continue
 		}
+		value := strings.Trim(string(line[5:]), " \t\r")
+		for i+1 < len(lines) && len(lines[i+1]) > 0 && (lines[i+1][0] == ' ' || lines[i+1][0] == '\t') {
+			i++
+			if more := strings.Trim(string(lines[i]), " \t\r"); more != "" || value != "" {
+				value = strings.TrimLeft(value+" "+more, " ")
+			}
+		}
+		hosts = append(hosts, strings.TrimRight(value, " "))
 	}
 	return hosts
 }

@@ -168,15 +168,16 @@ type halfCloser interface {
 }
 
 // copyDirection relays one direction (pre first), ends it, and reports the count on done
-// when done is not nil. clock ends the relay when both directions stay idle; the copy
-// itself stays a splice between the two *net.TCPConn (see idleClock). Kept out of line
-// so an idle direction's stack stays at its smallest size.
+// when done is not nil. clock ends the relay when both directions stay idle (see
+// idleClock); the copy itself is pump's. Kept out of line so an idle direction's stack
+// stays at its smallest size.
 //
 //go:noinline
 func copyDirection(dst, src net.Conn, pre []byte, clock *idleClock, done chan<- int64) int64 {
 	var (
-		n   int64
-		err error
+		n    int64
+		err  error
+		bulk bool
 	)
 	if len(pre) > 0 {
 		var w int
@@ -186,7 +187,7 @@ func copyDirection(dst, src net.Conn, pre []byte, clock *idleClock, done chan<- 
 	for err == nil {
 		clock.arm(src)
 		var m int64
-		m, err = pump(dst, src)
+		m, err = pump(dst, src, &bulk)
 		n += m
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
 			break
@@ -203,18 +204,6 @@ func copyDirection(dst, src net.Conn, pre []byte, clock *idleClock, done chan<- 
 		done <- n
 	}
 	return n
-}
-
-// pump copies src to dst. Between two *net.TCPConn it calls ReadFrom directly, which
-// splices in the kernel: the same path io.Copy reaches through WriteTo and a second
-// io.Copy, with a shallower stack, so an idle tunnel's goroutines stay small.
-func pump(dst, src net.Conn) (int64, error) {
-	if d, ok := dst.(*net.TCPConn); ok {
-		if s, ok := src.(*net.TCPConn); ok {
-			return d.ReadFrom(s)
-		}
-	}
-	return io.Copy(dst, src)
 }
 
 // endDirection ends one direction: on EOF it passes the EOF on (half-close) so the

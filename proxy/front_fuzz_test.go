@@ -1,0 +1,66 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"net/netip"
+	"net/textproto"
+	"slices"
+	"testing"
+
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// FuzzHostFields: the front's scan of a raw head finds exactly the Host values that
+// net/textproto (net/http's header parser) reads from it, whenever that parser accepts
+// the head; and it never panics.
+func FuzzHostFields(f *testing.F) {
+	for _, seed := range []string{
+		"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n",
+		"GET http://a.test/ HTTP/1.1\r\nhOsT:b.test:80 \r\nX: y\r\n\r\nbody",
+		"GET http://a.test/ HTTP/1.1\nHost: a\nHost: b\n\n",
+		"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n c.test\r\n\r\n",
+		"GET http://a.test/ HTTP/1.1\r\nX-Host: a\r\nHost : b\r\n\r\n",
+		"CONNECT a.test:443 HTTP/1.1\r\n\r\n",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		end := headEnd(raw)
+		if end < 0 {
+			return
+		}
+		got := scanHostFields(raw[:end])
+		line := bytes.IndexByte(raw, '\n')
+		tp := textproto.NewReader(bufio.NewReader(bytes.NewReader(raw[line+1 : end])))
+		hdr, err := tp.ReadMIMEHeader()
+		if err != nil {
+			return
+		}
+		if want := hdr["Host"]; !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
+			t.Fatalf("head %q: scanned Host %q, textproto %q", raw[:end], got, want)
+		}
+	})
+}
+
+// FuzzSameAuthority: the Host comparison never panics, and an authority the proxy can
+// decide always names itself.
+func FuzzSameAuthority(f *testing.F) {
+	for _, seed := range []string{"a.test", "A.Test.:80", "[::1]:443", "127.0.0.1", "xn--bcher-kva.test:8080", "a.test:99999", ""} {
+		f.Add(seed, seed, uint16(80))
+	}
+	f.Fuzz(func(t *testing.T, field, uri string, port uint16) {
+		_ = sameAuthority(field, uri, port)
+		h, _, reason := splitAuthority(uri, port)
+		if reason != "" {
+			return
+		}
+		_, addrErr := netip.ParseAddr(h)
+		_, nameErr := policy.CanonicalHostname(h)
+		if addrErr == nil || nameErr == nil {
+			if !sameAuthority(uri, uri, port) {
+				t.Fatalf("%q does not name itself", uri)
+			}
+		}
+	})
+}
