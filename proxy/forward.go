@@ -20,7 +20,7 @@ import (
 
 // requestState travels with one request through goproxy's handler chain.
 type requestState struct {
-	client net.Conn
+	client *requestClient
 	rs     *RuleSet
 	host   hostField // the request's raw Host field
 	// entry is the tracked in-flight HTTP request, if one was allowed.
@@ -31,10 +31,19 @@ type requestState struct {
 }
 
 type stateKey struct{}
-type clientConnKey struct{}
+type clientKey struct{}
 
-func withClientConn(ctx context.Context, c net.Conn) context.Context {
-	return context.WithValue(ctx, clientConnKey{}, c)
+// requestClient is the front's handle on the client of a request: a swap that cuts
+// the request closes the connection and cancels the request, which also ends its
+// upstream exchange.
+type requestClient struct {
+	conn   net.Conn
+	cancel context.CancelFunc
+}
+
+func (c *requestClient) cut() {
+	c.conn.Close()
+	c.cancel()
 }
 
 func stateOf(r *http.Request) *requestState {
@@ -73,7 +82,7 @@ func (s *Server) newGoproxy() *goproxy.ProxyHttpServer {
 // state, runs goproxy, then settles what goproxy leaves behind (tracking, hijacked
 // connections, the previous generation's idle upstream connections).
 func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, host hostField) {
-	client, _ := r.Context().Value(clientConnKey{}).(net.Conn)
+	client, _ := r.Context().Value(clientKey{}).(*requestClient)
 	st := &requestState{client: client, host: host}
 	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
 	if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
@@ -143,7 +152,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		entry := &liveConn{typ: typeHTTP, name: v.Name, addr: v.Addrs[0], port: v.Port}
 		entry.close = func() {
 			if st.client != nil {
-				st.client.Close()
+				st.client.cut()
 			}
 		}
 		s.tracker.add(entry)

@@ -30,12 +30,18 @@ type front struct {
 	once sync.Once
 
 	mu    sync.Mutex
-	conns map[net.Conn]bool // open client connections; true while waiting for a head
-	wg    sync.WaitGroup    // their goroutines
+	conns map[net.Conn]*connState // open client connections
+	wg    sync.WaitGroup          // their goroutines
+}
+
+// connState is what the drain needs of a connection.
+type connState struct {
+	waiting bool               // for a request head: it may be closed at once
+	cancel  context.CancelFunc // ends the connection's requests, upstream side included
 }
 
 func newFront(s *Server) *front {
-	return &front{s: s, done: make(chan struct{}), conns: make(map[net.Conn]bool)}
+	return &front{s: s, done: make(chan struct{}), conns: make(map[net.Conn]*connState)}
 }
 
 // maxHeadBytes bounds a request head (what net/http's server allows with our
@@ -76,9 +82,16 @@ func (f *front) track(c net.Conn) bool {
 		return false
 	default:
 	}
-	f.conns[c] = true
+	f.conns[c] = &connState{waiting: true, cancel: func() {}}
 	f.wg.Add(1)
 	return true
+}
+
+// setCancel records how to end c's requests.
+func (f *front) setCancel(c net.Conn, cancel context.CancelFunc) {
+	f.mu.Lock()
+	f.conns[c].cancel = cancel
+	f.mu.Unlock()
 }
 
 // waiting marks whether c is waiting for a request head, the state in which the drain
@@ -86,8 +99,8 @@ func (f *front) track(c net.Conn) bool {
 func (f *front) waiting(c net.Conn, w bool) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, ok := f.conns[c]; ok {
-		f.conns[c] = w
+	if st, ok := f.conns[c]; ok {
+		st.waiting = w
 	}
 	select {
 	case <-f.done:
@@ -120,8 +133,8 @@ func (f *front) Close() {
 	f.once.Do(func() {
 		f.mu.Lock()
 		close(f.done)
-		for c, waiting := range f.conns {
-			if waiting {
+		for c, st := range f.conns {
+			if st.waiting {
 				_ = c.SetReadDeadline(time.Now())
 			}
 		}
@@ -140,8 +153,9 @@ func (f *front) wait(ctx context.Context) {
 	case <-ctx.Done():
 	}
 	f.mu.Lock()
-	for c := range f.conns {
+	for c, st := range f.conns {
 		c.Close()
+		st.cancel()
 	}
 	f.mu.Unlock()
 	<-done
@@ -153,13 +167,16 @@ type clientConn struct {
 	head   *io.LimitedReader // the socket, limited while a head is read
 	br     *bufio.Reader
 	remote string
-	ctx    context.Context // carries the connection (withClientConn)
+	ctx    context.Context // the connection's: the drain's deadline cancels it
 }
 
 func (f *front) serveConn(c net.Conn) {
 	defer f.untrack(c)
 	cc := &clientConn{c: c, head: &io.LimitedReader{R: c, N: math.MaxInt64}, remote: c.RemoteAddr().String()}
-	cc.ctx = withClientConn(context.Background(), c)
+	var cancel context.CancelFunc
+	cc.ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	f.setCancel(c, cancel)
 	cc.br = frontReaders.Get().(*bufio.Reader)
 	cc.br.Reset(cc.head)
 	owned := false // a tunnel or hijacker took the connection
@@ -177,10 +194,11 @@ func (f *front) serveConn(c net.Conn) {
 		if first {
 			wait = f.s.cfg.HeaderTimeout
 		}
+		// The deadline comes first: once marked waiting, the drain may move it to now.
+		_ = c.SetReadDeadline(time.Now().Add(wait))
 		if !f.waiting(c, true) {
 			return
 		}
-		_ = c.SetReadDeadline(time.Now().Add(wait))
 		if _, err := cc.br.Peek(1); err != nil {
 			return // closed, idle too long, or woken by the drain
 		}
@@ -249,6 +267,11 @@ func checkRequest(r *http.Request, hosts []string) string {
 	if r.ProtoAtLeast(1, 1) && len(hosts) == 0 && r.Method != http.MethodConnect {
 		return plainAnswer("400 Bad Request: missing required Host header")
 	}
+	if r.Header.Get("Upgrade") != "" && r.ContentLength != 0 {
+		// The connection changes hands at the 101: a body still being copied upstream
+		// would read the new protocol's bytes.
+		return plainAnswer("400 Bad Request: an upgrade request carries no body")
+	}
 	return ""
 }
 
@@ -297,10 +320,14 @@ func (f *front) connect(cc *clientConn, req *http.Request) bool {
 func (f *front) serveRequest(cc *clientConn, req *http.Request, hosts []string) (keep, hijacked bool) {
 	closeAfter := req.Close || !req.ProtoAtLeast(1, 1) || f.draining()
 	w := newResponseWriter(cc.c, cc.br, req, closeAfter)
+	body := &requestBody{rc: req.Body}
 	if req.ProtoAtLeast(1, 1) && hasToken(req.Header.Get("Expect"), "100-continue") && req.Body != http.NoBody {
-		req.Body = &continueBody{ReadCloser: req.Body, w: w}
+		body.beforeRead = w.sendContinue
 	}
-	req = req.WithContext(cc.ctx)
+	req.Body = body
+	ctx, cancel := context.WithCancel(cc.ctx)
+	defer cancel()
+	req = req.WithContext(context.WithValue(ctx, clientKey{}, &requestClient{conn: cc.c, cancel: cancel}))
 	host := hostField{}
 	if len(hosts) > 0 {
 		host = hostField{value: hosts[0], present: true}
@@ -318,36 +345,18 @@ func (f *front) serveRequest(cc *clientConn, req *http.Request, hosts []string) 
 	if w.hijacked {
 		return false, true
 	}
-	if panicked {
-		return false, false
-	}
-	keep = w.finish()
+	keep = !panicked && w.finish()
+	// The body reads the connection's reader, which the next request (or the pool)
+	// gets next: end it first. A transport goroutine may be in a read of it; the
+	// deadline bounds that read, and the discard of what nobody read.
 	if keep {
-		// What the handler left of the body is discarded, up to a bound, so the next
-		// request starts where it should.
-		_, err := io.CopyN(io.Discard, req.Body, maxDrainBytes+1)
-		keep = errors.Is(err, io.EOF) || errors.Is(err, http.ErrBodyReadAfterClose)
+		_ = cc.c.SetReadDeadline(time.Now().Add(lingerTime))
+		keep = body.end(maxDrainBytes)
+	} else {
+		_ = cc.c.SetReadDeadline(time.Now())
+		body.end(0)
 	}
 	return keep, false
-}
-
-// continueBody sends the client its "100 Continue" when the body is first read, as
-// net/http's server does: the request is being forwarded and its body is wanted.
-type continueBody struct {
-	io.ReadCloser
-	w    *responseWriter
-	sent bool
-}
-
-func (b *continueBody) Read(p []byte) (int, error) {
-	if !b.sent {
-		b.sent = true
-		if !b.w.wroteHeader && !b.w.hijacked && b.w.bw != nil {
-			_, _ = b.w.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
-			b.w.setErr(b.w.bw.Flush())
-		}
-	}
-	return b.ReadCloser.Read(p)
 }
 
 func hasToken(v, token string) bool {

@@ -15,6 +15,9 @@ import (
 // once, a body framed by the Content-Length the handler set, by chunks (HTTP/1.1) or by
 // closing the connection (HTTP/1.0); informational answers; flushing; trailers; hijack.
 type responseWriter struct {
+	// mu orders the handler's writes against the "100 Continue" the upstream
+	// transport's goroutine sends when it first reads the request body.
+	mu   sync.Mutex
 	conn net.Conn
 	br   *bufio.Reader
 	bw   *bufio.Writer
@@ -46,6 +49,12 @@ func newResponseWriter(c net.Conn, br *bufio.Reader, req *http.Request, closeAft
 func (w *responseWriter) Header() http.Header { return w.header }
 
 func (w *responseWriter) WriteHeader(code int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.writeHeader(code)
+}
+
+func (w *responseWriter) writeHeader(code int) {
 	if w.hijacked || w.wroteHeader || code < 100 || code > 999 {
 		return
 	}
@@ -79,7 +88,7 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Trans
 // sendHead writes the status line and headers, choosing the body's framing.
 func (w *responseWriter) sendHead() {
 	if !w.wroteHeader {
-		w.WriteHeader(http.StatusOK)
+		w.writeHeader(http.StatusOK)
 	}
 	w.headSent = true
 	h, code := w.header, w.status
@@ -162,6 +171,8 @@ func (w *responseWriter) setErr(err error) {
 }
 
 func (w *responseWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if w.hijacked {
 		return 0, http.ErrHijacked
 	}
@@ -200,6 +211,8 @@ func (w *responseWriter) Write(p []byte) (int, error) {
 func (w *responseWriter) Flush() { _ = w.FlushError() }
 
 func (w *responseWriter) FlushError() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if w.hijacked {
 		return http.ErrHijacked
 	}
@@ -212,6 +225,8 @@ func (w *responseWriter) FlushError() error {
 
 // Hijack hands the connection over, after the head the handler already set (a 101).
 func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if w.hijacked {
 		return nil, nil, http.ErrHijacked
 	}
@@ -229,12 +244,14 @@ func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // the last chunk and the trailers, the flush. It reports whether the connection may
 // carry another request.
 func (w *responseWriter) finish() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if w.hijacked {
 		return false
 	}
 	if !w.headSent {
 		if !w.wroteHeader {
-			w.WriteHeader(http.StatusOK)
+			w.writeHeader(http.StatusOK)
 		}
 		if w.header.Get("Content-Length") == "" && w.req.Method != http.MethodHead {
 			w.header.Set("Content-Length", "0")
@@ -257,5 +274,21 @@ func (w *responseWriter) finish() bool {
 	if w.remaining > 0 {
 		w.closeAfter = true // the body fell short of its length: the client must see the end
 	}
+	if w.status == http.StatusSwitchingProtocols {
+		// Switched to a protocol nobody relayed: whatever the upstream sent after the
+		// 101 went out as if it were HTTP, and the connection cannot carry HTTP again.
+		w.closeAfter = true
+	}
 	return w.err == nil && !w.closeAfter
+}
+
+// sendContinue answers "100 Continue" unless the response has begun or ended.
+func (w *responseWriter) sendContinue() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.wroteHeader || w.headSent || w.hijacked || w.bw == nil {
+		return
+	}
+	_, _ = w.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
+	w.setErr(w.bw.Flush())
 }

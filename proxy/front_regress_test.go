@@ -1,0 +1,194 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// rawUpstream listens on ip, and on each connection reads one request head, writes
+// answer and then closes the connection, or (hold) keeps it open without reading until
+// the test ends.
+func rawUpstream(t *testing.T, ip, answer string, hold bool) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			br := bufio.NewReader(c)
+			for {
+				if l, err := br.ReadString('\n'); err != nil || l == "\r\n" {
+					break
+				}
+			}
+			_, _ = io.WriteString(c, answer)
+			if !hold {
+				c.Close()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestEarlyAnswerWhileBodyStreams: an upstream that answers before it read the body
+// leaves the transport copying the body on its own goroutine after the request is
+// done; the front must end that body before the connection's reader is reused or
+// pooled (it once crashed the process here).
+func TestEarlyAnswerWhileBodyStreams(t *testing.T) {
+	h := newHarness(t)
+	h.dns.set("early.test", netip.MustParseAddr("127.0.0.5"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["early.test","a.test"]}`)
+	port := rawUpstream(t, "127.0.0.5", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", true)
+	for range 8 {
+		c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(c, "POST http://early.test:%d/ HTTP/1.1\r\nHost: early.test:%d\r\nContent-Length: 100000000\r\n\r\n", port, port)
+		sent := make(chan struct{})
+		go func() {
+			defer close(sent)
+			chunk := []byte(strings.Repeat("x", 64<<10))
+			for {
+				if _, err := c.Write(chunk); err != nil {
+					return
+				}
+			}
+		}()
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || string(body) != "ok" {
+			t.Fatalf("early answer: %d %q", resp.StatusCode, body)
+		}
+		<-sent
+		c.Close()
+		// Other connections take the pooled readers meanwhile.
+		for range 3 {
+			if status, _, _ := h.get("http://" + h.a.httpHostPort("a.test") + "/"); status != http.StatusOK {
+				t.Fatalf("a request after the early answer: %d", status)
+			}
+		}
+	}
+}
+
+// TestContinueThenFinalAnswer: an upstream that sends "100 Continue" and its final
+// answer in one write. The client's "100 Continue" (sent when the transport reads the
+// body) and the final answer must not interleave or follow each other out of order.
+func TestContinueThenFinalAnswer(t *testing.T) {
+	h := newHarness(t)
+	h.dns.set("cont.test", netip.MustParseAddr("127.0.0.6"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["cont.test"]}`)
+	port := rawUpstream(t, "127.0.0.6", "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", true)
+	for range 20 {
+		c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "POST http://cont.test:%d/ HTTP/1.1\r\nHost: cont.test:%d\r\nExpect: 100-continue\r\nConnection: close\r\nContent-Length: 5\r\n\r\n", port, port)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err == nil && resp.StatusCode == http.StatusContinue {
+			_, _ = io.WriteString(c, "hello")
+			resp, err = http.ReadResponse(br, nil)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		rest, _ := io.ReadAll(br)
+		if resp.StatusCode != http.StatusOK || string(body) != "ok" || len(rest) != 0 {
+			t.Fatalf("final answer %d %q, then %q", resp.StatusCode, body, rest)
+		}
+		c.Close()
+	}
+}
+
+// TestDrainCutsRequestWaitingForUpstream: at the drain deadline a request still
+// waiting for its upstream is cancelled, upstream exchange included, so Shutdown
+// returns. (Without that it waited for an upstream that never answers: the bound
+// below is twenty times the drain deadline.)
+func TestDrainCutsRequestWaitingForUpstream(t *testing.T) {
+	h := newHarness(t)
+	h.dns.set("silent.test", netip.MustParseAddr("127.0.0.7"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["silent.test"]}`)
+	port := rawUpstream(t, "127.0.0.7", "", true)
+	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET http://silent.test:%d/ HTTP/1.1\r\nHost: silent.test:%d\r\n\r\n", port, port)
+	waitFor(t, func() bool { return h.srv.tracker.len() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- h.srv.Shutdown(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Shutdown still waits for a silent upstream")
+	}
+}
+
+// TestUnrelayedSwitchClosesConnection: a 101 that is not a websocket switch is not
+// relayed; the connection must not then carry another request, whose answer the
+// upstream's bytes after the 101 would otherwise precede.
+func TestUnrelayedSwitchClosesConnection(t *testing.T) {
+	h := newHarness(t)
+	h.dns.set("up.test", netip.MustParseAddr("127.0.0.8"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["up.test","a.test"]}`)
+	port := rawUpstream(t, "127.0.0.8", "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: other\r\n\r\nRAW", false)
+	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	a := h.a.httpHostPort("a.test")
+	fmt.Fprintf(c, "GET http://up.test:%d/ HTTP/1.1\r\nHost: up.test:%d\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nGET http://%s/ HTTP/1.1\r\nHost: %s\r\n\r\n", port, port, a, a)
+	out, _ := io.ReadAll(c)
+	if !strings.HasPrefix(string(out), "HTTP/1.1 101 ") || strings.Contains(string(out), "HTTP/1.1 200") {
+		t.Fatalf("the connection carried a request after an unrelayed 101: %q", out)
+	}
+}
