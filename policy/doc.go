@@ -26,29 +26,26 @@
 //
 //	go test -run '^$' -bench BenchmarkDecide -benchmem -count 3 ./policy/
 //
-// (make bench runs it once) on a 2-vCPU Intel Xeon virtual machine shared with other
-// jobs (load average 1.0-2.7 during the run), Go 1.26, best of 3. The policy is an
-// allowlist of mixed rules: 30% exact hosts, 15% wildcards, 30% IPv4 and 25% IPv6
-// (each half addresses, half CIDRs), a fifth with a port; the benchmark decides 4096
-// destinations in turn, 80% of them hitting a rule of one kind or another. cpu-ns/op
-// is the process's CPU time per decision. "matcher B/rule" is the compiled structures'
-// heap after GC; the policy itself takes another 66 B/rule. The linear reference ran
-// in the same run.
+// (make bench runs it once) on the project's 2-vCPU Intel Xeon virtual machine with
+// nothing else running (load average 0.4-0.7 during the run), Go 1.26, best of 3. The
+// policy is an allowlist of mixed rules: 30% exact hosts, 15% wildcards, 30% IPv4 and
+// 25% IPv6 (each half addresses, half CIDRs), a fifth with a port; the benchmark decides
+// 4096 destinations in turn, 80% of them hitting a rule of one kind or another.
+// cpu-ns/op is the process's CPU time per decision. "matcher B/rule" is the compiled
+// structures' heap after GC; the policy itself takes another 66-72 B/rule (at 1M rules
+// the two together are 132 B/rule). The linear reference ran in the same run.
 //
 //	rules  ns/op  cpu-ns/op  allocs/op  compile (wall / CPU)  matcher B/rule  linear ns/op
-//	10        63         63          0     0.07 / 0.07 ms               145  113 (1.8x)
-//	1k        86         87          0     0.44 / 0.45 ms                72  10898 (127x)
-//	100k     134        135          0       32 / 36 ms                  51  -
-//	1M       259        261          0      394 / 451 ms                 65  -
+//	10        32         32          0     0.05 / 0.05 ms               145  64 (2.0x)
+//	1k        43         43          0     0.17 / 0.19 ms                72  5092 (120x)
+//	100k      65         65          0       19 / 21 ms                  51  -
+//	1M       117        118          0      249 / 283 ms                 65  -
 //
-// Other runs during the session measured the 1M case between about 180 and 400 ns per
-// decision as the machine's neighbours came and went, too wide a spread to compare two
-// revisions by. Compared instead by the fastest of 300 intervals of 16384 decisions at
-// 1M rules, alternating the two builds 25 times, the name filters took the median of
-// those minima from 204 to 186 ns.
-//
-// At a million rules the policy and the index (about 130 MB) far exceed the caches and
-// the TLB: a decision costs two or three dependent reads of main memory (name slot,
-// then the name's bytes and the rule; or index, span and rule), which is where the
+// The 1M case is sensitive to what else runs on the machine: on the same machine shared
+// with other jobs (load average 1-5) it measured between 180 and 400 ns per decision.
+// At a million rules the policy and the index (about 130 MB) exceed the per-core caches
+// and the TLB's reach: a decision costs two or three dependent reads of memory (name
+// slot, then the name's bytes and the rule; or index, span and rule), served by the
+// shared last-level cache when it is not being taken by neighbours, which is where the
 // time goes. The name filters spare the slot read of a name no rule has.
 package policy
