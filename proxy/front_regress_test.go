@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -19,48 +18,18 @@ import (
 // the test ends.
 func rawUpstream(t *testing.T, ip, answer string, hold bool) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", ip+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-		wg    sync.WaitGroup
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	return serveTCP(t, ip, func(c net.Conn, done <-chan struct{}) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			br := bufio.NewReader(c)
-			for {
-				if l, err := br.ReadString('\n'); err != nil || l == "\r\n" {
-					break
-				}
-			}
-			_, _ = io.WriteString(c, answer)
-			if !hold {
-				c.Close()
+			if l, err := br.ReadString('\n'); err != nil || l == "\r\n" {
+				break
 			}
 		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		wg.Wait()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
+		_, _ = io.WriteString(c, answer)
+		if hold {
+			<-done
 		}
-		mu.Unlock()
-	})
-	return ln.Addr().(*net.TCPAddr).Port
+	}).Port
 }
 
 // TestEarlyAnswerWhileBodyStreams: an upstream that answers before it read the body

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -16,41 +15,21 @@ import (
 // answers how many bytes came before it.
 func startSink(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.2:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	return serveTCP(t, "127.0.0.2", func(c net.Conn, _ <-chan struct{}) {
+		r := bufio.NewReader(c)
+		n := 0
 		for {
-			c, err := ln.Accept()
+			line, err := r.ReadString('\n')
 			if err != nil {
 				return
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				r := bufio.NewReader(c)
-				n := 0
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					if line == "end\n" {
-						fmt.Fprintf(c, "got %d\n", n)
-						return
-					}
-					n += len(line)
-				}
-			}()
+			if line == "end\n" {
+				fmt.Fprintf(c, "got %d\n", n)
+				return
+			}
+			n += len(line)
 		}
-	}()
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	return ln.Addr().String()
+	}).String()
 }
 
 // TestTunnelIdleTimeout: a tunnel with no byte either way is closed after the idle

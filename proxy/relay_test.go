@@ -53,36 +53,22 @@ func TestIdleTunnelsHoldNoPipes(t *testing.T) {
 	h.apply(`"public"`)
 	// An echo server of plain reads and writes: the harness's splices, and its pipes
 	// would be counted too.
-	ln, err := net.Listen("tcp", "127.0.0.2:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
+	echo := serveTCP(t, "127.0.0.2", func(c net.Conn, _ <-chan struct{}) {
+		buf := make([]byte, 64)
 		for {
-			c, err := ln.Accept()
+			n, err := c.Read(buf)
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 64)
-				for {
-					n, err := c.Read(buf)
-					if err != nil {
-						return
-					}
-					if _, err := c.Write(buf[:n]); err != nil {
-						return
-					}
-				}
-			}()
+			if _, err := c.Write(buf[:n]); err != nil {
+				return
+			}
 		}
-	}()
+	})
 	before := countPipes(t)
 	const tunnels = 20
 	for range tunnels {
-		_, c := h.connect(ln.Addr().String(), "")
+		_, c := h.connect(echo.String(), "")
 		if c == nil {
 			t.Fatal("CONNECT refused")
 		}
