@@ -37,7 +37,7 @@ type front struct {
 // connState is what the drain needs of a connection.
 type connState struct {
 	waiting bool               // for a request head: it may be closed at once
-	cancel  context.CancelFunc // ends the connection's requests, upstream side included
+	cancel  context.CancelFunc // ends its request, upstream side included
 }
 
 func newFront(s *Server) *front {
@@ -87,20 +87,17 @@ func (f *front) track(c net.Conn) bool {
 	return true
 }
 
-// setCancel records how to end c's requests.
-func (f *front) setCancel(c net.Conn, cancel context.CancelFunc) {
-	f.mu.Lock()
-	f.conns[c].cancel = cancel
-	f.mu.Unlock()
-}
-
-// waiting marks whether c is waiting for a request head, the state in which the drain
-// may close it at once. It reports false when the drain has begun.
-func (f *front) waiting(c net.Conn, w bool) bool {
+// waiting marks c as waiting for a request head, the state in which the drain may
+// close it at once, or (cancel not nil) as serving a request that cancel ends. It
+// reports false when the drain has begun.
+func (f *front) waiting(c net.Conn, cancel context.CancelFunc) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if st, ok := f.conns[c]; ok {
-		st.waiting = w
+		st.waiting = cancel == nil
+		if cancel != nil {
+			st.cancel = cancel
+		}
 	}
 	select {
 	case <-f.done:
@@ -167,16 +164,11 @@ type clientConn struct {
 	head   *io.LimitedReader // the socket, limited while a head is read
 	br     *bufio.Reader
 	remote string
-	ctx    context.Context // the connection's: the drain's deadline cancels it
 }
 
 func (f *front) serveConn(c net.Conn) {
 	defer f.untrack(c)
 	cc := &clientConn{c: c, head: &io.LimitedReader{R: c, N: math.MaxInt64}, remote: c.RemoteAddr().String()}
-	var cancel context.CancelFunc
-	cc.ctx, cancel = context.WithCancel(context.Background())
-	defer cancel()
-	f.setCancel(c, cancel)
 	cc.br = frontReaders.Get().(*bufio.Reader)
 	cc.br.Reset(cc.head)
 	owned := false // a tunnel or hijacker took the connection
@@ -196,7 +188,7 @@ func (f *front) serveConn(c net.Conn) {
 		}
 		// The deadline comes first: once marked waiting, the drain may move it to now.
 		_ = c.SetReadDeadline(time.Now().Add(wait))
-		if !f.waiting(c, true) {
+		if !f.waiting(c, nil) {
 			return
 		}
 		if _, err := cc.br.Peek(1); err != nil {
@@ -211,24 +203,33 @@ func (f *front) serveConn(c net.Conn) {
 		if err == nil {
 			req, err = http.ReadRequest(cc.br)
 		}
-		drain := !f.waiting(c, false)
+		// Each request has a context of its own, not one derived from the
+		// connection's: a child context costs a registration with its parent per
+		// request. The drain reaches it through the connection's state.
+		ctx, cancel := context.WithCancel(context.Background())
+		drain := !f.waiting(c, cancel)
 		tooLong := cc.head.N <= 0 || errors.Is(err, errHeadTooLong)
 		cc.head.N = math.MaxInt64
 		if err != nil {
+			cancel()
 			f.refuseHead(cc.c, err, drain, tooLong)
 			return
 		}
+		req = req.WithContext(ctx)
 		_ = c.SetReadDeadline(time.Time{})
 		req.RemoteAddr = cc.remote
 		if answer := checkRequest(req, hosts); answer != "" {
+			cancel()
 			f.answer(c, answer)
 			return
 		}
 		if req.Method == http.MethodConnect {
 			owned = f.connect(cc, req)
+			cancel()
 			return
 		}
-		keep, hijacked := f.serveRequest(cc, req, hosts)
+		keep, hijacked := f.serveRequest(cc, req, cancel, hosts)
+		cancel()
 		if hijacked {
 			owned, cc.br = true, nil
 			return
@@ -317,17 +318,20 @@ func (f *front) connect(cc *clientConn, req *http.Request) bool {
 
 // serveRequest runs goproxy on one request and finishes its response. keep says the
 // connection may carry another request; hijacked that goproxy took it over.
-func (f *front) serveRequest(cc *clientConn, req *http.Request, hosts []string) (keep, hijacked bool) {
+func (f *front) serveRequest(cc *clientConn, req *http.Request, cancel context.CancelFunc, hosts []string) (keep, hijacked bool) {
 	closeAfter := req.Close || !req.ProtoAtLeast(1, 1) || f.draining()
 	w := newResponseWriter(cc.c, cc.br, req, closeAfter)
-	body := &requestBody{rc: req.Body}
-	if req.ProtoAtLeast(1, 1) && hasToken(req.Header.Get("Expect"), "100-continue") && req.Body != http.NoBody {
-		body.beforeRead = w.sendContinue
+	// A request without a body keeps http.NoBody: anything else makes the transport
+	// probe for a body on a goroutine of its own.
+	var body *requestBody
+	if req.Body != http.NoBody {
+		body = &requestBody{rc: req.Body}
+		if req.ProtoAtLeast(1, 1) && hasToken(req.Header.Get("Expect"), "100-continue") {
+			body.beforeRead = w.sendContinue
+		}
+		req.Body = body
 	}
-	req.Body = body
-	ctx, cancel := context.WithCancel(cc.ctx)
-	defer cancel()
-	req = req.WithContext(context.WithValue(ctx, clientKey{}, &requestClient{conn: cc.c, cancel: cancel}))
+	req = req.WithContext(context.WithValue(req.Context(), clientKey{}, &requestClient{conn: cc.c, cancel: cancel}))
 	host := hostField{}
 	if len(hosts) > 0 {
 		host = hostField{value: hosts[0], present: true}
@@ -346,11 +350,16 @@ func (f *front) serveRequest(cc *clientConn, req *http.Request, hosts []string) 
 		return false, true
 	}
 	keep = !panicked && w.finish()
+	if body == nil {
+		return keep, false
+	}
 	// The body reads the connection's reader, which the next request (or the pool)
 	// gets next: end it first. A transport goroutine may be in a read of it; the
 	// deadline bounds that read, and the discard of what nobody read.
 	if keep {
-		_ = cc.c.SetReadDeadline(time.Now().Add(lingerTime))
+		if !body.done() {
+			_ = cc.c.SetReadDeadline(time.Now().Add(lingerTime))
+		}
 		keep = body.end(maxDrainBytes)
 	} else {
 		_ = cc.c.SetReadDeadline(time.Now())

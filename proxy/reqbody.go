@@ -48,6 +48,16 @@ func (b *requestBody) Close() error {
 	return nil
 }
 
+// done reports whether the body was read to its end. It never waits: a read in
+// progress means the body has not ended.
+func (b *requestBody) done() bool {
+	if !b.mu.TryLock() {
+		return false
+	}
+	defer b.mu.Unlock()
+	return b.eof
+}
+
 // end seals the body against every later read and discards what is left of it, up to
 // max bytes. It reports whether the body was read to its end, so that the connection
 // can carry another request. A read in progress holds the lock: the caller first sets

@@ -42,6 +42,10 @@ func startFramingUpstream(t *testing.T) int {
 		w.Header().Set("Keep-Alive", "timeout=5")
 		io.WriteString(w, "ok")
 	})
+	mux.HandleFunc("/reqframe", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%v %d %q", r.TransferEncoding, r.ContentLength, b)
+	})
 	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		fmt.Fprintf(w, "got %q", b)
@@ -162,5 +166,26 @@ func TestHTTP10Client(t *testing.T) {
 	out := h.raw(fmt.Sprintf("GET http://a.test:%d/chunks HTTP/1.0\r\n\r\n", port))
 	if !strings.HasPrefix(out, "HTTP/1.1 200 ") || !strings.Contains(out, "Connection: close\r\n") || !strings.HasSuffix(out, "\r\n\r\none,two") {
 		t.Fatalf("answer to HTTP/1.0: %q", out)
+	}
+}
+
+// TestRequestFramingUpstream: a request reaches the upstream framed as the client
+// framed it: no body stays no body (not a probed or chunked one), a length stays a
+// length, chunks stay chunks.
+func TestRequestFramingUpstream(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+	port := startFramingUpstream(t)
+	for _, tc := range []struct{ name, req, want string }{
+		{"no body", "GET http://a.test:%d/reqframe HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n", `[] 0 ""`},
+		{"length", "POST http://a.test:%d/reqframe HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc", `[] 3 "abc"`},
+		{"chunks", "POST http://a.test:%d/reqframe HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n", `[chunked] -1 "abc"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := h.raw(fmt.Sprintf(tc.req, port))
+			if !strings.HasPrefix(out, "HTTP/1.1 200 ") || !strings.Contains(out, tc.want) {
+				t.Fatalf("answer %q, want a body with %q", out, tc.want)
+			}
+		})
 	}
 }
