@@ -188,11 +188,17 @@ func (f *front) serveConn(c net.Conn) {
 		}
 		// The deadline comes first: once marked waiting, the drain may move it to now.
 		_ = c.SetReadDeadline(time.Now().Add(wait))
-		if !f.waiting(c, nil) {
-			return
+		err := net.ErrClosed // the drain has begun
+		if f.waiting(c, nil) {
+			_, err = cc.br.Peek(1)
 		}
-		if _, err := cc.br.Peek(1); err != nil {
-			return // closed, idle too long, or woken by the drain
+		if err != nil {
+			// Closed, idle too long, or stopped by the drain. A client that had
+			// sent the start of a request is told why it goes unserved.
+			if f.draining() && cc.sentInput() {
+				f.answer(c, drainingAnswer)
+			}
+			return
 		}
 		if !first {
 			_ = c.SetReadDeadline(time.Now().Add(f.s.cfg.HeaderTimeout))
@@ -246,13 +252,25 @@ func (f *front) serveConn(c net.Conn) {
 func (f *front) refuseHead(c net.Conn, err error, drain, tooLong bool) {
 	switch {
 	case drain:
-		f.answer(c, "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nX-Compass-Egress: error; reason=draining\r\nContent-Length: 0\r\n\r\n")
+		f.answer(c, drainingAnswer)
 	case tooLong:
 		f.answer(c, plainAnswer("431 Request Header Fields Too Large"))
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, os.ErrDeadlineExceeded):
 	default:
 		f.answer(c, plainAnswer("400 Bad Request"))
 	}
+}
+
+const drainingAnswer = "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nX-Compass-Egress: error; reason=draining\r\nContent-Length: 0\r\n\r\n"
+
+// sentInput reports whether the client has sent bytes the connection has not read
+// (the drain's wake-up can stop a read before it looks). What a client has sent over
+// loopback or a bridge is in the socket by the time it matters, so a short look is
+// enough.
+func (cc *clientConn) sentInput() bool {
+	_ = cc.c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+	_, err := cc.br.Peek(1)
+	return err == nil
 }
 
 func plainAnswer(status string) string {

@@ -119,3 +119,33 @@ func TestDrainWakesHalfReadHead(t *testing.T) {
 		t.Fatalf("half-read client got %q", out)
 	}
 }
+
+// TestDrainClosesIdleConnectionSilently: a keep-alive connection waiting for its next
+// request is closed by the drain without an answer nobody asked for.
+func TestDrainClosesIdleConnectionSilently(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	target := h.a.httpHostPort("a.test")
+	fmt.Fprintf(c, "GET http://%s/ HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := h.srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rest, _ := io.ReadAll(br); len(rest) != 0 {
+		t.Fatalf("idle connection got %q at the drain", rest)
+	}
+}
