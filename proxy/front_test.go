@@ -12,36 +12,38 @@ import (
 	"time"
 )
 
+// keepAliveGET opens a connection to the proxy, fetches a.test's page on it and
+// returns it open (keep-alive), with its reader.
+func keepAliveGET(t *testing.T, h *harness) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	target := h.a.httpHostPort("a.test")
+	fmt.Fprintf(c, "GET http://%s/ HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Close {
+		t.Fatalf("GET: status %d, close %v", resp.StatusCode, resp.Close)
+	}
+	return c, br
+}
+
 // TestConnectAfterRequest: a CONNECT that follows a request on a keep-alive connection
-// is served by the HTTP server's path (goproxy), not the front; it tunnels, carries its
-// early bytes, half-closes, and is refused with the same 403 as the front's.
+// tunnels as a connection's first one does: it carries its early bytes, half-closes,
+// and a refused one gets the same 403.
 func TestConnectAfterRequest(t *testing.T) {
 	h := newHarness(t)
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
-	dialGET := func() (net.Conn, *bufio.Reader) {
-		t.Helper()
-		c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		target := h.a.httpHostPort("a.test")
-		fmt.Fprintf(c, "GET http://%s/ HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
-		br := bufio.NewReader(c)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || resp.Close {
-			t.Fatalf("GET: status %d, close %v", resp.StatusCode, resp.Close)
-		}
-		return c, br
-	}
-
-	c, br := dialGET()
+	c, br := keepAliveGET(t, h)
 	target := h.a.echoHostPort("a.test")
 	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\nearly-", target, target)
 	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
@@ -54,7 +56,7 @@ func TestConnectAfterRequest(t *testing.T) {
 		t.Fatalf("tunnel after GET echoed %q, %v", out, err)
 	}
 
-	c, br = dialGET()
+	c, br = keepAliveGET(t, h)
 	blocked := h.b.echoHostPort("b.test")
 	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", blocked, blocked)
 	resp, err = http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
@@ -125,21 +127,7 @@ func TestDrainWakesHalfReadHead(t *testing.T) {
 func TestDrainClosesIdleConnectionSilently(t *testing.T) {
 	h := newHarness(t)
 	h.apply(`"public"`)
-	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-	target := h.a.httpHostPort("a.test")
-	fmt.Fprintf(c, "GET http://%s/ HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
-	br := bufio.NewReader(c)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
+	_, br := keepAliveGET(t, h)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := h.srv.Shutdown(ctx); err != nil {
