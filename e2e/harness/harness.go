@@ -36,6 +36,7 @@ import (
 	"testing"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
@@ -273,7 +274,7 @@ func (h *Harness) removeLeftovers(ctx context.Context) error {
 		return fmt.Errorf("harness: list networks: %w", err)
 	}
 	for _, n := range ns {
-		if err := h.Docker.NetworkRemove(ctx, n.ID); err != nil {
+		if err := h.removeNetwork(ctx, n.ID); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -281,6 +282,29 @@ func (h *Harness) removeLeftovers(ctx context.Context) error {
 		return fmt.Errorf("harness: remove leftovers: %w", err)
 	}
 	return nil
+}
+
+// removeNetwork removes a network, retrying for a few seconds: Docker may still be
+// releasing the endpoints of containers removed a moment ago ("has active
+// endpoints"). Between tries it force-disconnects whatever the network still lists.
+func (h *Harness) removeNetwork(ctx context.Context, id string) error {
+	var err error
+	for try := 0; try < 50; try++ {
+		if err = h.Docker.NetworkRemove(ctx, id); err == nil || cerrdefs.IsNotFound(err) {
+			return nil
+		}
+		if ni, ierr := h.Docker.NetworkInspect(ctx, id, network.InspectOptions{}); ierr == nil {
+			for cid := range ni.Containers {
+				_ = h.Docker.NetworkDisconnect(ctx, id, cid, true)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("harness: remove network %s: %w", id, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("harness: remove network %s: %w", id, err)
 }
 
 // Leftovers lists the containers and networks of this package still present.
