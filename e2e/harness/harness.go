@@ -287,13 +287,17 @@ func (h *Harness) removeLeftovers(ctx context.Context) error {
 // removeNetwork removes a network, retrying for a few seconds: Docker may still be
 // releasing the endpoints of containers removed a moment ago ("has active
 // endpoints"). Between tries it force-disconnects whatever the network still lists.
+// A network that lists no container and still has an endpoint holds a stale one that
+// Engine 20.10 sometimes keeps until it restarts: it is reported and left, since each
+// run names its networks afresh and nothing can remove it.
 func (h *Harness) removeNetwork(ctx context.Context, id string) error {
 	var err error
-	for try := 0; try < 50; try++ {
+	for try := 0; try < 30; try++ {
 		if err = h.Docker.NetworkRemove(ctx, id); err == nil || cerrdefs.IsNotFound(err) {
 			return nil
 		}
-		if ni, ierr := h.Docker.NetworkInspect(ctx, id, network.InspectOptions{}); ierr == nil {
+		ni, ierr := h.Docker.NetworkInspect(ctx, id, network.InspectOptions{})
+		if ierr == nil {
 			for cid := range ni.Containers {
 				_ = h.Docker.NetworkDisconnect(ctx, id, cid, true)
 			}
@@ -302,6 +306,10 @@ func (h *Harness) removeNetwork(ctx context.Context, id string) error {
 		case <-ctx.Done():
 			return fmt.Errorf("harness: remove network %s: %w", id, err)
 		case <-time.After(100 * time.Millisecond):
+		}
+		if try == 29 && ierr == nil && len(ni.Containers) == 0 && strings.Contains(err.Error(), "active endpoints") {
+			fmt.Fprintf(os.Stderr, "*** e2e: network %s (%s) keeps a stale endpoint with no container; left in place: %v ***\n", ni.Name, id, err)
+			return nil
 		}
 	}
 	return fmt.Errorf("harness: remove network %s: %w", id, err)
