@@ -38,6 +38,7 @@ func (s *Server) apply(p policy.Policy, task, phase *string, source string) Appl
 		Applied:   time.Now(),
 		blocked:   newBlockedCounter(),
 		transport: s.newTransport(),
+		upstream:  newUpstreamClient(s),
 	}
 	if old != nil {
 		rs.Generation, rs.Task, rs.Phase = old.Generation+1, old.Task, old.Phase
@@ -60,7 +61,7 @@ func (s *Server) apply(p policy.Policy, task, phase *string, source string) Appl
 		closed = s.tracker.closeIf(func(c *liveConn) bool {
 			return !s.decider.Recheck(rs, c.name, c.addr, c.port)
 		})
-		old.transport.CloseIdleConnections()
+		old.closeIdle()
 		summary := old.blocked.summary(old.Generation)
 		prev = &summary
 	}

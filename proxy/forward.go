@@ -110,7 +110,7 @@ func (s *Server) settle(st *requestState) {
 		s.proxyLn.release()
 	}
 	if st.rs != nil && st.rs != s.current.Load() {
-		st.rs.transport.CloseIdleConnections()
+		st.rs.closeIdle()
 	}
 }
 
@@ -176,6 +176,9 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	dctx := context.WithValue(r.Context(), verdictKey{}, &v)
 	r = r.WithContext(httptrace.WithClientTrace(dctx, trace))
 	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
+		if rs.upstream.handles(req) {
+			return rs.upstream.roundTrip(req, &v, func(c net.Conn) bool { return s.gotUpstreamConn(rs, st.entry, c) })
+		}
 		return rs.transport.RoundTrip(req)
 	})
 	return r, nil
@@ -186,15 +189,17 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 // came after the request was decided, re-checks that address under the rule set in
 // force: a connection it no longer allows is closed before the request is written. The
 // address is recorded first, so a sweep that starts later sees it (see tracker.closeIf).
-func (s *Server) gotUpstreamConn(rs *RuleSet, entry *liveConn, c net.Conn) {
+func (s *Server) gotUpstreamConn(rs *RuleSet, entry *liveConn, c net.Conn) bool {
 	ap, err := netip.ParseAddrPort(c.RemoteAddr().String())
 	if err != nil {
-		return
+		return true
 	}
 	s.tracker.setAddr(entry, ap.Addr().Unmap())
 	if cur := s.current.Load(); cur != rs && !s.decider.Recheck(cur, entry.name, ap.Addr(), entry.port) {
 		c.Close()
+		return false
 	}
+	return true
 }
 
 // redecide re-checks an allowed verdict's addresses under a rule set published while

@@ -23,10 +23,18 @@ type RuleSet struct {
 	addrPorts addrRulePorts
 	// blocked counts this generation's refusals (GET /v1/blocked).
 	blocked *blockedCounter
-	// transport carries this generation's forwarded HTTP requests. Each generation has
-	// its own pool, so an upstream connection dialled under one policy is never reused
-	// for a request decided under another.
+	// upstream and transport carry this generation's forwarded HTTP requests (upstream
+	// the plain ones it can, see upstreamClient). Each generation has its own pools, so
+	// an upstream connection dialled under one policy is never reused for a request
+	// decided under another.
+	upstream  *upstreamClient
 	transport *http.Transport
+}
+
+// closeIdle closes the generation's idle upstream connections.
+func (rs *RuleSet) closeIdle() {
+	rs.transport.CloseIdleConnections()
+	rs.upstream.closeIdle()
 }
 
 // Mode is the policy's network mode.

@@ -419,7 +419,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.tracker.closeIf(func(*liveConn) bool { return true })
 		<-done
 	}
-	s.current.Load().transport.CloseIdleConnections()
+	s.current.Load().closeIdle()
 	_ = s.adminSrv.Close()
 	if s.metricsSrv != nil {
 		_ = s.metricsSrv.Close()

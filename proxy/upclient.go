@@ -1,0 +1,230 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// upstreamClient forwards the requests that can be written and answered on the
+// handler's own goroutine: plain http, no body (nothing to write while the answer
+// arrives), no Upgrade, and a method that may be sent twice (a pooled connection the
+// upstream closed meanwhile is retried once on a new one). net/http's Transport, which
+// hands every request to two goroutines of its own and back, carries the others. Each
+// rule set has its own client, so a connection opened under one policy never carries
+// a request decided under another.
+type upstreamClient struct {
+	s    *Server
+	mu   sync.Mutex
+	idle map[netip.AddrPort][]*upConn
+}
+
+// upConn is one upstream connection and its reader, which outlives each answer.
+type upConn struct {
+	c     *net.TCPConn
+	br    *bufio.Reader
+	key   netip.AddrPort
+	timer *time.Timer // closes it once idle for the idle timeout
+}
+
+// maxIdlePerUpstream bounds the idle connections kept per upstream address, as the
+// Transport's MaxIdleConnsPerHost does.
+const maxIdlePerUpstream = 64
+
+var upWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
+
+func newUpstreamClient(s *Server) *upstreamClient {
+	return &upstreamClient{s: s, idle: make(map[netip.AddrPort][]*upConn)}
+}
+
+// handles reports whether req is one the upstream client carries.
+func (u *upstreamClient) handles(req *http.Request) bool {
+	if req.Body != nil && req.Body != http.NoBody || req.URL.Scheme != "http" || req.Header.Get("Upgrade") != "" {
+		return false
+	}
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
+}
+
+// errRecheckFailed: a swap came between the decision and the connection, and the new
+// policy does not allow the connection's address.
+var errRecheckFailed = errors.New("proxy: the upstream address is no longer allowed")
+
+// roundTrip sends req to one of v's checked addresses and returns the answer; its body
+// gives the connection back to the pool when read to its end. allowed records the
+// connection's address and re-checks it (see gotUpstreamConn).
+func (u *upstreamClient) roundTrip(req *http.Request, v *Verdict, allowed func(net.Conn) bool) (*http.Response, error) {
+	for attempt := 0; ; attempt++ {
+		uc, reused, err := u.conn(req.Context(), v)
+		if err != nil {
+			return nil, err
+		}
+		if !allowed(uc.c) {
+			uc.c.Close()
+			return nil, errRecheckFailed
+		}
+		resp, err := u.exchange(req, uc)
+		if err == nil {
+			return resp, nil
+		}
+		uc.c.Close()
+		// A pooled connection may have been closed by the upstream while idle: the
+		// request is sent again once, on a new connection.
+		if !reused || attempt > 0 || req.Context().Err() != nil {
+			return nil, err
+		}
+	}
+}
+
+// conn takes an idle connection to one of v's addresses, or dials one.
+func (u *upstreamClient) conn(ctx context.Context, v *Verdict) (*upConn, bool, error) {
+	u.mu.Lock()
+	for _, a := range v.Addrs {
+		key := netip.AddrPortFrom(a, v.Port)
+		list := u.idle[key]
+		for len(list) > 0 {
+			uc := list[len(list)-1]
+			list = list[:len(list)-1]
+			if uc.timer.Stop() { // else it is being closed for idling
+				u.setIdle(key, list)
+				u.mu.Unlock()
+				return uc, true, nil
+			}
+		}
+		u.setIdle(key, list)
+	}
+	u.mu.Unlock()
+	c, addr, err := u.s.dialVerdict(ctx, v)
+	if err != nil {
+		return nil, false, err
+	}
+	return &upConn{c: c, br: bufio.NewReaderSize(c, 4096), key: netip.AddrPortFrom(addr, v.Port)}, false, nil
+}
+
+func (u *upstreamClient) setIdle(key netip.AddrPort, list []*upConn) {
+	if len(list) == 0 {
+		delete(u.idle, key)
+		return
+	}
+	u.idle[key] = list
+}
+
+// exchange writes req and reads its answer, skipping interim (1xx) answers. The
+// request's cancellation (a swap that cuts it, the drain's deadline) closes the
+// connection, which ends a write or read in progress.
+func (u *upstreamClient) exchange(req *http.Request, uc *upConn) (*http.Response, error) {
+	stop := context.AfterFunc(req.Context(), func() { uc.c.Close() })
+	bw := upWriters.Get().(*bufio.Writer)
+	bw.Reset(uc.c)
+	err := req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	bw.Reset(nil)
+	upWriters.Put(bw)
+	var resp *http.Response
+	for err == nil {
+		resp, err = http.ReadResponse(uc.br, req)
+		if err == nil && (resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols) {
+			break
+		}
+	}
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	reuse := !resp.Close && !req.Close && resp.StatusCode != http.StatusSwitchingProtocols
+	resp.Body = &upBody{body: resp.Body, u: u, uc: uc, stop: stop, reuse: reuse}
+	return resp, nil
+}
+
+// put keeps a connection whose answer was read to its end for the next request.
+func (u *upstreamClient) put(uc *upConn) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.idle[uc.key]) >= maxIdlePerUpstream || uc.br.Buffered() > 0 {
+		uc.c.Close() // bytes beyond the answer: the connection is out of step
+		return
+	}
+	if uc.timer == nil {
+		uc.timer = time.AfterFunc(u.s.cfg.IdleTimeout, func() { u.expire(uc) })
+	} else {
+		uc.timer.Reset(u.s.cfg.IdleTimeout)
+	}
+	u.idle[uc.key] = append(u.idle[uc.key], uc)
+}
+
+// expire closes a connection that stayed idle for the idle timeout.
+func (u *upstreamClient) expire(uc *upConn) {
+	u.mu.Lock()
+	list := u.idle[uc.key]
+	for i, x := range list {
+		if x == uc {
+			u.setIdle(uc.key, append(list[:i:i], list[i+1:]...))
+			break
+		}
+	}
+	u.mu.Unlock()
+	uc.c.Close()
+}
+
+// closeIdle closes every idle connection (the rule set was replaced, or the proxy
+// stops); connections in use close when their answer ends.
+func (u *upstreamClient) closeIdle() {
+	u.mu.Lock()
+	idle := u.idle
+	u.idle = make(map[netip.AddrPort][]*upConn)
+	u.mu.Unlock()
+	for _, list := range idle {
+		for _, uc := range list {
+			uc.timer.Stop()
+			uc.c.Close()
+		}
+	}
+}
+
+// upBody is an answer's body: read to its end, it gives the connection back to the
+// pool; closed before that, it closes the connection (draining an unknown rest could
+// take forever).
+type upBody struct {
+	body  io.ReadCloser
+	u     *upstreamClient
+	uc    *upConn
+	stop  func() bool // ends the cancellation watch; false if it already closed uc
+	reuse bool
+	done  bool
+}
+
+func (b *upBody) Read(p []byte) (int, error) {
+	n, err := b.body.Read(p)
+	if errors.Is(err, io.EOF) {
+		b.finish(true)
+	}
+	return n, err
+}
+
+func (b *upBody) Close() error {
+	b.finish(false)
+	return nil
+}
+
+func (b *upBody) finish(eof bool) {
+	if b.done {
+		return
+	}
+	b.done = true
+	if watching := b.stop(); watching && eof && b.reuse {
+		b.u.put(b.uc)
+		return
+	}
+	b.uc.c.Close()
+}
