@@ -31,7 +31,6 @@ type requestState struct {
 }
 
 type stateKey struct{}
-type clientKey struct{}
 
 // requestClient is the front's handle on the client of a request: a swap that cuts
 // the request closes the connection and cancels the request, which also ends its
@@ -44,6 +43,10 @@ type requestClient struct {
 func (c *requestClient) cut() {
 	c.conn.Close()
 	c.cancel()
+}
+
+func withState(ctx context.Context, st *requestState) context.Context {
+	return context.WithValue(ctx, stateKey{}, st)
 }
 
 func stateOf(r *http.Request) *requestState {
@@ -78,13 +81,10 @@ func (s *Server) newGoproxy() *goproxy.ProxyHttpServer {
 	return gp
 }
 
-// serveProxy runs goproxy on one request the front read: it prepares the request's
-// state, runs goproxy, then settles what goproxy leaves behind (tracking, hijacked
+// serveProxy runs goproxy on one request the front read, whose context carries st
+// (withState), then settles what goproxy leaves behind (tracking, hijacked
 // connections, the previous generation's idle upstream connections).
-func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, host hostField) {
-	client, _ := r.Context().Value(clientKey{}).(*requestClient)
-	st := &requestState{client: client, host: host}
-	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, st *requestState) {
 	if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
 		r.Body = &countingBody{ReadCloser: r.Body, n: &st.up}
 	}
@@ -170,15 +170,18 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	if !v.Allowed {
 		return r, refusalResponse(r, rs, typeHTTP, v)
 	}
+	if rs.upstream.handles(r) {
+		ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
+			return rs.upstream.roundTrip(req, &v, func(c net.Conn) bool { return s.gotUpstreamConn(rs, st.entry, c) })
+		})
+		return r, nil
+	}
 	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
 		s.gotUpstreamConn(rs, st.entry, info.Conn)
 	}}
 	dctx := context.WithValue(r.Context(), verdictKey{}, &v)
 	r = r.WithContext(httptrace.WithClientTrace(dctx, trace))
 	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
-		if rs.upstream.handles(req) {
-			return rs.upstream.roundTrip(req, &v, func(c net.Conn) bool { return s.gotUpstreamConn(rs, st.entry, c) })
-		}
 		return rs.transport.RoundTrip(req)
 	})
 	return r, nil

@@ -221,8 +221,11 @@ func (f *front) serveConn(c net.Conn) {
 			f.refuseHead(cc.c, err, drain, tooLong)
 			return
 		}
-		req = req.WithContext(ctx)
-		_ = c.SetReadDeadline(time.Time{})
+		// The head's deadline stays while nothing reads the connection (the next
+		// wait sets its own); a body, a tunnel or an upgrade reads it without one.
+		if req.Body != http.NoBody || req.Method == http.MethodConnect || req.Header.Get("Upgrade") != "" {
+			_ = c.SetReadDeadline(time.Time{})
+		}
 		req.RemoteAddr = cc.remote
 		if answer := checkRequest(req, hosts); answer != "" {
 			cancel()
@@ -230,11 +233,11 @@ func (f *front) serveConn(c net.Conn) {
 			return
 		}
 		if req.Method == http.MethodConnect {
-			owned = f.connect(cc, req)
+			owned = f.connect(cc, req.WithContext(ctx))
 			cancel()
 			return
 		}
-		keep, hijacked := f.serveRequest(cc, req, cancel, hosts)
+		keep, hijacked := f.serveRequest(ctx, cc, req, cancel, hosts)
 		cancel()
 		if hijacked {
 			owned, cc.br = true, nil
@@ -336,7 +339,7 @@ func (f *front) connect(cc *clientConn, req *http.Request) bool {
 
 // serveRequest runs goproxy on one request and finishes its response. keep says the
 // connection may carry another request; hijacked that goproxy took it over.
-func (f *front) serveRequest(cc *clientConn, req *http.Request, cancel context.CancelFunc, hosts []string) (keep, hijacked bool) {
+func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Request, cancel context.CancelFunc, hosts []string) (keep, hijacked bool) {
 	closeAfter := req.Close || !req.ProtoAtLeast(1, 1) || f.draining()
 	w := newResponseWriter(cc.c, cc.br, req, closeAfter)
 	// A request without a body keeps http.NoBody: anything else makes the transport
@@ -349,11 +352,11 @@ func (f *front) serveRequest(cc *clientConn, req *http.Request, cancel context.C
 		}
 		req.Body = body
 	}
-	req = req.WithContext(context.WithValue(req.Context(), clientKey{}, &requestClient{conn: cc.c, cancel: cancel}))
-	host := hostField{}
+	st := &requestState{client: &requestClient{conn: cc.c, cancel: cancel}}
 	if len(hosts) > 0 {
-		host = hostField{value: hosts[0], present: true}
+		st.host = hostField{value: hosts[0], present: true}
 	}
+	req = req.WithContext(withState(ctx, st))
 	panicked := true
 	func() {
 		defer func() {
@@ -361,7 +364,7 @@ func (f *front) serveRequest(cc *clientConn, req *http.Request, cancel context.C
 				f.s.log.Error("panic serving a request", "client", cc.remote, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			}
 		}()
-		f.s.serveProxy(w, req, host)
+		f.s.serveProxy(w, req, st)
 		panicked = false
 	}()
 	if w.hijacked {
