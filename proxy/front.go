@@ -454,16 +454,17 @@ func headEnd(buf []byte) int {
 // (obsolete line folding), joined with one space.
 func scanHostFields(head []byte) []string {
 	var hosts []string
-	lines := bytes.Split(head, []byte("\n"))
-	for i := 1; i < len(lines); i++ {
-		line := lines[i]
+	_, rest, _ := bytes.Cut(head, []byte("\n")) // the request line
+	for len(rest) > 0 {
+		var line []byte
+		line, rest, _ = bytes.Cut(rest, []byte("\n"))
 		if len(line) < 5 || !bytes.EqualFold(line[:5], []byte("host:")) {
 			continue
 		}
 		value := strings.Trim(string(line[5:]), " \t\r")
-		for i+1 < len(lines) && len(lines[i+1]) > 0 && (lines[i+1][0] == ' ' || lines[i+1][0] == '\t') {
-			i++
-			if more := strings.Trim(string(lines[i]), " \t\r"); more != "" || value != "" {
+		for len(rest) > 0 && (rest[0] == ' ' || rest[0] == '\t') {
+			line, rest, _ = bytes.Cut(rest, []byte("\n"))
+			if more := strings.Trim(string(line), " \t\r"); more != "" || value != "" {
 				value = strings.TrimLeft(value+" "+more, " ")
 			}
 		}
