@@ -89,7 +89,7 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, st *requestS
 		r.Body = &countingBody{ReadCloser: r.Body, n: &st.up}
 	}
 	rw := &proxyResponseWriter{ResponseWriter: w, st: st, idle: s.cfg.TunnelIdleTimeout}
-	// Deferred, so a panic in the handler chain (which the HTTP server recovers) still
+	// Deferred, so a panic in the handler chain (which the front recovers) still
 	// gives back the tracker entry, the gauge and the connection slot.
 	defer s.settle(st)
 	s.relay.ServeHTTP(rw, r)

@@ -68,7 +68,7 @@ func TestConnectAfterRequest(t *testing.T) {
 	}
 }
 
-// TestFrontRefusesBadConnect: a CONNECT head the HTTP server would refuse is refused
+// TestFrontRefusesBadConnect: a CONNECT head net/http's server would refuse is refused
 // by the front too, and a head beyond the size bound gets 431.
 func TestFrontRefusesBadConnect(t *testing.T) {
 	h := newHarness(t)

@@ -6,9 +6,9 @@ import (
 )
 
 // limitListener bounds concurrent client connections. Unlike a wrapping limiter it
-// hands out the accepted *net.TCPConn itself, so hijacked tunnels can still splice; the
-// slot is released by the HTTP server's StateClosed hook or by whoever owns a hijacked
-// connection.
+// hands out the accepted *net.TCPConn itself, so tunnels can still splice; the slot is
+// released by whoever owns the connection last: the front when it closes one, a tunnel
+// when it ends, the settling of a websocket relay.
 type limitListener struct {
 	net.Listener
 	sem       chan struct{}

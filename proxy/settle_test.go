@@ -8,7 +8,7 @@ import (
 )
 
 // TestPanicInRelayReleasesRequest: a panic after goproxy handled an allowed request
-// (recovered by the HTTP server) still removes the tracker entry and lowers the gauge.
+// (recovered by the front) still removes the tracker entry and lowers the gauge.
 func TestPanicInRelayReleasesRequest(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.wrapRelay = func(next http.Handler) http.Handler {
