@@ -99,9 +99,9 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, st *requestS
 func (s *Server) settle(st *requestState) {
 	if st.entry != nil {
 		s.tracker.remove(st.entry)
-		s.metrics.active.WithLabelValues(typeHTTP).Dec()
-		s.metrics.bytes.WithLabelValues("upstream").Add(float64(st.up.Load()))
-		s.metrics.bytes.WithLabelValues("downstream").Add(float64(st.down.Load()))
+		s.metrics.activeHTTP.Dec()
+		s.metrics.bytesUp.Add(float64(st.up.Load()))
+		s.metrics.bytesDown.Add(float64(st.down.Load()))
 	}
 	if st.hijacked != nil {
 		// A websocket relay: goproxy is done with the connection but does not always
@@ -161,7 +161,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		}
 		if v.Allowed {
 			st.entry = entry
-			s.metrics.active.WithLabelValues(typeHTTP).Inc()
+			s.metrics.activeHTTP.Inc()
 		} else {
 			s.tracker.remove(entry)
 		}

@@ -12,18 +12,22 @@ import (
 // metrics are the proxy's Prometheus series. Labels are bounded sets (types, decisions,
 // reason codes, DNS types): never a host, an address or a task name.
 type metrics struct {
-	registry       *prometheus.Registry
-	requests       *prometheus.CounterVec
-	dnsQueries     *prometheus.CounterVec
-	active         *prometheus.GaugeVec
-	bytes          *prometheus.CounterVec
-	dialDuration   prometheus.Histogram
-	generation     prometheus.Gauge
-	reloads        *prometheus.CounterVec
-	reloadOK       prometheus.Gauge
-	swapClosed     prometheus.Counter
-	connectionsCap prometheus.Gauge
-	dnsOverloaded  *prometheus.CounterVec
+	registry   *prometheus.Registry
+	requests   *prometheus.CounterVec
+	dnsQueries *prometheus.CounterVec
+	active     *prometheus.GaugeVec
+	bytes      *prometheus.CounterVec
+	// The series of active and bytes, resolved once: a label lookup per connection
+	// is a hash and a lock.
+	activeHTTP, activeConnect prometheus.Gauge
+	bytesUp, bytesDown        prometheus.Counter
+	dialDuration              prometheus.Histogram
+	generation                prometheus.Gauge
+	reloads                   *prometheus.CounterVec
+	reloadOK                  prometheus.Gauge
+	swapClosed                prometheus.Counter
+	connectionsCap            prometheus.Gauge
+	dnsOverloaded             *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -83,12 +87,8 @@ func newMetrics() *metrics {
 	m.registry.MustRegister(m.requests, m.dnsQueries, m.active, m.bytes, m.dialDuration,
 		m.generation, m.reloads, m.reloadOK, m.swapClosed, m.connectionsCap, m.dnsOverloaded, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, t := range []string{typeHTTP, typeConnect} {
-		m.active.WithLabelValues(t)
-	}
-	for _, d := range []string{"upstream", "downstream"} {
-		m.bytes.WithLabelValues(d)
-	}
+	m.activeHTTP, m.activeConnect = m.active.WithLabelValues(typeHTTP), m.active.WithLabelValues(typeConnect)
+	m.bytesUp, m.bytesDown = m.bytes.WithLabelValues("upstream"), m.bytes.WithLabelValues("downstream")
 	for _, p := range []string{"udp", "tcp"} {
 		m.dnsOverloaded.WithLabelValues(p)
 	}

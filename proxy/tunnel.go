@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -98,7 +99,7 @@ func (s *Server) openTunnel(r *http.Request, client net.Conn, buffered []byte, r
 		s.tunnels.Done()
 		return false
 	}
-	s.metrics.active.WithLabelValues(typeConnect).Inc()
+	s.metrics.activeConnect.Inc()
 	// The goroutine keeps only what it logs: not the request, whose memory would
 	// otherwise live as long as the tunnel.
 	t := &tunnelDone{entry: entry, host: blockedHost(v), port: v.Port, addr: addr, client: r.RemoteAddr,
@@ -126,8 +127,9 @@ func (s *Server) runTunnel(client, up net.Conn, buffered []byte, t *tunnelDone) 
 	t.start = time.Now()
 	done := make(chan int64, 1)
 	clock := newIdleClock(s.cfg.TunnelIdleTimeout)
-	go copyDirection(client, up, nil, clock, done)
-	t.upBytes = copyDirection(up, client, buffered, clock, nil)
+	var ended atomic.Int32
+	go copyDirection(client, up, nil, clock, &ended, done)
+	t.upBytes = copyDirection(up, client, buffered, clock, &ended, nil)
 	t.downBytes = <-done
 	client.Close()
 	up.Close()
@@ -139,8 +141,8 @@ func (s *Server) finishTunnel(t *tunnelDone) {
 	defer s.tunnels.Done()
 	s.tracker.remove(t.entry)
 	s.proxyLn.release()
-	s.metrics.bytes.WithLabelValues("upstream").Add(float64(t.upBytes))
-	s.metrics.bytes.WithLabelValues("downstream").Add(float64(t.downBytes))
+	s.metrics.bytesUp.Add(float64(t.upBytes))
+	s.metrics.bytesDown.Add(float64(t.downBytes))
 	if s.log.Enabled(context.Background(), slog.LevelInfo) {
 		s.logLine(slog.LevelInfo, "tunnel closed", slog.String("type", typeConnect),
 			slog.String("host", t.host), slog.Int("port", int(t.port)), slog.String("addr", t.addr.String()),
@@ -148,7 +150,7 @@ func (s *Server) finishTunnel(t *tunnelDone) {
 			slog.Float64("duration_seconds", time.Since(t.start).Seconds()), slog.Uint64("generation", t.gen),
 			slog.String("task", t.task), slog.String("phase", t.phase))
 	}
-	s.metrics.active.WithLabelValues(typeConnect).Dec()
+	s.metrics.activeConnect.Dec()
 }
 
 // addTunnel counts a new tunnel for the drain, unless the drain has begun.
@@ -173,7 +175,7 @@ type halfCloser interface {
 // stays at its smallest size.
 //
 //go:noinline
-func copyDirection(dst, src net.Conn, pre []byte, clock *idleClock, done chan<- int64) int64 {
+func copyDirection(dst, src net.Conn, pre []byte, clock *idleClock, ended *atomic.Int32, done chan<- int64) int64 {
 	var (
 		n    int64
 		err  error
@@ -199,7 +201,7 @@ func copyDirection(dst, src net.Conn, pre []byte, clock *idleClock, done chan<- 
 			err = nil // a period ended with traffic somewhere: go on
 		}
 	}
-	endDirection(dst, src, err)
+	endDirection(dst, src, err, ended.Add(1) == 2)
 	if done != nil {
 		done <- n
 	}
@@ -209,10 +211,13 @@ func copyDirection(dst, src net.Conn, pre []byte, clock *idleClock, done chan<- 
 // endDirection ends one direction: on EOF it passes the EOF on (half-close) so the
 // other direction keeps flowing; on an error it closes both, which also stops the
 // other direction's copy. src has already said EOF, so shutting its read side too
-// would only cost a system call per tunnel.
-func endDirection(dst, src net.Conn, err error) {
+// would only cost a system call per tunnel; and when the other direction has ended too
+// (last), the tunnel closes both sockets next, which passes the EOF on by itself.
+func endDirection(dst, src net.Conn, err error, last bool) {
 	if d, ok := dst.(halfCloser); ok && err == nil {
-		_ = d.CloseWrite()
+		if !last {
+			_ = d.CloseWrite()
+		}
 		return
 	}
 	dst.Close()
