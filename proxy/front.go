@@ -264,7 +264,14 @@ func (f *front) refuseHead(c net.Conn, err error, drain, tooLong bool) {
 	}
 }
 
-const drainingAnswer = "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nX-Compass-Egress: error; reason=draining\r\nContent-Length: 0\r\n\r\n"
+// errorAnswer is the proxy's own failure (not a policy refusal): an empty answer whose
+// X-Compass-Egress header names the reason, after which the connection closes.
+func errorAnswer(status, reason string) string {
+	return "HTTP/1.1 " + status + "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nX-Compass-Egress: error; reason=" +
+		reason + "\r\nContent-Length: 0\r\n\r\n"
+}
+
+var drainingAnswer = errorAnswer("503 Service Unavailable", "draining")
 
 // sentInput reports whether the client has sent bytes the connection has not read
 // (the drain's wake-up can stop a read before it looks). What a client has sent over

@@ -170,8 +170,8 @@ func TestHTTP10Client(t *testing.T) {
 }
 
 // TestRequestFramingUpstream: a request reaches the upstream framed as the client
-// framed it: no body stays no body (not a probed or chunked one), a length stays a
-// length, chunks stay chunks.
+// framed it, whichever upstream client carries it: no body stays no body, a length
+// stays a length, chunks stay chunks.
 func TestRequestFramingUpstream(t *testing.T) {
 	h := newHarness(t)
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)

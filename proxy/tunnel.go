@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -33,13 +32,11 @@ func (s *Server) decideTunnel(ctx context.Context, rs *RuleSet, target, client s
 // tunnel started; if it did not, it has answered the client and the caller closes the
 // connection.
 func (s *Server) openTunnel(r *http.Request, client net.Conn, buffered []byte, rs *RuleSet, v Verdict) bool {
-	fail := func(status, reason string) {
-		fmt.Fprintf(client, "HTTP/1.1 %s\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nX-Compass-Egress: %s\r\nContent-Length: 0\r\n\r\n", status, reason)
-	}
+	fail := func(status, reason string) { _, _ = io.WriteString(client, errorAnswer(status, reason)) }
 	up, addr, err := s.dialVerdict(r.Context(), &v)
 	if err != nil {
 		s.log.Warn("dial failed", "type", typeConnect, "host", blockedHost(v), "port", v.Port, "client", r.RemoteAddr, "error", err.Error())
-		fail("502 Bad Gateway", "error; reason=dial-failed")
+		fail("502 Bad Gateway", "dial-failed")
 		return false
 	}
 	// Until the 200 is written, a swap that cuts this tunnel closes only the upstream
@@ -80,7 +77,7 @@ func (s *Server) openTunnel(r *http.Request, client net.Conn, buffered []byte, r
 	if !s.addTunnel() {
 		s.tracker.remove(entry)
 		up.Close()
-		fail("503 Service Unavailable", "error; reason=draining")
+		fail("503 Service Unavailable", "draining")
 		return false
 	}
 	mu.Lock()
