@@ -197,9 +197,7 @@ func (s *Server) Start() (err error) {
 			}
 		}
 	}()
-	// TCP keep-alive is on for every accepted client (net.ListenConfig's default), so
-	// a sandbox that vanished does not hold its tunnels until the idle timeout.
-	ln, err := net.Listen("tcp", s.cfg.Listen)
+	ln, err := listenProxy(s.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("proxy: listen %s: %w", s.cfg.Listen, err)
 	}

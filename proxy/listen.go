@@ -1,0 +1,52 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Keep-alive of accepted clients: a sandbox that vanished (the controller disconnected
+// it between phases) is found within keepAliveIdle + keepAliveCount × keepAliveInterval
+// (2.5 minutes) instead of holding its tunnels until the idle timeout. The values are
+// net.ListenConfig's defaults.
+const (
+	keepAliveIdle     = 15 // seconds
+	keepAliveInterval = 15 // seconds
+	keepAliveCount    = 9
+)
+
+// listenProxy binds the proxy listener. Linux copies a listening socket's options to
+// every socket it accepts, so keep-alive is set once here rather than with four
+// setsockopt calls per connection as net.ListenConfig would.
+func listenProxy(addr string) (net.Listener, error) {
+	lc := net.ListenConfig{KeepAlive: -1, Control: controlProxyListener}
+	return lc.Listen(context.Background(), "tcp", addr)
+}
+
+func controlProxyListener(_, _ string, rc syscall.RawConn) error {
+	var serr error
+	err := rc.Control(func(fd uintptr) {
+		for _, o := range []struct {
+			level, name, value int
+			what               string
+		}{
+			{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1, "SO_KEEPALIVE"},
+			{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, keepAliveIdle, "TCP_KEEPIDLE"},
+			{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, keepAliveInterval, "TCP_KEEPINTVL"},
+			{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAliveCount, "TCP_KEEPCNT"},
+		} {
+			if err := unix.SetsockoptInt(int(fd), o.level, o.name, o.value); err != nil {
+				serr = fmt.Errorf("set %s: %w", o.what, err)
+				return
+			}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
