@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // upstreamClient forwards the requests that can be written and answered on the
@@ -20,22 +22,83 @@ import (
 // rule set has its own client, so a connection opened under one policy never carries
 // a request decided under another.
 type upstreamClient struct {
-	s    *Server
-	mu   sync.Mutex
-	idle map[netip.AddrPort][]*upConn
+	s     *Server
+	mu    sync.Mutex
+	idle  map[netip.AddrPort][]*upConn
+	nidle int // connections in idle, across upstreams
 }
 
 // upConn is one upstream connection and its reader, which outlives each answer.
 type upConn struct {
 	c     *net.TCPConn
 	br    *bufio.Reader
+	limit headLimit // br's source
 	key   netip.AddrPort
 	timer *time.Timer // closes it once idle for the idle timeout
 }
 
-// maxIdlePerUpstream bounds the idle connections kept per upstream address, as the
-// Transport's MaxIdleConnsPerHost does.
-const maxIdlePerUpstream = 64
+func newUpConn(c *net.TCPConn, key netip.AddrPort) *upConn {
+	uc := &upConn{c: c, key: key, limit: headLimit{c: c, left: -1}}
+	uc.br = bufio.NewReaderSize(&uc.limit, 4096)
+	return uc
+}
+
+// headLimit reads the connection with a budget while an answer head is read (left >=
+// 0), and without one for the body (left < 0).
+type headLimit struct {
+	c    net.Conn
+	left int64
+}
+
+func (l *headLimit) Read(p []byte) (int, error) {
+	if l.left < 0 {
+		return l.c.Read(p)
+	}
+	if l.left == 0 {
+		return 0, errAnswerHeadTooLong
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.c.Read(p)
+	l.left -= int64(n)
+	return n, err
+}
+
+// quiet reports whether a pooled connection has nothing to read. An upstream may
+// answer on an idle connection before it closes it (a 408): that answer must not be
+// taken for the next request's.
+func (uc *upConn) quiet() bool {
+	rc, err := uc.c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var perr error
+	var b [1]byte
+	if err := rc.Control(func(fd uintptr) {
+		_, _, perr = unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	}); err != nil {
+		return false
+	}
+	return perr == unix.EAGAIN
+}
+
+// The idle connections kept: per upstream address and in all, the Transport's
+// MaxIdleConnsPerHost and MaxIdleConns (each holds a descriptor until it idles out).
+const (
+	maxIdlePerUpstream = 64
+	maxIdleUpstream    = 1024
+)
+
+// An upstream's answer heads, its interim (1xx) answers included, may take at most
+// maxAnswerHeadBytes and maxInterimAnswers, as in net/http's Transport: an upstream
+// that sends an endless head must not grow the proxy's memory.
+const (
+	maxAnswerHeadBytes = 10 << 20
+	maxInterimAnswers  = 5
+)
+
+var errAnswerHeadTooLong = errors.New("proxy: upstream answer head too long")
 
 var upWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
 
@@ -85,29 +148,44 @@ func (u *upstreamClient) roundTrip(req *http.Request, v *Verdict, allowed func(n
 	}
 }
 
-// conn takes an idle connection to one of v's addresses, or dials one.
+// conn takes a quiet idle connection to one of v's addresses, or dials one.
 func (u *upstreamClient) conn(ctx context.Context, v *Verdict) (*upConn, bool, error) {
+	for {
+		uc := u.takeIdle(v)
+		if uc == nil {
+			break
+		}
+		if uc.quiet() {
+			return uc, true, nil
+		}
+		uc.c.Close()
+	}
+	c, addr, err := u.s.dialVerdict(ctx, v)
+	if err != nil {
+		return nil, false, err
+	}
+	return newUpConn(c, netip.AddrPortFrom(addr, v.Port)), false, nil
+}
+
+// takeIdle removes and returns an idle connection to one of v's addresses, or nil.
+func (u *upstreamClient) takeIdle(v *Verdict) *upConn {
 	u.mu.Lock()
+	defer u.mu.Unlock()
 	for _, a := range v.Addrs {
 		key := netip.AddrPortFrom(a, v.Port)
 		list := u.idle[key]
 		for len(list) > 0 {
 			uc := list[len(list)-1]
 			list = list[:len(list)-1]
+			u.nidle--
 			if uc.timer.Stop() { // else it is being closed for idling
 				u.setIdle(key, list)
-				u.mu.Unlock()
-				return uc, true, nil
+				return uc
 			}
 		}
 		u.setIdle(key, list)
 	}
-	u.mu.Unlock()
-	c, addr, err := u.s.dialVerdict(ctx, v)
-	if err != nil {
-		return nil, false, err
-	}
-	return &upConn{c: c, br: bufio.NewReaderSize(c, 4096), key: netip.AddrPortFrom(addr, v.Port)}, false, nil
+	return nil
 }
 
 func (u *upstreamClient) setIdle(key netip.AddrPort, list []*upConn) {
@@ -132,12 +210,18 @@ func (u *upstreamClient) exchange(req *http.Request, uc *upConn) (*http.Response
 	bw.Reset(nil)
 	upWriters.Put(bw)
 	var resp *http.Response
-	for err == nil {
+	uc.limit.left = maxAnswerHeadBytes
+	for interim := 0; err == nil; interim++ {
+		if interim > maxInterimAnswers {
+			err = errors.New("proxy: too many interim answers from the upstream")
+			break
+		}
 		resp, err = http.ReadResponse(uc.br, req)
 		if err == nil && (resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols) {
 			break
 		}
 	}
+	uc.limit.left = -1
 	if err != nil {
 		stop()
 		return nil, err
@@ -151,8 +235,8 @@ func (u *upstreamClient) exchange(req *http.Request, uc *upConn) (*http.Response
 func (u *upstreamClient) put(uc *upConn) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if len(u.idle[uc.key]) >= maxIdlePerUpstream || uc.br.Buffered() > 0 {
-		uc.c.Close() // bytes beyond the answer: the connection is out of step
+	if len(u.idle[uc.key]) >= maxIdlePerUpstream || u.nidle >= maxIdleUpstream || uc.br.Buffered() > 0 {
+		uc.c.Close() // a full pool, or bytes beyond the answer: the connection is out of step
 		return
 	}
 	if uc.timer == nil {
@@ -161,6 +245,7 @@ func (u *upstreamClient) put(uc *upConn) {
 		uc.timer.Reset(u.s.cfg.IdleTimeout)
 	}
 	u.idle[uc.key] = append(u.idle[uc.key], uc)
+	u.nidle++
 }
 
 // expire closes a connection that stayed idle for the idle timeout.
@@ -170,6 +255,7 @@ func (u *upstreamClient) expire(uc *upConn) {
 	for i, x := range list {
 		if x == uc {
 			u.setIdle(uc.key, append(list[:i:i], list[i+1:]...))
+			u.nidle--
 			break
 		}
 	}
@@ -183,6 +269,7 @@ func (u *upstreamClient) closeIdle() {
 	u.mu.Lock()
 	idle := u.idle
 	u.idle = make(map[netip.AddrPort][]*upConn)
+	u.nidle = 0
 	u.mu.Unlock()
 	for _, list := range idle {
 		for _, uc := range list {
