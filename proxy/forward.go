@@ -28,6 +28,45 @@ type requestState struct {
 	// hijacked is set when goproxy took the connection over (a websocket).
 	hijacked net.Conn
 	up, down atomic.Int64
+	// answerErr is the error that broke off the upstream's answer body: goproxy
+	// ignores it, and the front must not end that answer as if it were whole.
+	answerErr error
+}
+
+// answerBody records in st the error that ends an upstream answer's body early.
+type answerBody struct {
+	io.ReadCloser
+	st *requestState
+}
+
+func (b *answerBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && b.st.answerErr == nil {
+		b.st.answerErr = err
+	}
+	return n, err
+}
+
+// upstreamAnswer is what the client gets of an allowed request's round trip: the
+// upstream's answer, its body wrapped in answerBody (not a 101's, which goproxy relays
+// as the upstream connection itself); or, when there is none, a 502 that says whether
+// the dial or the exchange failed (goproxy would answer 500 with the error's text).
+func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict, resp *http.Response, err error) (*http.Response, error) {
+	if err != nil {
+		reason := "upstream-failed"
+		if op := (*net.OpError)(nil); errors.As(err, &op) && op.Op == "dial" {
+			reason = "dial-failed"
+		}
+		s.log.Warn("upstream failed", "type", typeHTTP, "host", blockedHost(*v), "port", v.Port, "client", req.RemoteAddr, "error", err.Error())
+		resp = goproxy.NewResponse(req, goproxy.ContentTypeText, http.StatusBadGateway,
+			"compass-egress: "+blockedHost(*v)+" could not be reached ("+reason+")\n")
+		resp.Header.Set("X-Compass-Egress", "error; reason="+reason)
+		return resp, nil
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != nil && resp.Body != http.NoBody {
+		resp.Body = &answerBody{ReadCloser: resp.Body, st: st}
+	}
+	return resp, nil
 }
 
 type stateKey struct{}
@@ -172,7 +211,8 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	}
 	if rs.upstream.handles(r) {
 		ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
-			return rs.upstream.roundTrip(req, &v, func(c net.Conn) bool { return s.gotUpstreamConn(rs, st.entry, c) })
+			resp, err := rs.upstream.roundTrip(req, &v, func(c net.Conn) bool { return s.gotUpstreamConn(rs, st.entry, c) })
+			return s.upstreamAnswer(req, st, &v, resp, err)
 		})
 		return r, nil
 	}
@@ -182,7 +222,8 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	dctx := context.WithValue(r.Context(), verdictKey{}, &v)
 	r = r.WithContext(httptrace.WithClientTrace(dctx, trace))
 	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
-		return rs.transport.RoundTrip(req)
+		resp, err := rs.transport.RoundTrip(req)
+		return s.upstreamAnswer(req, st, &v, resp, err)
 	})
 	return r, nil
 }

@@ -56,14 +56,36 @@ const maxDrainBytes = 256 << 10
 // reader of its own (see hostFields).
 var frontReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
 
+// Accept failures other than a closed listener (EMFILE, ENFILE, ENOBUFS) pass when
+// connections end: the front waits, from acceptRetryMin doubling to acceptRetryMax,
+// and accepts again, rather than stop serving the sandbox for the rest of its task.
+const (
+	acceptRetryMin = 5 * time.Millisecond
+	acceptRetryMax = time.Second
+)
+
 // serve accepts until the listener closes.
 func (f *front) serve() error {
+	var retry time.Duration
 	for {
 		c, err := f.s.proxyLn.Accept()
 		if err != nil {
-			f.Close()
-			return err
+			if errors.Is(err, net.ErrClosed) {
+				f.Close()
+				return err
+			}
+			retry = min(max(2*retry, acceptRetryMin), acceptRetryMax)
+			f.s.log.Warn("accept failed", "error", err.Error(), "retry_seconds", retry.Seconds())
+			t := time.NewTimer(retry)
+			select {
+			case <-t.C:
+			case <-f.done:
+				t.Stop()
+				return nil
+			}
+			continue
 		}
+		retry = 0
 		if !f.track(c) {
 			c.Close()
 			f.s.proxyLn.release()
@@ -377,7 +399,9 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	if w.hijacked {
 		return false, true
 	}
-	keep = !panicked && w.finish()
+	// An answer whose upstream body broke off ends with the connection, never with
+	// the framing of a whole one (a last chunk, a kept connection).
+	keep = !panicked && st.answerErr == nil && w.finish()
 	if body == nil {
 		return keep, false
 	}

@@ -3,12 +3,16 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -160,4 +164,99 @@ func TestUnrelayedSwitchClosesConnection(t *testing.T) {
 	if !strings.HasPrefix(string(out), "HTTP/1.1 101 ") || strings.Contains(string(out), "HTTP/1.1 200") {
 		t.Fatalf("the connection carried a request after an unrelayed 101: %q", out)
 	}
+}
+
+// An upstream chunked body that breaks off must reach the client broken off too: no
+// last chunk, and the connection closed.
+func TestBrokenOffAnswerIsNotEndedAsWhole(t *testing.T) {
+	h := newHarness(t)
+	h.dns.set("trunc.test", netip.MustParseAddr("127.0.0.10"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["trunc.test"]}`)
+	port := rawUpstream(t, "127.0.0.10", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n", false)
+	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "GET http://trunc.test:%d/ HTTP/1.1\r\nHost: trunc.test:%d\r\n\r\n", port, port)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err == nil {
+		t.Fatalf("the client read a whole answer %q, want a broken-off one", body)
+	}
+}
+
+// An allowed request whose upstream cannot be dialled is a 502 that says so, as for a
+// tunnel, not goproxy's 500 with the error's text.
+func TestHTTPDialFailureIs502(t *testing.T) {
+	h := newHarness(t)
+	h.dns.set("closed.test", netip.MustParseAddr("127.0.0.11"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["closed.test"]}`)
+	ln, err := net.Listen("tcp", "127.0.0.11:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	out := h.raw(fmt.Sprintf("GET http://closed.test:%d/ HTTP/1.1\r\nHost: closed.test:%d\r\nConnection: close\r\n\r\n", port, port))
+	if !strings.HasPrefix(out, "HTTP/1.1 502 ") || !strings.Contains(out, "X-Compass-Egress: error; reason=dial-failed\r\n") {
+		t.Fatalf("answer:\n%s", out)
+	}
+}
+
+// flakyListener fails its first Accept with EMFILE, then hands out its listener's.
+type flakyListener struct {
+	net.Listener
+	calls atomic.Int64
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if l.calls.Add(1) == 1 {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+// A failed accept (descriptors ran out) passes: the front waits and accepts again
+// rather than stop serving for the rest of the task.
+func TestFrontAcceptsAgainAfterAcceptFailure(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := &flakyListener{Listener: ln}
+	s, err := New(Config{Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.proxyLn = newLimitListener(fl, 0)
+	f := newFront(s)
+	s.front = f
+	served := make(chan error, 1)
+	go func() { served <- f.serve() }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer after a failed accept: %v (accept calls: %d)", err, fl.calls.Load())
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("status %d, want the no-network refusal 403", resp.StatusCode)
+	}
+	f.Close()
+	s.proxyLn.Close()
+	if err := <-served; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("serve: %v", err)
+	}
+	f.wait(context.Background())
 }
