@@ -39,8 +39,8 @@ func (s *Server) openTunnel(r *http.Request, client net.Conn, buffered []byte, r
 		fail("502 Bad Gateway", "dial-failed")
 		return false
 	}
-	// Until the 200 is written, a swap that cuts this tunnel closes only the upstream
-	// side, so the client still gets a clean 403 rather than a bare EOF.
+	// Until the tunnel is established (just before the 200), a swap that cuts it closes
+	// only the upstream side, so the client still gets a clean 403 rather than a bare EOF.
 	var (
 		mu          sync.Mutex
 		established bool
@@ -87,9 +87,12 @@ func (s *Server) openTunnel(r *http.Request, client net.Conn, buffered []byte, r
 		refuse()
 		return false
 	}
-	_, err = io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n")
+	// Written after the unlock: a client that reads nothing blocks this write, and a
+	// swap's sweep must not wait for it (close takes mu). A cut from here on closes
+	// the client too, which ends the write.
 	established = true
 	mu.Unlock()
+	_, err = io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n")
 	if err != nil {
 		s.tracker.remove(entry)
 		up.Close()

@@ -1,0 +1,96 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+)
+
+// A client that reads nothing (its socket buffers full: it pipelined a request with a
+// large answer before the CONNECT) blocks the write of its 200. A swap must still cut
+// every tunnel the new policy refuses and return, and new connections must go on.
+func TestSwapIsNotHeldByAStuckEstablishedWrite(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test","b.test"]}`)
+	var others []*tunnelConn
+	for range 8 {
+		_, other := h.connect(h.b.echoHostPort("b.test"), "")
+		if other == nil {
+			t.Fatal("b.test tunnel refused")
+		}
+		others = append(others, other)
+	}
+	client, peer := net.Pipe() // nothing reads peer: the write of the 200 blocks
+	defer peer.Close()
+	target := h.a.echoHostPort("a.test")
+	req, _ := http.NewRequest(http.MethodConnect, "http://"+target, nil)
+	req.URL.Host, req.RemoteAddr = target, "127.0.0.1:1"
+	rs := h.srv.current.Load()
+	v := h.srv.decideTunnel(context.Background(), rs, target, req.RemoteAddr)
+	if !v.Allowed {
+		t.Fatal("a.test refused")
+	}
+	opened := make(chan bool, 1)
+	go func() { opened <- h.srv.openTunnel(req, client, nil, rs, v) }()
+	waitFor(t, func() bool { return h.srv.tracker.len() == 9 })
+
+	applied := make(chan ApplyResult, 1)
+	go func() { applied <- h.apply(`{"network_mode":"allowlist","allowed_hosts":["x.svc.test"]}`) }()
+	select {
+	case r := <-applied:
+		if r.ClosedConnections != 9 {
+			t.Errorf("the swap closed %d connections, want 9", r.ClosedConnections)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the swap has not returned after 10 s: it waits for a client's write")
+	}
+	for i, other := range others {
+		_ = other.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.WriteString(other, "ping")
+		if _, err := io.ReadFull(other, make([]byte, 4)); err == nil {
+			t.Errorf("b.test tunnel %d still relays after the swap to a policy that refuses it", i)
+		}
+	}
+	if code, _ := h.connectStatus(h.c.echoHostPort("x.svc.test")); code != http.StatusOK {
+		t.Errorf("a CONNECT the new policy allows: %d", code)
+	}
+	if <-opened {
+		t.Error("the cut tunnel reported established")
+	}
+}
+
+// The drain's deadline cuts a CONNECT whose name is still being resolved.
+func TestDrainDeadlineCutsConnectLookup(t *testing.T) {
+	silent, err := net.ListenPacket("udp", "127.0.0.1:0") // a resolver that never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	const lookupBudget = 5 * time.Second
+	h := newHarness(t, func(c *Config) {
+		c.DNSUpstreams = []string{silent.LocalAddr().String()}
+		c.DNSTimeout = lookupBudget
+	})
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
+	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "CONNECT slow.test:443 HTTP/1.1\r\nHost: slow.test:443\r\n\r\n")
+	_ = silent.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, _, err := silent.ReadFrom(make([]byte, 512)); err != nil {
+		t.Fatalf("the lookup never reached the resolver: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_ = h.srv.Shutdown(ctx)
+	if d := time.Since(start); d >= lookupBudget/2 {
+		t.Errorf("Shutdown with a 100 ms drain deadline took %v: it waited for the lookup", d.Round(10*time.Millisecond))
+	}
+}
