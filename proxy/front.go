@@ -358,7 +358,7 @@ func (f *front) connect(cc *clientConn, req *http.Request) bool {
 	}
 	s := f.s
 	rs := s.current.Load()
-	v := s.decideTunnel(context.Background(), rs, req.URL.Host, req.RemoteAddr)
+	v := s.decideTunnel(req.Context(), rs, req.URL.Host, req.RemoteAddr)
 	if !v.Allowed {
 		_ = refusalResponse(req, rs, typeConnect, v).Write(cc.c)
 		return false

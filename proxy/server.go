@@ -80,7 +80,9 @@ type Server struct {
 	metrics   *metrics
 	upstreams *Upstreams
 	decider   *Decider
-	tracker   *tracker
+	// ownResolver is the resolver New made (no Config.Resolver): Shutdown closes it.
+	ownResolver *UpstreamResolver
+	tracker     *tracker
 
 	current atomic.Pointer[RuleSet]
 	applyMu sync.Mutex // serialises swaps
@@ -138,7 +140,8 @@ func New(cfg Config) (*Server, error) {
 	s.upstreams = NewUpstreams(cfg.DNSUpstreams, cfg.DNSTimeout)
 	resolver := cfg.Resolver
 	if resolver == nil {
-		resolver = NewUpstreamResolver(s.upstreams)
+		s.ownResolver = NewUpstreamResolver(s.upstreams)
+		resolver = s.ownResolver
 	}
 	s.decider = &Decider{Resolver: resolver}
 	s.metrics.connectionsCap.Set(float64(cfg.MaxConnections))
@@ -409,6 +412,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.front.Close()
 	s.front.wait(ctx)
+	if s.ownResolver != nil {
+		s.ownResolver.Close()
+	}
 	done := make(chan struct{})
 	go func() { s.tunnels.Wait(); close(done) }()
 	select {

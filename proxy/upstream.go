@@ -31,6 +31,23 @@ func NewUpstreams(servers []string, timeout time.Duration) *Upstreams {
 	}
 }
 
+// exchange is dns.Client.ExchangeContext, which obeys the context's deadline only,
+// made to end when the context is cancelled too (a drain, a resolver closed).
+func exchange(ctx context.Context, c *dns.Client, m *dns.Msg, server string) (*dns.Msg, error) {
+	co, err := c.DialContext(ctx, server)
+	if err != nil {
+		return nil, err
+	}
+	defer co.Close()
+	stop := context.AfterFunc(ctx, func() { co.Close() })
+	defer stop()
+	resp, _, err := c.ExchangeWithConnContext(ctx, m, co)
+	if err != nil && ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	return resp, err
+}
+
 // Exchange sends q's one question (q itself is not modified and never leaves: see
 // upstreamQuery) and returns the first usable answer, with q's ID and question. proceed,
 // when not nil, is asked before every send; its error stops the exchange.
@@ -57,8 +74,7 @@ func (u *Upstreams) Exchange(ctx context.Context, q *dns.Msg, proceed func() err
 				}
 			}
 			out.Id = dns.Id()
-			resp, _, err := c.ExchangeContext(sctx, out, server)
-			return resp, err
+			return exchange(sctx, c, out, server)
 		}
 		resp, err := send(u.udp)
 		if isTimeout(err) && sctx.Err() == nil {
@@ -137,6 +153,9 @@ type Resolver interface {
 // CONNECTs to one host costs one lookup, not one each.
 type UpstreamResolver struct {
 	upstreams *Upstreams
+	ctx       context.Context // cancelled by Close: ends the lookups in flight
+	cancel    context.CancelFunc
+	lookups   sync.WaitGroup
 	mu        sync.Mutex
 	cache     map[string]cachedAnswer
 	inflight  map[string]*lookup
@@ -160,7 +179,14 @@ const (
 
 // NewUpstreamResolver builds a caching resolver over u.
 func NewUpstreamResolver(u *Upstreams) *UpstreamResolver {
-	return &UpstreamResolver{upstreams: u, cache: map[string]cachedAnswer{}, inflight: map[string]*lookup{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &UpstreamResolver{upstreams: u, ctx: ctx, cancel: cancel, cache: map[string]cachedAnswer{}, inflight: map[string]*lookup{}}
+}
+
+// Close ends the lookups in flight and waits for them; later lookups fail.
+func (r *UpstreamResolver) Close() {
+	r.cancel()
+	r.lookups.Wait()
 }
 
 // LookupNetIP returns the addresses of name, IPv4 first.
@@ -174,6 +200,7 @@ func (r *UpstreamResolver) LookupNetIP(ctx context.Context, name string) ([]neti
 	if !ok {
 		l = &lookup{done: make(chan struct{})}
 		r.inflight[name] = l
+		r.lookups.Add(1)
 		go r.resolve(name, l)
 	}
 	r.mu.Unlock()
@@ -188,8 +215,9 @@ func (r *UpstreamResolver) LookupNetIP(ctx context.Context, name string) ([]neti
 // resolve runs one shared lookup with its own deadline (a waiter's cancellation must
 // not fail the others).
 func (r *UpstreamResolver) resolve(name string, l *lookup) {
+	defer r.lookups.Done()
 	budget := r.upstreams.udp.Timeout * time.Duration(2*max(1, len(r.upstreams.servers)))
-	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	ctx, cancel := context.WithTimeout(r.ctx, budget)
 	defer cancel()
 	addrs, ttl, err := r.query(ctx, name)
 	l.addrs, l.err = addrs, err
