@@ -31,6 +31,7 @@ type requestState struct {
 	// answerErr is the error that broke off the upstream's answer body: goproxy
 	// ignores it, and the front must not end that answer as if it were whole.
 	answerErr error
+	answer    answerBody // the answer's body, held here to save an allocation
 }
 
 // answerBody records in st the error that ends an upstream answer's body early.
@@ -64,7 +65,8 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 		return resp, nil
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != nil && resp.Body != http.NoBody {
-		resp.Body = &answerBody{ReadCloser: resp.Body, st: st}
+		st.answer = answerBody{ReadCloser: resp.Body, st: st}
+		resp.Body = &st.answer
 	}
 	return resp, nil
 }
