@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"net/netip"
 	"time"
+
+	"github.com/compass-egress/compass-egress/internal/jsonlog"
 )
 
 // logDecision writes the one JSON line of a decision: allowed at INFO, denied at WARN,
@@ -32,15 +34,14 @@ func (s *Server) logDecision(rs *RuleSet, typ, decision, reason, rule, host stri
 	s.logLine(level, "decision", attrs...)
 }
 
-// logLine writes one record straight to the handler. Logger.LogAttrs would also walk
-// the stack for the caller's address, which the JSON lines never show; these lines
-// are written once per connection or request.
+// logLine writes one record straight to the handler (through jsonlog.LogAttrs, which
+// skips building a record when it can). Logger.LogAttrs would also walk the stack for
+// the caller's address, which the JSON lines never show; these lines are written once
+// per connection or request.
 func (s *Server) logLine(level slog.Level, msg string, attrs ...slog.Attr) {
 	h := s.log.Handler()
 	if !h.Enabled(context.Background(), level) {
 		return
 	}
-	r := slog.NewRecord(time.Now(), level, msg, 0)
-	r.AddAttrs(attrs...)
-	_ = h.Handle(context.Background(), r)
+	_ = jsonlog.LogAttrs(context.Background(), h, time.Now(), level, msg, attrs...)
 }

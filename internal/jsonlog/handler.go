@@ -114,45 +114,78 @@ var bufPool = sync.Pool{New: func() any {
 const maxPooledBuf = 16 << 10
 
 func (h *handler) Handle(ctx context.Context, r slog.Record) error {
-	if !h.fast {
-		return h.slow.Handle(ctx, r)
-	}
-	bp := bufPool.Get().(*[]byte)
-	defer func() {
-		if cap(*bp) <= maxPooledBuf {
-			*bp = (*bp)[:0]
-			bufPool.Put(bp)
+	if h.fast {
+		bp, b := h.begin(r.Time, r.Level, r.Message)
+		ok := true
+		r.Attrs(func(a slog.Attr) bool {
+			b, ok = appendAttr(b, a)
+			return ok
+		})
+		if ok {
+			return h.finish(bp, b)
 		}
-	}()
+		release(bp, b)
+	}
+	return h.slow.Handle(ctx, r)
+}
+
+// LogAttrs hands h one record of attrs, as Handle(ctx, r) with a record r of t, level,
+// msg and attrs would, byte for byte. When h is this package's handler on its fast
+// path it skips the record, whose attributes past the fifth cost an allocation.
+func LogAttrs(ctx context.Context, h slog.Handler, t time.Time, level slog.Level, msg string, attrs ...slog.Attr) error {
+	if jh, ok := h.(*handler); ok && jh.fast {
+		bp, b := jh.begin(t, level, msg)
+		for _, a := range attrs {
+			if b, ok = appendAttr(b, a); !ok {
+				break
+			}
+		}
+		if ok {
+			return jh.finish(bp, b)
+		}
+		release(bp, b)
+	}
+	r := slog.NewRecord(t, level, msg, 0)
+	r.AddAttrs(attrs...)
+	return h.Handle(ctx, r)
+}
+
+// begin takes a pooled buffer and encodes a line's opening: time, level, message and
+// the WithAttrs attributes. finish or release gives the buffer back.
+func (h *handler) begin(t time.Time, level slog.Level, msg string) (*[]byte, []byte) {
+	bp := bufPool.Get().(*[]byte)
 	b := append((*bp)[:0], '{')
-	if !r.Time.IsZero() {
+	if !t.IsZero() {
 		b = append(b, `"time":`...)
-		b = appendTime(b, r.Time.Round(0))
+		b = appendTime(b, t.Round(0))
 		b = append(b, ',')
 	}
 	b = append(b, `"level":`...)
-	b = appendString(b, r.Level.String())
+	b = appendString(b, level.String())
 	b = append(b, `,"msg":`...)
-	b = appendString(b, r.Message)
+	b = appendString(b, msg)
 	b = append(b, ',')
-	b = append(b, h.pre...)
-	ok := true
-	r.Attrs(func(a slog.Attr) bool {
-		b, ok = appendAttr(b, a)
-		return ok
-	})
-	*bp = b
-	if !ok {
-		return h.slow.Handle(ctx, r)
-	}
+	return bp, append(b, h.pre...)
+}
+
+// finish closes the line begun in b and writes it.
+func (h *handler) finish(bp *[]byte, b []byte) error {
 	// Every attribute ends in ','; the last one becomes the closing brace.
 	b[len(b)-1] = '}'
 	b = append(b, '\n')
-	*bp = b
+	defer release(bp, b)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	_, err := h.w.Write(b)
 	return err
+}
+
+// release gives b's storage back to the pool, unless a huge line grew it.
+func release(bp *[]byte, b []byte) {
+	if cap(b) <= maxPooledBuf {
+		*bp = b[:0]
+		bufPool.Put(bp)
+	}
 }
 
 // appendAttr appends `"key":value,` and reports whether a's kind is one the
