@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -73,14 +74,16 @@ func (uc *upConn) quiet() bool {
 	if err != nil {
 		return false
 	}
-	var perr error
-	var b [1]byte
+	var errno unix.Errno
 	if err := rc.Control(func(fd uintptr) {
-		_, _, perr = unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		// A raw recv: unix.Recvfrom would allocate the sender's address it returns.
+		var b [1]byte
+		_, _, errno = unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+			unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 	}); err != nil {
 		return false
 	}
-	return perr == unix.EAGAIN
+	return errno == unix.EAGAIN
 }
 
 // The idle connections kept: per upstream address and in all, the Transport's
