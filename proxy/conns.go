@@ -59,6 +59,13 @@ func (t *tracker) len() int {
 	return len(t.conns)
 }
 
+// addrOf is c's address as last recorded.
+func (t *tracker) addrOf(c *liveConn) netip.Addr {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return c.addr
+}
+
 // setAddr records the address an HTTP request's upstream connection really goes to (a
 // pooled connection may predate the request's own lookup).
 func (t *tracker) setAddr(c *liveConn, a netip.Addr) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -25,9 +26,12 @@ type requestState struct {
 	host   hostField // the request's raw Host field
 	// entry is the tracked in-flight HTTP request, if one was allowed.
 	entry *liveConn
-	// hijacked is set when goproxy took the connection over (a websocket).
-	hijacked net.Conn
-	up, down atomic.Int64
+	// hijacked is set when goproxy took the connection over (a websocket), at
+	// relayStart; relayIdle ends the relay once it idles.
+	hijacked   net.Conn
+	relayStart time.Time
+	relayIdle  *time.Timer
+	up, down   atomic.Int64
 	// answerErr is the error that broke off the upstream's answer body: goproxy
 	// ignores it, and the front must not end that answer as if it were whole.
 	answerErr error
@@ -52,38 +56,97 @@ func (b *answerBody) Read(p []byte) (int, error) {
 // upstream's answer, its body wrapped in answerBody (not a 101's, which goproxy relays
 // as the upstream connection itself); or, when there is none, a 502 that says whether
 // the dial or the exchange failed (goproxy would answer 500 with the error's text).
+//
+// A 101 is relayed only as the websocket handshake the request asked for (goproxy
+// would stream any other upgrade one way, unbounded). Its upstream connection closes
+// with a swap's cut (before the swap returns) and when the request's context ends (the
+// drain's deadline, the relay's idle timeout, the end of the relay): goproxy's copies
+// have no deadline on that side.
 func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict, resp *http.Response, err error) (*http.Response, error) {
 	if err != nil {
-		reason := "upstream-failed"
-		if op := (*net.OpError)(nil); errors.As(err, &op) && op.Op == "dial" {
-			reason = "dial-failed"
+		return s.badGateway(req, v, err), nil
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		if !isWebsocketUpgrade(req.Header) || !isWebsocketUpgrade(resp.Header) {
+			resp.Body.Close()
+			return s.badGateway(req, v, fmt.Errorf("proxy: 101 answer upgrading to %q, not to the websocket asked for", resp.Header.Get("Upgrade"))), nil
 		}
-		s.log.Warn("upstream failed", "type", typeHTTP, "host", blockedHost(*v), "port", v.Port, "client", req.RemoteAddr, "error", err.Error())
-		resp = goproxy.NewResponse(req, goproxy.ContentTypeText, http.StatusBadGateway,
-			"compass-egress: "+blockedHost(*v)+" could not be reached ("+reason+")\n")
-		resp.Header.Set("X-Compass-Egress", "error; reason="+reason)
+		st.client.relay(resp.Body)
+		context.AfterFunc(req.Context(), func() { resp.Body.Close() })
 		return resp, nil
 	}
-	if resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != nil && resp.Body != http.NoBody {
+	if resp.Body != nil && resp.Body != http.NoBody {
 		st.answer = answerBody{ReadCloser: resp.Body, st: st}
 		resp.Body = &st.answer
 	}
 	return resp, nil
 }
 
+// badGateway is the answer to an allowed request without a usable upstream answer.
+func (s *Server) badGateway(req *http.Request, v *Verdict, err error) *http.Response {
+	reason := "upstream-failed"
+	if op := (*net.OpError)(nil); errors.As(err, &op) && op.Op == "dial" {
+		reason = "dial-failed"
+	}
+	s.log.Warn("upstream failed", "type", typeHTTP, "host", blockedHost(*v), "port", v.Port, "client", req.RemoteAddr, "error", err.Error())
+	resp := goproxy.NewResponse(req, goproxy.ContentTypeText, http.StatusBadGateway,
+		"compass-egress: "+blockedHost(*v)+" could not be reached ("+reason+")\n")
+	resp.Header.Set("X-Compass-Egress", "error; reason="+reason)
+	return resp
+}
+
+// isWebsocketUpgrade reports whether h asks for, or agrees to, a websocket upgrade.
+func isWebsocketUpgrade(h http.Header) bool {
+	hasToken := func(key, token string) bool {
+		for _, v := range h.Values(key) {
+			if hasToken(v, token) {
+				return true
+			}
+		}
+		return false
+	}
+	return hasToken("Connection", "upgrade") && hasToken("Upgrade", "websocket")
+}
+
 type stateKey struct{}
 
 // requestClient is the front's handle on the client of a request: a swap that cuts
 // the request closes the connection and cancels the request, which also ends its
-// upstream exchange.
+// upstream exchange, and closes the upstream side of a websocket relay before it
+// returns.
 type requestClient struct {
 	conn   net.Conn
 	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	done     bool      // cut
+	upgraded io.Closer // a relayed 101's upstream connection
 }
 
 func (c *requestClient) cut() {
+	c.mu.Lock()
+	c.done = true
+	up := c.upgraded
+	c.mu.Unlock()
 	c.conn.Close()
+	if up != nil {
+		up.Close()
+	}
 	c.cancel()
+}
+
+// relay records a 101's upstream connection for cut to close, or closes it at once
+// when the request was cut already.
+func (c *requestClient) relay(up io.Closer) {
+	c.mu.Lock()
+	done := c.done
+	if !done {
+		c.upgraded = up
+	}
+	c.mu.Unlock()
+	if done {
+		up.Close()
+	}
 }
 
 func withState(ctx context.Context, st *requestState) context.Context {
@@ -147,8 +210,16 @@ func (s *Server) settle(st *requestState) {
 	if st.hijacked != nil {
 		// A websocket relay: goproxy is done with the connection but does not always
 		// close it.
+		st.relayIdle.Stop()
 		st.hijacked.Close()
 		s.proxyLn.release()
+		if st.entry != nil && s.log.Enabled(context.Background(), slog.LevelInfo) {
+			s.logLine(slog.LevelInfo, "websocket closed", slog.String("type", typeHTTP),
+				slog.String("host", st.entry.name), slog.Int("port", int(st.entry.port)), slog.String("addr", s.tracker.addrOf(st.entry).String()),
+				slog.String("client", st.client.conn.RemoteAddr().String()), slog.Int64("bytes_up", st.up.Load()), slog.Int64("bytes_down", st.down.Load()),
+				slog.Float64("duration_seconds", time.Since(st.relayStart).Seconds()), slog.Uint64("generation", st.rs.Generation),
+				slog.String("task", st.rs.Task), slog.String("phase", st.rs.Phase))
+		}
 	}
 	if st.rs != nil && st.rs != s.current.Load() {
 		st.rs.closeIdle()
@@ -400,10 +471,16 @@ func (w *proxyResponseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	w.st.hijacked = c
-	// A websocket relay (goproxy's, through this connection both ways): it ends when
-	// idle.
-	return &idleConn{Conn: c, clock: newIdleClock(w.idle)}, rw, nil
+	st := w.st
+	st.hijacked, st.relayStart = c, time.Now()
+	// goproxy relays the bytes the front had read past the request itself.
+	st.up.Add(int64(rw.Reader.Buffered()))
+	// A websocket relay (goproxy's, through this connection both ways): every byte
+	// passes c, which stamps the clock; once the relay idles, a cut ends both sides
+	// (a copy blocked writing to an upstream that reads nothing never sees c's deadline).
+	clock := newIdleClock(w.idle)
+	st.relayIdle = watchIdle(clock, st.client.cut)
+	return &idleConn{Conn: c, clock: clock, up: &st.up, down: &st.down}, rw, nil
 }
 
 func (w *proxyResponseWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -369,7 +369,9 @@ func (f *front) connect(cc *clientConn, req *http.Request) bool {
 // serveRequest runs goproxy on one request and finishes its response. keep says the
 // connection may carry another request; hijacked that goproxy took it over.
 func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Request, cancel context.CancelFunc, hosts []string) (keep, hijacked bool) {
-	closeAfter := req.Close || !req.ProtoAtLeast(1, 1) || f.draining()
+	// A request that asked for an upgrade ends its connection unless it was upgraded:
+	// what the client sent after it may be meant for the upgraded protocol.
+	closeAfter := req.Close || !req.ProtoAtLeast(1, 1) || f.draining() || req.Header.Get("Upgrade") != ""
 	w := newResponseWriter(cc.c, cc.br, req, closeAfter)
 	// A request without a body keeps http.NoBody: anything else makes the transport
 	// probe for a body on a goroutine of its own.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -144,9 +145,9 @@ func TestDrainCutsRequestWaitingForUpstream(t *testing.T) {
 	}
 }
 
-// TestUnrelayedSwitchClosesConnection: a 101 that is not a websocket switch is not
-// relayed; the connection must not then carry another request, whose answer the
-// upstream's bytes after the 101 would otherwise precede.
+// TestUnrelayedSwitchClosesConnection: a 101 that is not the websocket switch the
+// request asked for is not relayed (goproxy would stream it one way, unbounded) but
+// answered 502; the connection must not then carry another request.
 func TestUnrelayedSwitchClosesConnection(t *testing.T) {
 	h := newHarness(t)
 	h.dns.set("up.test", netip.MustParseAddr("127.0.0.8"))
@@ -161,8 +162,11 @@ func TestUnrelayedSwitchClosesConnection(t *testing.T) {
 	a := h.a.httpHostPort("a.test")
 	fmt.Fprintf(c, "GET http://up.test:%d/ HTTP/1.1\r\nHost: up.test:%d\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nGET http://%s/ HTTP/1.1\r\nHost: %s\r\n\r\n", port, port, a, a)
 	out, _ := io.ReadAll(c)
-	if !strings.HasPrefix(string(out), "HTTP/1.1 101 ") || strings.Contains(string(out), "HTTP/1.1 200") {
-		t.Fatalf("the connection carried a request after an unrelayed 101: %q", out)
+	if !strings.HasPrefix(string(out), "HTTP/1.1 502 ") || !strings.Contains(string(out), "X-Compass-Egress: error; reason=upstream-failed\r\n") {
+		t.Fatalf("a 101 to another protocol than the websocket asked for was not refused: %q", out)
+	}
+	if strings.Contains(string(out), "HTTP/1.1 200") {
+		t.Fatalf("the connection carried a request after a failed upgrade: %q", out)
 	}
 }
 
@@ -229,7 +233,7 @@ func TestFrontAcceptsAgainAfterAcceptFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	fl := &flakyListener{Listener: ln}
-	s, err := New(Config{Logger: discardLogger()})
+	s, err := New(Config{Logger: discardLogger(), AdminSocket: filepath.Join(t.TempDir(), "admin.sock")})
 	if err != nil {
 		t.Fatal(err)
 	}

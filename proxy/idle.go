@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -34,12 +35,36 @@ func (c *idleClock) arm(src net.Conn) { _ = src.SetReadDeadline(time.Now().Add(c
 // idle reports whether no direction made progress for the timeout.
 func (c *idleClock) idle() bool { return time.Since(time.Unix(0, c.last.Load())) >= c.timeout }
 
+// watchIdle calls end once clock has seen no progress for its timeout, checking at
+// most a timeout after the last progress. Stop the timer it returns when the relay
+// ends first.
+func watchIdle(clock *idleClock, end func()) *time.Timer {
+	var (
+		mu sync.Mutex
+		t  *time.Timer
+	)
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(clock.timeout, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if left := clock.timeout - time.Since(time.Unix(0, clock.last.Load())); left > 0 {
+			t.Reset(left)
+			return
+		}
+		end()
+	})
+	return t
+}
+
 // idleConn is the client side of a relay that is not spliced (a websocket): every read
-// and write is a sign of life, and a read fails with the deadline's error once the
-// relay has been idle for the clock's timeout.
+// and write is a sign of life, counted in up (read) and down (written), and a read
+// fails with the deadline's error once the relay has been idle for the clock's
+// timeout.
 type idleConn struct {
 	net.Conn
-	clock *idleClock
+	clock    *idleClock
+	up, down *atomic.Int64
 }
 
 func (c *idleConn) Read(p []byte) (int, error) {
@@ -47,6 +72,7 @@ func (c *idleConn) Read(p []byte) (int, error) {
 		c.clock.arm(c.Conn)
 		n, err := c.Conn.Read(p)
 		if n > 0 {
+			c.up.Add(int64(n))
 			c.clock.touch()
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				err = nil
@@ -62,6 +88,7 @@ func (c *idleConn) Read(p []byte) (int, error) {
 func (c *idleConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	if n > 0 {
+		c.down.Add(int64(n))
 		c.clock.touch()
 	}
 	return n, err
