@@ -121,9 +121,7 @@ func TestAdminBlockedSummary(t *testing.T) {
 func TestStaleSocketAndStartupPolicy(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "admin.sock")
-	if err := os.WriteFile(sock, []byte("stale"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	leaveStaleSocket(t, sock)
 	file := filepath.Join(dir, "policy.json")
 	if err := os.WriteFile(file, []byte(`{"network_mode":"denylist","denied_hosts":["b.test"]}`), 0o600); err != nil {
 		t.Fatal(err)

@@ -39,15 +39,20 @@ type Config struct {
 	RequireNoForwarding bool
 	ProcRoot            string // "/proc" unless tests say otherwise
 
-	HeaderTimeout time.Duration
-	DialTimeout   time.Duration
-	DNSTimeout    time.Duration
-	IdleTimeout   time.Duration
+	// The durations and the DNS bounds below take their default when zero (the zero
+	// Config is usable); New rejects a negative one. cmd/compass-proxy never passes a zero:
+	// it rejects one, so a flag cannot silently mean its default.
+	HeaderTimeout time.Duration // 0: 10s
+	DialTimeout   time.Duration // 0: 10s
+	DNSTimeout    time.Duration // 0: 2s
+	IdleTimeout   time.Duration // 0: 90s
 	// TunnelIdleTimeout closes a CONNECT tunnel or websocket relay that carried no byte in
-	// either direction for this long (see idleClock).
+	// either direction for this long (see idleClock). 0: 15m.
 	TunnelIdleTimeout time.Duration
-	DrainTimeout      time.Duration
-	MaxConnections    int // 0: unbounded
+	// DrainTimeout is the caller's drain budget (0: 10s), as Server.DrainTimeout reports
+	// it: Shutdown itself drains until its context ends.
+	DrainTimeout   time.Duration
+	MaxConnections int // 0: unbounded
 	// DNSMaxInflight bounds DNS queries being answered at once (0: 256); a query beyond
 	// it gets SERVFAIL at once. DNSMaxTCPConns bounds DNS-over-TCP connections (0: 128);
 	// further ones wait in the accept queue.
@@ -102,10 +107,20 @@ type Server struct {
 	tunnelMu sync.Mutex // orders tunnels.Add against the drain's Wait
 	tunnels  sync.WaitGroup
 	serving  sync.WaitGroup
-	ready    atomic.Bool
-	notReady atomic.Value // string: why not ready
+	started  atomic.Bool // listeners bound, serving (a policy is loaded since New)
 	draining atomic.Bool
+
+	// fwd caches the last forwarding check of Ready for forwardingCheckEvery: a probe
+	// every few seconds costs two small /proc reads, a flood of probes no more.
+	fwdMu sync.Mutex
+	fwd   struct {
+		at  time.Time
+		why string // "" when off
+	}
 }
+
+// forwardingCheckEvery bounds how stale Ready's view of the forwarding sysctls may be.
+const forwardingCheckEvery = time.Second
 
 // New validates cfg and loads the initial policy (the file, or no-network).
 func New(cfg Config) (*Server, error) {
@@ -116,27 +131,37 @@ func New(cfg Config) (*Server, error) {
 		cfg.ProcRoot = "/proc"
 	}
 	defaults := []struct {
-		d   *time.Duration
-		def time.Duration
+		name string
+		d    *time.Duration
+		def  time.Duration
 	}{
-		{&cfg.HeaderTimeout, 10 * time.Second}, {&cfg.DialTimeout, 10 * time.Second},
-		{&cfg.DNSTimeout, 2 * time.Second}, {&cfg.IdleTimeout, 90 * time.Second},
-		{&cfg.DrainTimeout, 10 * time.Second}, {&cfg.TunnelIdleTimeout, 15 * time.Minute},
+		{"HeaderTimeout", &cfg.HeaderTimeout, 10 * time.Second}, {"DialTimeout", &cfg.DialTimeout, 10 * time.Second},
+		{"DNSTimeout", &cfg.DNSTimeout, 2 * time.Second}, {"IdleTimeout", &cfg.IdleTimeout, 90 * time.Second},
+		{"DrainTimeout", &cfg.DrainTimeout, 10 * time.Second}, {"TunnelIdleTimeout", &cfg.TunnelIdleTimeout, 15 * time.Minute},
 	}
 	for _, x := range defaults {
-		if *x.d <= 0 {
+		if *x.d < 0 {
+			return nil, fmt.Errorf("proxy: Config.%s = %s: must not be negative (0 means %s)", x.name, *x.d, x.def)
+		}
+		if *x.d == 0 {
 			*x.d = x.def
 		}
 	}
-	if cfg.DNSMaxInflight <= 0 {
-		cfg.DNSMaxInflight = 256
-	}
-	if cfg.DNSMaxTCPConns <= 0 {
-		cfg.DNSMaxTCPConns = 128
+	counts := []struct {
+		name string
+		n    *int
+		def  int
+	}{{"MaxConnections", &cfg.MaxConnections, 0}, {"DNSMaxInflight", &cfg.DNSMaxInflight, 256}, {"DNSMaxTCPConns", &cfg.DNSMaxTCPConns, 128}}
+	for _, c := range counts {
+		if *c.n < 0 {
+			return nil, fmt.Errorf("proxy: Config.%s = %d: must not be negative", c.name, *c.n)
+		}
+		if *c.n == 0 {
+			*c.n = c.def
+		}
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), tracker: newTracker(),
 		dnsSlots: make(chan struct{}, cfg.DNSMaxInflight)}
-	s.notReady.Store("starting")
 	s.upstreams = NewUpstreams(cfg.DNSUpstreams, cfg.DNSTimeout)
 	resolver := cfg.Resolver
 	if resolver == nil {
@@ -218,11 +243,14 @@ func (s *Server) Start() (err error) {
 		dnsConns = append(dnsConns, pc, tl)
 	}
 
+	if s.cfg.AdminSocket == "" {
+		return errors.New("proxy: Config.AdminSocket is empty: the admin API needs a unix socket path")
+	}
 	if err := os.MkdirAll(filepath.Dir(s.cfg.AdminSocket), 0o750); err != nil {
 		return fmt.Errorf("proxy: admin socket dir: %w", err)
 	}
-	if err := os.Remove(s.cfg.AdminSocket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("proxy: remove stale admin socket: %w", err)
+	if err := removeStaleSocket(s.cfg.AdminSocket); err != nil {
+		return err
 	}
 	adminLn, err := net.Listen("unix", s.cfg.AdminSocket)
 	if err != nil {
@@ -246,7 +274,36 @@ func (s *Server) Start() (err error) {
 	s.decider.Guard = NewGuard(s.cfg.AllowInternal, s.ownAddrs)
 	s.decider.Guard.setListeners(s.listenEndpoints())
 	s.serve(dnsConns)
-	s.checkReady()
+	s.started.Store(true)
+	if ok, why := s.Ready(); !ok {
+		s.log.Error("not ready: this sidecar would route packets", "why", why)
+	}
+	return nil
+}
+
+// removeStaleSocket removes the socket a previous run left at path, and nothing else: a
+// mistyped --admin-socket must not delete a file.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("proxy: admin socket %s: %w", path, err)
+	}
+	if t := fi.Mode().Type(); t != os.ModeSocket {
+		what := "a file of mode " + t.String()
+		switch {
+		case t.IsRegular():
+			what = "a regular file"
+		case t.IsDir():
+			what = "a directory"
+		}
+		return fmt.Errorf("proxy: admin socket (--admin-socket) %s is %s, not a socket; refusing to remove it", path, what)
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("proxy: remove stale admin socket %s: %w", path, err)
+	}
 	return nil
 }
 
@@ -348,20 +405,6 @@ func (s *Server) goServe(serve func() error) {
 	}()
 }
 
-// checkReady sets readiness: listeners are bound (Start got here), a policy is loaded
-// (always: no-network at least) and, when required, forwarding is off.
-func (s *Server) checkReady() {
-	if s.cfg.RequireNoForwarding {
-		if why := forwardingOn(s.cfg.ProcRoot); why != "" {
-			s.notReady.Store(why)
-			s.log.Error("not ready: this sidecar would route packets", "why", why)
-			return
-		}
-	}
-	s.notReady.Store("")
-	s.ready.Store(true)
-}
-
 // forwardingOn says why forwarding is on, or "" when IPv4 and IPv6 forwarding are off.
 // A missing IPv6 file means the kernel has no IPv6 here, so nothing to forward.
 func forwardingOn(procRoot string) string {
@@ -383,16 +426,48 @@ func forwardingOn(procRoot string) string {
 	return ""
 }
 
-// Ready reports readiness and, if not ready, why.
+// Ready reports readiness and, if not ready, why: listeners bound (Start returned), a
+// policy loaded (always: no-network at least), not draining and, when required,
+// forwarding off. Forwarding is read again (at most once per forwardingCheckEvery), since
+// a sysctl can change under a running sidecar; a change is logged.
 func (s *Server) Ready() (bool, string) {
 	if s.draining.Load() {
 		return false, "draining"
 	}
-	if s.ready.Load() {
+	if !s.started.Load() {
+		return false, "starting"
+	}
+	if !s.cfg.RequireNoForwarding {
 		return true, ""
 	}
-	return false, s.notReady.Load().(string)
+	if why := s.forwarding(); why != "" {
+		return false, why
+	}
+	return true, ""
 }
+
+// forwarding is forwardingOn, cached; it logs when the answer changes.
+func (s *Server) forwarding() string {
+	s.fwdMu.Lock()
+	defer s.fwdMu.Unlock()
+	now := time.Now()
+	if !s.fwd.at.IsZero() && now.Sub(s.fwd.at) < forwardingCheckEvery {
+		return s.fwd.why
+	}
+	why := forwardingOn(s.cfg.ProcRoot)
+	if !s.fwd.at.IsZero() && why != s.fwd.why {
+		if why != "" {
+			s.log.Error("not ready: this sidecar would route packets", "why", why)
+		} else {
+			s.log.Info("ready: forwarding is off", "was", s.fwd.why)
+		}
+	}
+	s.fwd.at, s.fwd.why = now, why
+	return why
+}
+
+// DrainTimeout is the drain budget after defaults (Config.DrainTimeout, 0: 10s).
+func (s *Server) DrainTimeout() time.Duration { return s.cfg.DrainTimeout }
 
 // Shutdown drains: stop accepting, let requests and tunnels finish until ctx ends, then
 // cut whatever is left and stop the admin and metrics servers.
