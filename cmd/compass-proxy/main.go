@@ -34,10 +34,34 @@ func main() {
 		return
 	}
 	setGCDefault(os.Getenv)
-	if err := run(os.Args[1:]); err != nil {
+	err := run(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		usage(os.Stdout)
+		return
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+}
+
+// usage is the answer to -h/--help: the subcommands, the variable rule and every flag
+// with its default.
+func usage(w io.Writer) {
+	fmt.Fprint(w, `Usage:
+  compass-proxy [flags]                            run the sidecar
+  compass-proxy healthcheck [--admin-socket PATH]  exit 0 iff /readyz on the admin socket answers 200
+  compass-proxy version                            print the version
+
+Every flag can also be set as COMPASS_PROXY_<FLAG> (upper case, "-" becomes "_"), e.g.
+COMPASS_PROXY_DNS_UPSTREAM=10.0.0.2:53,10.0.0.3:53; a flag on the command line wins over
+its variable. Repeatable flags take a comma-separated list. See docs/proxy.md.
+
+Flags:
+`)
+	fs := newFlagSet(&options{})
+	fs.SetOutput(w)
+	fs.PrintDefaults()
 }
 
 // gcPercentDefault replaces Go's GOGC=100 unless the operator set GOGC. The proxy's live
@@ -73,6 +97,22 @@ type options struct {
 	upstreams     listFlag
 	allowInternal listFlag
 	logLevel      string
+	level         slog.Level // logLevel, parsed
+	// source names where each flag given came from, "--name" or its variable, so an
+	// error names what the operator actually wrote.
+	source map[string]string
+}
+
+// from is where flag name's value came from (its flag when it kept its default).
+func (o *options) from(name string) string {
+	if s, ok := o.source[name]; ok {
+		return s
+	}
+	return "--" + name
+}
+
+func envKey(name string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
 func newFlagSet(o *options) *flag.FlagSet {
@@ -80,8 +120,8 @@ func newFlagSet(o *options) *flag.FlagSet {
 	c := &o.cfg
 	fs.StringVar(&c.Listen, "listen", ":3128", "address of the HTTP/CONNECT proxy")
 	fs.StringVar(&c.DNSListen, "dns-listen", ":53", "address of the DNS server (UDP and TCP); empty disables it")
-	fs.Var(&o.upstreams, "dns-upstream", "upstream DNS resolver host:port (repeatable or comma-separated; default: the nameservers of /etc/resolv.conf)")
-	fs.StringVar(&c.AdminSocket, "admin-socket", "/run/compass/admin.sock", "unix socket of the admin API")
+	fs.Var(&o.upstreams, "dns-upstream", "upstream DNS resolver, an IP address with an optional port (default 53); repeatable or comma-separated (default: the nameservers of /etc/resolv.conf)")
+	fs.StringVar(&c.AdminSocket, "admin-socket", "/run/compass/admin.sock", "unix socket of the admin API; only a stale socket at the path is replaced")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", "", "TCP address of /metrics, /livez and /readyz (also on the admin socket); empty (default) disables it. Never an address the sandbox can reach")
 	fs.StringVar(&c.PolicyFile, "policy", "", "initial policy file (JSON or YAML), re-read on SIGHUP; without it the proxy starts as no-network")
 	fs.Var(&o.allowInternal, "allow-internal", "CIDR exempt from the internal-address guard (repeatable; for development and tests)")
@@ -94,34 +134,38 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 90*time.Second, "idle keep-alive connections (client and upstream) are closed after this")
 	fs.DurationVar(&c.TunnelIdleTimeout, "tunnel-idle-timeout", 15*time.Minute, "a CONNECT tunnel or websocket relay with no byte either way for this long is closed")
 	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "bound on concurrent client connections; further clients wait in the accept queue (0: unbounded)")
-	fs.IntVar(&c.DNSMaxInflight, "dns-max-inflight", 256, "bound on DNS queries being answered at once; a query beyond it gets SERVFAIL")
-	fs.IntVar(&c.DNSMaxTCPConns, "dns-max-tcp-connections", 128, "bound on concurrent DNS-over-TCP connections; further ones wait in the accept queue")
-	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, time for requests and tunnels to finish before they are cut")
+	fs.IntVar(&c.DNSMaxInflight, "dns-max-inflight", 256, "bound on DNS queries being answered at once (at least 1); a query beyond it gets SERVFAIL")
+	fs.IntVar(&c.DNSMaxTCPConns, "dns-max-tcp-connections", 128, "bound on concurrent DNS-over-TCP connections (at least 1); further ones wait in the accept queue")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM or SIGINT, time for requests and tunnels to finish before they are cut")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info (every decision), warn (blocked attempts only) or error")
 	return fs
 }
 
 // parse reads args, then fills every flag not given on the command line from its
-// environment variable.
-func parse(args []string, env func(string) (string, bool)) (*options, error) {
-	o := &options{}
+// environment variable, then checks the values; with no upstream given it reads the
+// nameservers of resolvConf.
+func parse(args []string, env func(string) (string, bool), resolvConf string) (*options, error) {
+	o := &options{source: map[string]string{}}
 	fs := newFlagSet(o)
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
-		return nil, fmt.Errorf("compass-proxy: %w", err)
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("compass-proxy: %w (see --help)", err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("compass-proxy: unexpected argument %q", fs.Arg(0))
 	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	fs.Visit(func(f *flag.Flag) { o.source[f.Name] = "--" + f.Name })
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] {
+		if _, given := o.source[f.Name]; given {
 			return
 		}
-		key := envPrefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		key := envKey(f.Name)
 		if v, ok := env(key); ok {
+			o.source[f.Name] = key
 			if err := fs.Set(f.Name, v); err != nil {
 				errs = append(errs, fmt.Errorf("compass-proxy: %s: %w", key, err))
 			}
@@ -130,34 +174,124 @@ func parse(args []string, env func(string) (string, bool)) (*options, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	if err := o.check(resolvConf); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// check validates the values and derives the rest of cfg: every error names the flag or
+// variable it came from, its value and the rule.
+func (o *options) check(resolvConf string) error {
+	var errs []error
+	fail := func(name, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("compass-proxy: %s: "+format, append([]any{o.from(name)}, a...)...))
+	}
+	c := &o.cfg
+	// An empty --listen would bind every interface on a random port.
+	if c.Listen == "" {
+		fail("listen", "empty: the proxy needs an address, e.g. :3128")
+	}
+	if c.AdminSocket == "" {
+		fail("admin-socket", "empty: the admin API needs a unix socket path")
+	}
+	// Zero is refused rather than read as the default, so that no value silently means
+	// another; proxy.Config gives zero its default only for Go callers.
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"header-timeout", c.HeaderTimeout}, {"dial-timeout", c.DialTimeout}, {"dns-timeout", c.DNSTimeout},
+		{"idle-timeout", c.IdleTimeout}, {"tunnel-idle-timeout", c.TunnelIdleTimeout}, {"drain-timeout", c.DrainTimeout},
+	} {
+		if d.v <= 0 {
+			fail(d.name, "%s: must be positive", d.v)
+		}
+	}
+	if c.MaxConnections < 0 {
+		fail("max-connections", "%d: must not be negative (0: unbounded)", c.MaxConnections)
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"dns-max-inflight", c.DNSMaxInflight}, {"dns-max-tcp-connections", c.DNSMaxTCPConns}} {
+		if n.v <= 0 {
+			fail(n.name, "%d: must be positive", n.v)
+		}
+	}
+	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		fail("log-level", "%q: want debug, info, warn or error", o.logLevel)
+	}
 	for _, cidr := range o.allowInternal {
 		p, err := netip.ParsePrefix(cidr)
 		if err != nil {
 			a, aerr := netip.ParseAddr(cidr)
 			if aerr != nil {
-				return nil, fmt.Errorf("compass-proxy: --allow-internal %q: not a CIDR or address", cidr)
+				fail("allow-internal", "%q: not a CIDR or address", cidr)
+				continue
 			}
 			p = netip.PrefixFrom(a, a.BitLen())
 		}
-		o.cfg.AllowInternal = append(o.cfg.AllowInternal, p.Masked())
+		c.AllowInternal = append(c.AllowInternal, p.Masked())
 	}
-	o.cfg.DNSUpstreams = o.upstreams
-	if len(o.cfg.DNSUpstreams) == 0 {
-		o.cfg.DNSUpstreams = resolvConfServers("/etc/resolv.conf")
+	for _, u := range o.upstreams {
+		addr, err := upstreamAddr(u)
+		if err != nil {
+			fail("dns-upstream", "%q: %v", u, err)
+			continue
+		}
+		c.DNSUpstreams = append(c.DNSUpstreams, addr)
 	}
-	return o, nil
+	if len(o.upstreams) == 0 {
+		c.DNSUpstreams = resolvConfServers(resolvConf)
+		// Refused rather than warned about: the proxy would start, report ready and then
+		// fail every name lookup, the sandbox's and its own, behind whatever policy the
+		// controller swaps in later, where a start-up log line is long forgotten.
+		if len(c.DNSUpstreams) == 0 {
+			errs = append(errs, fmt.Errorf("compass-proxy: no DNS upstream: neither --dns-upstream nor %s is set and %s names no nameserver, so every name lookup would fail", envKey("dns-upstream"), resolvConf))
+		}
+	}
+	return errors.Join(errs...)
 }
 
+// upstreamAddr is an upstream resolver as ip:port. A bare address gets port 53, as
+// resolv.conf writes nameservers; a name is refused, since resolving it would need the
+// resolver it names.
+func upstreamAddr(s string) (string, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		if ap.Port() == 0 {
+			return "", errors.New("port 0: want 1-65535")
+		}
+		return ap.String(), nil
+	}
+	bare := s
+	if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
+		bare = s[1 : len(s)-1]
+	}
+	if a, err := netip.ParseAddr(bare); err == nil {
+		return netip.AddrPortFrom(a, 53).String(), nil
+	}
+	return "", errors.New("want an IP address with an optional port (10.0.0.2, 10.0.0.2:53, fd00::2, [fd00::2]:53)")
+}
+
+// run installs the signal handlers first, so that a SIGHUP or SIGTERM during start-up is
+// neither fatal (SIGHUP's default action kills) nor lost: serve handles it once the
+// proxy is up.
 func run(args []string) error {
-	o, err := parse(args, os.LookupEnv)
+	signals := make(chan os.Signal, 4)
+	signal.Notify(signals, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(signals)
+	o, err := parse(args, os.LookupEnv, "/etc/resolv.conf")
 	if err != nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("compass-proxy: --log-level: %w", err)
-	}
-	log := slog.New(jsonlog.NewHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	return serve(o, os.Stderr, signals)
+}
+
+// serve runs the proxy until SIGTERM or SIGINT, then drains. A SIGHUP re-reads --policy,
+// including one that came during start-up: the file may have changed after New read it.
+func serve(o *options, logOut io.Writer, signals <-chan os.Signal) error {
+	log := slog.New(jsonlog.NewHandler(logOut, &slog.HandlerOptions{Level: o.level}))
 	o.cfg.Logger = log
 	srv, err := proxy.New(o.cfg)
 	if err != nil {
@@ -170,15 +304,13 @@ func run(args []string) error {
 		"dns_listen", o.cfg.DNSListen, "dns_upstreams", o.cfg.DNSUpstreams, "admin_socket", o.cfg.AdminSocket,
 		"metrics_listen", o.cfg.MetricsListen, "generation", srv.Current().Generation, "mode", string(srv.Current().Mode()))
 
-	signals := make(chan os.Signal, 4)
-	signal.Notify(signals, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
 	for sig := range signals {
 		if sig == syscall.SIGHUP {
 			_ = srv.Reload()
 			continue
 		}
-		log.Info("draining", "signal", sig.String(), "drain_timeout", o.cfg.DrainTimeout.String())
-		ctx, cancel := context.WithTimeout(context.Background(), o.cfg.DrainTimeout)
+		log.Info("draining", "signal", sig.String(), "drain_timeout", srv.DrainTimeout().String())
+		ctx, cancel := context.WithTimeout(context.Background(), srv.DrainTimeout())
 		err := srv.Shutdown(ctx)
 		cancel()
 		log.Info("stopped")

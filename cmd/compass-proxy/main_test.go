@@ -2,6 +2,9 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"flag"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -10,10 +13,13 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/compass-egress/compass-egress/internal/testutil"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -53,13 +59,51 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 				}
 			}, ""},
 		{"bad cidr", []string{"--allow-internal", "nope"}, nil, nil, "not a CIDR"},
+		{"resolv.conf upstreams by default", nil, nil, func(t *testing.T, o *options) {
+			if strings.Join(o.cfg.DNSUpstreams, " ") != "10.9.9.9:53" {
+				t.Fatalf("%q", o.cfg.DNSUpstreams)
+			}
+		}, ""},
+		// A bare address (as resolv.conf writes it) used to start and then fail every
+		// lookup on "missing port".
+		{"bare upstream gets port 53", []string{"--dns-upstream", "127.0.0.1,fd00::2,[fd00::3],[::1]:5353,10.0.0.1:54"}, nil, func(t *testing.T, o *options) {
+			if got := strings.Join(o.cfg.DNSUpstreams, " "); got != "127.0.0.1:53 [fd00::2]:53 [fd00::3]:53 [::1]:5353 10.0.0.1:54" {
+				t.Fatalf("%q", got)
+			}
+		}, ""},
+		{"upstream name", []string{"--dns-upstream", "dns.test:53"}, nil, nil, `--dns-upstream: "dns.test:53": want an IP address`},
+		{"upstream name from env", nil, map[string]string{"COMPASS_PROXY_DNS_UPSTREAM": "10.0.0.1,dns.test"}, nil, `COMPASS_PROXY_DNS_UPSTREAM: "dns.test": want an IP address`},
+		{"upstream port 0", []string{"--dns-upstream", "10.0.0.1:0"}, nil, nil, `--dns-upstream: "10.0.0.1:0": port 0`},
+		{"upstream bad port", []string{"--dns-upstream", "10.0.0.1:dns"}, nil, nil, `--dns-upstream: "10.0.0.1:dns"`},
+		{"empty listen", []string{"--listen="}, nil, nil, "--listen: empty"},
+		{"empty listen from env", nil, map[string]string{"COMPASS_PROXY_LISTEN": ""}, nil, "COMPASS_PROXY_LISTEN: empty"},
+		{"empty admin socket", nil, map[string]string{"COMPASS_PROXY_ADMIN_SOCKET": ""}, nil, "COMPASS_PROXY_ADMIN_SOCKET: empty"},
+		{"negative drain timeout", []string{"--drain-timeout=-1s"}, nil, nil, "--drain-timeout: -1s: must be positive"},
+		{"zero idle timeout from env", nil, map[string]string{"COMPASS_PROXY_IDLE_TIMEOUT": "0s"}, nil, "COMPASS_PROXY_IDLE_TIMEOUT: 0s: must be positive"},
+		{"zero dns timeout", []string{"--dns-timeout", "0"}, nil, nil, "--dns-timeout: 0s: must be positive"},
+		{"negative max connections", []string{"--max-connections=-1"}, nil, nil, "--max-connections: -1: must not be negative"},
+		{"zero dns inflight", []string{"--dns-max-inflight=0"}, nil, nil, "--dns-max-inflight: 0: must be positive"},
+		{"zero max connections is unbounded", []string{"--max-connections=0"}, nil, func(t *testing.T, o *options) {
+			if o.cfg.MaxConnections != 0 {
+				t.Fatalf("%d", o.cfg.MaxConnections)
+			}
+		}, ""},
+		{"bad cidr from env", nil, map[string]string{"COMPASS_PROXY_ALLOW_INTERNAL": "10.0.0.0/33"}, nil, `COMPASS_PROXY_ALLOW_INTERNAL: "10.0.0.0/33": not a CIDR`},
+		{"bad log level", []string{"--log-level", "verbose"}, nil, nil, `--log-level: "verbose": want debug, info, warn or error`},
+		{"bad log level from env", nil, map[string]string{"COMPASS_PROXY_LOG_LEVEL": "verbose"}, nil, `COMPASS_PROXY_LOG_LEVEL: "verbose"`},
+		{"log level", nil, map[string]string{"COMPASS_PROXY_LOG_LEVEL": "warn"}, func(t *testing.T, o *options) {
+			if o.level != slog.LevelWarn {
+				t.Fatalf("%v", o.level)
+			}
+		}, ""},
+		{"help", []string{"--help"}, nil, nil, flag.ErrHelp.Error()},
 		{"bad env duration", nil, map[string]string{"COMPASS_PROXY_DIAL_TIMEOUT": "soon"}, nil, "COMPASS_PROXY_DIAL_TIMEOUT"},
 		{"unknown flag", []string{"--nope"}, nil, nil, "flag provided but not defined"},
 		{"stray argument", []string{"extra"}, nil, nil, "unexpected argument"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			o, err := parse(tc.args, func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok })
+			o, err := parse(tc.args, func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }, resolvConf(t, "nameserver 10.9.9.9\n"))
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("err %v, want %q", err, tc.err)
@@ -71,6 +115,84 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 			}
 			tc.check(t, o)
 		})
+	}
+}
+
+// resolvConf is a resolv.conf holding content.
+func resolvConf(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// With no --dns-upstream and no nameserver in resolv.conf the proxy used to start, report
+// ready and fail every lookup.
+func TestNoUpstreamRefused(t *testing.T) {
+	none := func(string) (string, bool) { return "", false }
+	for _, path := range []string{resolvConf(t, "# no nameserver\noptions ndots:0\n"), filepath.Join(t.TempDir(), "missing")} {
+		_, err := parse(nil, none, path)
+		if err == nil || !strings.Contains(err.Error(), "no DNS upstream") || !strings.Contains(err.Error(), "--dns-upstream") ||
+			!strings.Contains(err.Error(), "COMPASS_PROXY_DNS_UPSTREAM") || !strings.Contains(err.Error(), path) {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if _, err := parse([]string{"--dns-upstream", "10.0.0.1"}, none, path); err != nil {
+			t.Fatalf("%s with --dns-upstream: %v", path, err)
+		}
+	}
+}
+
+// --help used to print nothing and exit 1.
+func TestUsage(t *testing.T) {
+	for _, arg := range []string{"-h", "--help"} {
+		if _, err := parse([]string{arg}, func(string) (string, bool) { return "", false }, "/nonexistent"); !errors.Is(err, flag.ErrHelp) {
+			t.Fatalf("%s: %v", arg, err)
+		}
+	}
+	var out bytes.Buffer
+	usage(&out)
+	for _, want := range []string{"COMPASS_PROXY_<FLAG>", "-listen string", `(default ":3128")`, "-drain-timeout duration", "healthcheck"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("usage lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// A SIGHUP or SIGTERM that arrives while the proxy starts is handled once it is up: run
+// installs the handlers before proxy.New (an early SIGHUP used to kill it with 129, an
+// early SIGTERM to skip the drain).
+func TestSignalsDuringStartup(t *testing.T) {
+	dir := t.TempDir()
+	policyFile := filepath.Join(dir, "policy.json")
+	if err := os.WriteFile(policyFile, []byte(`"no-network"`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o, err := parse([]string{"--listen", "127.0.0.1:0", "--dns-listen=", "--admin-socket", filepath.Join(dir, "admin.sock"),
+		"--dns-upstream", "127.0.0.1:1", "--require-no-forwarding=false", "--policy", policyFile, "--drain-timeout", "5s"},
+		func(string) (string, bool) { return "", false }, "/nonexistent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	signals := make(chan os.Signal, 2)
+	signals <- syscall.SIGHUP
+	signals <- syscall.SIGTERM
+	var logs testutil.SyncBuffer
+	done := make(chan error, 1)
+	go func() { done <- serve(o, &logs, signals) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("serve did not stop on SIGTERM")
+	}
+	for _, want := range []string{`"source":"sighup"`, `"msg":"draining","signal":"terminated","drain_timeout":"5s"`, `"msg":"stopped"`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("logs lack %s:\n%s", want, logs.String())
+		}
 	}
 }
 
