@@ -82,13 +82,16 @@ type BlockedSummary struct {
 	Top        []BlockedTarget `json:"top"`
 }
 
-// BlockedTarget is one blocked destination and how often it was tried.
+// BlockedTarget is one blocked destination and how often it was tried. Count may
+// exceed the destination's own tries by up to Overcount (the sidecar's table was full
+// and it took another's place).
 type BlockedTarget struct {
-	Host   string `json:"host"`
-	Port   uint16 `json:"port"`
-	Type   string `json:"type"`   // http, connect or dns
-	Reason string `json:"reason"` // the decision's reason code
-	Count  uint64 `json:"count"`
+	Host      string `json:"host"`
+	Port      uint16 `json:"port"`
+	Type      string `json:"type"`   // http, connect or dns
+	Reason    string `json:"reason"` // the decision's reason code
+	Count     uint64 `json:"count"`
+	Overcount uint64 `json:"overcount,omitempty"`
 }
 
 // Transition records one policy switch: the evidence of what was in force when.

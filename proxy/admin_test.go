@@ -110,7 +110,7 @@ func TestAdminBlockedSummary(t *testing.T) {
 	for i := range blockedCapacity + 100 {
 		rs.blocked.add(fmt.Sprintf("h%d.test", i), 443, typeConnect, "x")
 	}
-	if n := len(rs.blocked.counts); n > blockedCapacity {
+	if n := len(rs.blocked.byKey); n > blockedCapacity {
 		t.Fatalf("blocked map holds %d entries", n)
 	}
 	if s := rs.blocked.summary(rs.Generation); len(s.Top) != blockedTop || s.Total != 5+blockedCapacity+100 {

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"container/heap"
 	"sort"
 	"sync"
 )
@@ -13,13 +14,16 @@ type BlockedSummary struct {
 	Top        []BlockedTarget `json:"top"`
 }
 
-// BlockedTarget is one blocked destination and how often it was tried.
+// BlockedTarget is one blocked destination and how often it was tried. Count is exact
+// unless Overcount is set: then the destination took the place of others when the
+// table was full, and Count may exceed its own tries by up to Overcount.
 type BlockedTarget struct {
-	Host   string `json:"host"`
-	Port   uint16 `json:"port"`
-	Type   string `json:"type"`
-	Reason string `json:"reason"`
-	Count  uint64 `json:"count"`
+	Host      string `json:"host"`
+	Port      uint16 `json:"port"`
+	Type      string `json:"type"`
+	Reason    string `json:"reason"`
+	Count     uint64 `json:"count"`
+	Overcount uint64 `json:"overcount,omitempty"`
 }
 
 const (
@@ -34,16 +38,28 @@ type blockedKey struct {
 	reason string
 }
 
-// blockedCounter counts refusals per destination in bounded memory: when full, the
-// least-tried destination makes room (its count still adds to the total).
+type blockedEntry struct {
+	key   blockedKey
+	count uint64
+	over  uint64 // count's possible excess over the key's own tries
+	index int    // in the heap
+}
+
+// blockedCounter counts refusals per destination in bounded memory with the
+// Space-Saving algorithm: when full, the least-counted entry makes room and the
+// newcomer inherits its count plus one. Any destination tried more than
+// total/blockedCapacity times therefore stays in the table, however many other names a
+// sandbox tries in between (with plain eviction, alternating each try with a fresh
+// name kept a destination at count 1 and out of the report).
 type blockedCounter struct {
-	mu     sync.Mutex
-	total  uint64
-	counts map[blockedKey]uint64
+	mu    sync.Mutex
+	total uint64
+	byKey map[blockedKey]*blockedEntry
+	heap  blockedHeap // least count first
 }
 
 func newBlockedCounter() *blockedCounter {
-	return &blockedCounter{counts: make(map[blockedKey]uint64)}
+	return &blockedCounter{byKey: make(map[blockedKey]*blockedEntry)}
 }
 
 func (b *blockedCounter) add(host string, port uint16, typ, reason string) {
@@ -54,25 +70,30 @@ func (b *blockedCounter) add(host string, port uint16, typ, reason string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.total++
-	if _, ok := b.counts[k]; !ok && len(b.counts) >= blockedCapacity {
-		var victim blockedKey
-		least := ^uint64(0)
-		for key, n := range b.counts {
-			if n < least {
-				victim, least = key, n
-			}
-		}
-		delete(b.counts, victim)
+	if e, ok := b.byKey[k]; ok {
+		e.count++
+		heap.Fix(&b.heap, e.index)
+		return
 	}
-	b.counts[k]++
+	if len(b.byKey) < blockedCapacity {
+		e := &blockedEntry{key: k, count: 1}
+		b.byKey[k] = e
+		heap.Push(&b.heap, e)
+		return
+	}
+	e := b.heap[0]
+	delete(b.byKey, e.key)
+	e.key, e.over, e.count = k, e.count, e.count+1
+	b.byKey[k] = e
+	heap.Fix(&b.heap, 0)
 }
 
 func (b *blockedCounter) summary(generation uint64) BlockedSummary {
 	b.mu.Lock()
-	s := BlockedSummary{Generation: generation, Total: b.total, Top: make([]BlockedTarget, 0, min(len(b.counts), blockedTop))}
-	all := make([]BlockedTarget, 0, len(b.counts))
-	for k, n := range b.counts {
-		all = append(all, BlockedTarget{Host: k.host, Port: k.port, Type: k.typ, Reason: k.reason, Count: n})
+	s := BlockedSummary{Generation: generation, Total: b.total, Top: make([]BlockedTarget, 0, min(len(b.byKey), blockedTop))}
+	all := make([]BlockedTarget, 0, len(b.byKey))
+	for _, e := range b.byKey {
+		all = append(all, BlockedTarget{Host: e.key.host, Port: e.key.port, Type: e.key.typ, Reason: e.key.reason, Count: e.count, Overcount: e.over})
 	}
 	b.mu.Unlock()
 	sort.Slice(all, func(i, j int) bool {
@@ -89,4 +110,25 @@ func (b *blockedCounter) summary(generation uint64) BlockedSummary {
 	})
 	s.Top = append(s.Top, all[:min(len(all), blockedTop)]...)
 	return s
+}
+
+// blockedHeap is a min-heap of entries by count (container/heap).
+type blockedHeap []*blockedEntry
+
+func (h blockedHeap) Len() int           { return len(h) }
+func (h blockedHeap) Less(i, j int) bool { return h[i].count < h[j].count }
+func (h blockedHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *blockedHeap) Push(x any) {
+	e := x.(*blockedEntry)
+	e.index = len(*h)
+	*h = append(*h, e)
+}
+func (h *blockedHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
 }
