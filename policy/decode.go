@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"sort"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -14,13 +16,23 @@ import (
 // programs (--env-params, the admin API) are JSON. Both decode to the same generic tree,
 // so one validator serves both: map[string]any, []any, string, json.Number, bool, nil.
 
+// maxDepth is how deeply lists and objects may nest in a document. The deepest document
+// the package reads needs 6 levels (a task list, a task, evaluation_environment, its
+// policy, the host list, a target object); 32 leaves room for formats to grow while
+// refusing a crafted document early, since everything that walks the tree afterwards
+// (validation, error messages, the caller's own code) may recurse once per level.
+const maxDepth = 32
+
+// deepErr is the rule that a document nesting past maxDepth breaks.
+var deepErr = fmt.Sprintf("nesting deeper than %d levels", maxDepth)
+
 // DecodeJSON decodes exactly one JSON value. Unlike encoding/json it refuses duplicate
 // object keys, because "last one wins" would let a second network_mode hide behind a
 // first one that a reviewer read.
 func DecodeJSON(data []byte) (any, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
-	v, err := decodeJSONValue(dec)
+	v, err := decodeJSONValue(dec, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -30,7 +42,8 @@ func DecodeJSON(data []byte) (any, error) {
 	return v, nil
 }
 
-func decodeJSONValue(dec *json.Decoder) (any, error) {
+// decodeJSONValue decodes the next value, which sits inside depth lists and objects.
+func decodeJSONValue(dec *json.Decoder, depth int) (any, error) {
 	tok, err := dec.Token()
 	if err != nil {
 		if err == io.EOF {
@@ -40,6 +53,10 @@ func decodeJSONValue(dec *json.Decoder) (any, error) {
 	}
 	switch t := tok.(type) {
 	case json.Delim:
+		if (t == '{' || t == '[') && depth == maxDepth {
+			// The offset is the delimiter's own: the decoder has just read past it.
+			return nil, fmt.Errorf("invalid JSON: byte offset %d: %s", dec.InputOffset()-1, deepErr)
+		}
 		switch t {
 		case '{':
 			obj := map[string]any{}
@@ -52,7 +69,7 @@ func decodeJSONValue(dec *json.Decoder) (any, error) {
 				if _, dup := obj[key]; dup {
 					return nil, fmt.Errorf("invalid JSON: the key %q appears twice in one object", key)
 				}
-				v, err := decodeJSONValue(dec)
+				v, err := decodeJSONValue(dec, depth+1)
 				if err != nil {
 					return nil, err
 				}
@@ -63,7 +80,7 @@ func decodeJSONValue(dec *json.Decoder) (any, error) {
 		case '[':
 			arr := []any{}
 			for dec.More() {
-				v, err := decodeJSONValue(dec)
+				v, err := decodeJSONValue(dec, depth+1)
 				if err != nil {
 					return nil, err
 				}
@@ -102,13 +119,20 @@ func DecodeYAML(data []byte) (any, error) {
 	if err := dec.Decode(&extra); err != io.EOF {
 		return nil, fmt.Errorf("invalid YAML: the file holds more than one document; put several entries in one list")
 	}
-	return yamlToGeneric(&root)
+	return yamlToGeneric(&root, 0)
 }
 
-func yamlToGeneric(n *yaml.Node) (any, error) {
+// yamlToGeneric converts n, which sits inside depth sequences and mappings. yaml.v3 has
+// already refused more than 10000 levels while parsing; maxDepth is checked here. Aliases
+// are refused outright, so an alias bomb ("billion laughs") is never expanded: yaml.v3
+// itself only links an alias to its anchor's node when it builds a yaml.Node tree.
+func yamlToGeneric(n *yaml.Node, depth int) (any, error) {
+	if (n.Kind == yaml.MappingNode || n.Kind == yaml.SequenceNode) && depth == maxDepth {
+		return nil, fmt.Errorf("invalid YAML: line %d: %s", n.Line, deepErr)
+	}
 	switch n.Kind {
 	case yaml.DocumentNode:
-		return yamlToGeneric(n.Content[0])
+		return yamlToGeneric(n.Content[0], depth)
 	case yaml.AliasNode:
 		return nil, fmt.Errorf("invalid YAML: line %d: aliases are not supported", n.Line)
 	case yaml.MappingNode:
@@ -121,7 +145,7 @@ func yamlToGeneric(n *yaml.Node) (any, error) {
 			if _, dup := obj[k.Value]; dup {
 				return nil, fmt.Errorf("invalid YAML: line %d: the key %q appears twice in one mapping", k.Line, k.Value)
 			}
-			v, err := yamlToGeneric(n.Content[i+1])
+			v, err := yamlToGeneric(n.Content[i+1], depth+1)
 			if err != nil {
 				return nil, err
 			}
@@ -131,7 +155,7 @@ func yamlToGeneric(n *yaml.Node) (any, error) {
 	case yaml.SequenceNode:
 		arr := make([]any, 0, len(n.Content))
 		for _, c := range n.Content {
-			v, err := yamlToGeneric(c)
+			v, err := yamlToGeneric(c, depth+1)
 			if err != nil {
 				return nil, err
 			}
@@ -187,17 +211,91 @@ func describe(v any) string {
 	return fmt.Sprintf("%T", v)
 }
 
-// display renders a generic value for an error message: strings quoted, others as JSON.
+// displayMax is how much of a value an error message shows.
+const displayMax = 80
+
+// display renders a generic value for an error message: strings quoted, others as the
+// JSON that encoding/json would write, cut to displayMax characters. The JSON is written
+// only as far as the cut, so neither a huge value nor a deep one costs more than that.
 func display(v any) string {
 	if s, ok := v.(string); ok {
 		return fmt.Sprintf("%q", s)
 	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Sprint(v)
+	var w displayWriter
+	w.value(v)
+	if len(w.buf) > displayMax {
+		return string(w.buf[:displayMax-3]) + "..."
 	}
-	if len(b) > 80 {
-		return string(b[:77]) + "..."
+	return string(w.buf)
+}
+
+// displayWriter writes JSON until it holds more than displayMax bytes, then ignores the
+// rest. Every level of nesting writes at least one byte before descending, so the walk
+// goes at most displayMax+1 levels deep whatever the value's depth.
+type displayWriter struct{ buf []byte }
+
+func (w *displayWriter) full() bool { return len(w.buf) > displayMax }
+
+func (w *displayWriter) value(v any) {
+	if w.full() {
+		return
 	}
-	return string(b)
+	switch x := v.(type) {
+	case nil:
+		w.buf = append(w.buf, "null"...)
+	case bool:
+		w.buf = strconv.AppendBool(w.buf, x)
+	case json.Number:
+		// Written as it stands, like encoding/json does, and also when it is not a JSON
+		// number (YAML's 0x1F, .inf): encoding/json would refuse the whole value then.
+		if x == "" {
+			x = "0"
+		}
+		w.buf = append(w.buf, x[:min(len(x), displayMax+1)]...)
+	case string:
+		w.string(x)
+	case []any:
+		w.buf = append(w.buf, '[')
+		for i, e := range x {
+			if w.full() {
+				return
+			}
+			if i > 0 {
+				w.buf = append(w.buf, ',')
+			}
+			w.value(e)
+		}
+		w.buf = append(w.buf, ']')
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		w.buf = append(w.buf, '{')
+		for i, k := range keys {
+			if w.full() {
+				return
+			}
+			if i > 0 {
+				w.buf = append(w.buf, ',')
+			}
+			w.string(k)
+			w.buf = append(w.buf, ':')
+			w.value(x[k])
+		}
+		w.buf = append(w.buf, '}')
+	default:
+		// The decoders return no other type; name it rather than walk it.
+		w.buf = fmt.Appendf(w.buf, "%T", v)
+	}
+}
+
+// string writes s as encoding/json quotes it (HTML characters escaped, invalid UTF-8 as
+// U+FFFD). Only its first displayMax+1 bytes can show: escaping never shortens text, and
+// a character cut in two by the prefix starts at byte displayMax-2 or later, which lands
+// past the cut of the output.
+func (w *displayWriter) string(s string) {
+	b, _ := json.Marshal(s[:min(len(s), displayMax+1)]) // a string always marshals
+	w.buf = append(w.buf, b...)
 }

@@ -3,6 +3,17 @@
 // compiled matcher, plan resolution, provider capabilities and the restriction
 // statement.
 //
+// # Documents
+//
+// Policies, tasks, recipes and env params are JSON or YAML documents (DecodeDocument),
+// some of them from outside the process: the proxy's admin API takes bodies of up to
+// 32 MiB. A document whose lists and objects nest more than 32 levels deep is refused
+// while it is decoded ("nesting deeper than 32 levels", with the byte offset in JSON or
+// the line in YAML); the deepest real document, a task list, needs 6. YAML aliases are
+// refused, so an alias bomb is never expanded, and yaml.v3 refuses more than 10000
+// levels before the tree is built. An error message shows at most 80 characters of an
+// offending list or object, and writes no more than that of it.
+//
 // # Matching
 //
 // Compile turns a policy into a Matcher whose Decide cost does not grow with the number

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -15,6 +16,11 @@ func FuzzParse(f *testing.F) {
 		`{"network_mode":"allowlist","allowed_hosts":["bücher.example","A.TEST.","a.test"]}`,
 		"network_mode: allowlist\nallowed_hosts: [pypi.org, {host: x.test, port: 8443}]\n",
 		`{"network_mode":"allowlist","allowed_hosts":["https://x","api.*.x","203.0.113.1/24"]}`,
+		// Nesting at and past maxDepth, and a YAML alias bomb.
+		`{"network_mode":"allowlist","allowed_hosts":` + deepJSON("[", "]", maxDepth-1, `"a.test"`) + `}`,
+		deepJSON(`{"network_mode":`, "}", maxDepth+1, `"public"`),
+		strings.Repeat("- ", maxDepth+1) + "public\n",
+		"a: &a [x, x]\nb: &b [*a, *a]\nnetwork_mode: allowlist\nallowed_hosts: *b\n",
 	} {
 		f.Add([]byte(seed))
 	}

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -13,6 +14,9 @@ func FuzzPlan(f *testing.F) {
 	f.Add(`{"task_id":"t","evaluation_mode":"fresh","evaluation_environment":{}}`, `{"name":"b","baseline_network_policy":{"network_mode":"allowlist","allowed_hosts":["198.51.100.7"]}}`, `{"baseline_network_policy":"public"}`, uint8(1))
 	f.Add(`[{"task_id":"a","provider":"daytona","run_network_policy":{"network_mode":"allowlist","allowed_hosts":["*.x.test","a.test"]}}]`, `[]`, `{"network":"host"}`, uint8(2))
 	f.Add(`{"task_id":"m","provider":"modal","run_network_policy":{"network_mode":"denylist","denied_hosts":["x.test:443"]}}`, `{"name":"m"}`, `{"evaluation_baseline_network_policy":"no-network"}`, uint8(3))
+	// Nesting past maxDepth in each document.
+	f.Add(`{"task_id":"d","run_network_policy":{"network_mode":"allowlist","allowed_hosts":`+deepJSON("[", "]", maxDepth, `"a.test"`)+`}}`,
+		strings.Repeat("- ", maxDepth+1)+"name: r\n", deepJSON(`{"run_network_policy":`, "}", maxDepth+1, `"public"`), uint8(4))
 	f.Fuzz(func(t *testing.T, taskDoc, recipeDoc, envDoc string, flags uint8) {
 		tv, err := DecodeDocument([]byte(taskDoc))
 		if err != nil {
