@@ -5,11 +5,13 @@ PROXY_IMAGE ?= compass-proxy:latest
 .PHONY: image bench-image
 
 # The sidecar image, offline: the build context is a temporary directory holding only the
-# static binary and Dockerfile.proxy, and FROM scratch needs no pull.
+# static binary, Dockerfile.proxy and the empty directory it copies to /run/compass, and
+# FROM scratch needs no pull.
 image:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/compass-proxy ./cmd/compass-proxy
 	@ctx=$$(mktemp -d) && trap 'rm -rf "$$ctx"' EXIT && \
 	cp $(BIN)/compass-proxy "$$ctx/compass-proxy" && cp Dockerfile.proxy "$$ctx/Dockerfile" && \
+	mkdir "$$ctx/run-compass" && \
 	docker build -q --build-arg VERSION=$(VERSION) -t $(PROXY_IMAGE) "$$ctx" >/dev/null && \
 	echo "built $(PROXY_IMAGE): $$(docker image inspect -f '{{.Size}}' $(PROXY_IMAGE)) bytes"
 

@@ -15,6 +15,7 @@ import (
 	"github.com/docker/docker/api/types/build"
 
 	compassegress "github.com/compass-egress/compass-egress"
+	"github.com/compass-egress/compass-egress/internal/buildinfo"
 )
 
 // ImageSpec describes a FROM-scratch image made of one static binary.
@@ -27,6 +28,11 @@ type ImageSpec struct {
 	// Recipe is a complete Dockerfile to use instead of the generated one; its COPY must
 	// take the binary as Name.
 	Recipe string
+	// BuildArgs are the recipe's ARG values (docker build --build-arg).
+	BuildArgs map[string]string
+	// EmptyDirs are empty directories of the build context, for a recipe to COPY into
+	// place (scratch has no mkdir).
+	EmptyDirs []string
 }
 
 // Dockerfile is the build recipe of spec: the binary alone on an empty filesystem.
@@ -50,9 +56,12 @@ func (s ImageSpec) Dockerfile() string {
 }
 
 // ProxyImageSpec is the compass-proxy sidecar image, built from Dockerfile.proxy itself
-// (non-root user, OCI labels, HEALTHCHECK), so every build path makes the same image.
+// (non-root user, OCI labels, HEALTHCHECK, /run/compass), so every build path makes the
+// same image as `make image`: its version label is this program's version, as the
+// Makefile passes VERSION, not the recipe's "dev".
 func ProxyImageSpec(tag, binary string) ImageSpec {
-	return ImageSpec{Tag: tag, Binary: binary, Name: "compass-proxy", Recipe: compassegress.ProxyDockerfile}
+	return ImageSpec{Tag: tag, Binary: binary, Name: "compass-proxy", Recipe: compassegress.ProxyDockerfile,
+		BuildArgs: map[string]string{"VERSION": buildinfo.Version}, EmptyDirs: []string{"run-compass"}}
 }
 
 // ProbeImageSpec is the verify probe image.
@@ -60,8 +69,8 @@ func ProbeImageSpec(tag, binary string) ImageSpec {
 	return ImageSpec{Tag: tag, Binary: binary, Name: "probe", Cmd: []string{"sleep"}}
 }
 
-// BuildImage builds spec offline: the build context holds only the binary and the
-// Dockerfile, and FROM scratch needs no pull.
+// BuildImage builds spec offline: the build context holds only the binary, the
+// Dockerfile and spec's empty directories, and FROM scratch needs no pull.
 func BuildImage(ctx context.Context, api dockerAPI, spec ImageSpec) error {
 	bin, err := os.ReadFile(spec.Binary)
 	if err != nil {
@@ -69,6 +78,11 @@ func BuildImage(ctx context.Context, api dockerAPI, spec ImageSpec) error {
 	}
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
+	for _, d := range spec.EmptyDirs {
+		if err := tw.WriteHeader(&tar.Header{Name: d + "/", Typeflag: tar.TypeDir, Mode: 0o755}); err != nil {
+			return fmt.Errorf("image: build context: %w", err)
+		}
+	}
 	files := []struct {
 		name string
 		mode int64
@@ -85,8 +99,13 @@ func BuildImage(ctx context.Context, api dockerAPI, spec ImageSpec) error {
 	if err := tw.Close(); err != nil {
 		return fmt.Errorf("image: build context: %w", err)
 	}
+	args := map[string]*string{}
+	for k, v := range spec.BuildArgs {
+		args[k] = &v
+	}
 	resp, err := api.ImageBuild(ctx, &buf, build.ImageBuildOptions{
 		Tags: []string{spec.Tag}, Remove: true, ForceRemove: true, PullParent: false, Version: build.BuilderV1,
+		BuildArgs: args,
 	})
 	if err != nil {
 		return fmt.Errorf("image: build %s: %w", spec.Tag, err)
