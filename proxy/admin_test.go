@@ -202,3 +202,26 @@ func TestReadinessNeedsForwardingOff(t *testing.T) {
 		})
 	}
 }
+
+// A policy nested a million levels deep (a 2 MiB body) is refused like any broken one,
+// by the admin API and by SIGHUP's reload, and the running policy stays.
+func TestDeeplyNestedPolicyIsRefused(t *testing.T) {
+	deep := strings.Repeat("[", 1<<20) + strings.Repeat("]", 1<<20)
+	file := filepath.Join(t.TempDir(), "policy.json")
+	if err := os.WriteFile(file, []byte(`"no-network"`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, func(c *Config) { c.PolicyFile = file })
+	if code, got := h.admin("PUT", "/v1/policy", deep); code != 400 || !strings.Contains(fmt.Sprint(got["errors"]), "nesting deeper than") {
+		t.Fatalf("PUT: %d %v", code, got)
+	}
+	if err := os.WriteFile(file, []byte(deep), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.srv.Reload(); err == nil {
+		t.Fatal("the deep file reloaded")
+	}
+	if rs := h.srv.Current(); rs.Generation != 1 || rs.Mode() != policy.ModeNoNetwork {
+		t.Fatalf("generation %d mode %s", rs.Generation, rs.Mode())
+	}
+}
