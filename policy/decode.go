@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -215,8 +216,8 @@ func describe(v any) string {
 const displayMax = 80
 
 // display renders a generic value for an error message: strings quoted, others as the
-// JSON that encoding/json would write, cut to displayMax characters. The JSON is written
-// only as far as the cut, so neither a huge value nor a deep one costs more than that.
+// JSON that encoding/json would write, cut to displayMax bytes. The JSON is written only
+// as far as the cut, so neither a huge value nor a deep one costs more than that.
 func display(v any) string {
 	if s, ok := v.(string); ok {
 		return fmt.Sprintf("%q", s)
@@ -224,7 +225,13 @@ func display(v any) string {
 	var w displayWriter
 	w.value(v)
 	if len(w.buf) > displayMax {
-		return string(w.buf[:displayMax-3]) + "..."
+		// The cut moves back to the start of a character it would split, so the message
+		// stays valid UTF-8 (the JSON written is: strings go through encoding/json).
+		cut := displayMax - 3
+		for cut > 0 && !utf8.RuneStart(w.buf[cut]) {
+			cut--
+		}
+		return string(w.buf[:cut]) + "..."
 	}
 	return string(w.buf)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // deepJSON is open nested n times around inner, closed again: deepJSON("[", "]", 2, "1")
@@ -146,13 +147,21 @@ func TestDisplayIsBounded(t *testing.T) {
 		{"deep objects", deepObj, strings.Repeat(`{"a":`, 15) + `{"...`},
 		{"flat list", flat, "[" + strings.Repeat("1234567,", 9) + "1234..."},
 		{"wide object", wide, `{"k000000":true,"k000001":true,"k000002":true,"k000003":true,"k000004":true,"...`},
-		{"long string in a list", []any{strings.Repeat("é", 1<<20)}, `["` + strings.Repeat("é", 37) + "\xc3..."},
+		// The cut falls inside the 38th "é" (bytes 76 and 77): it moves back to byte 76
+		// rather than split it, so the message stays valid UTF-8.
+		{"long string in a list", []any{strings.Repeat("é", 1<<20)}, `["` + strings.Repeat("é", 37) + "..."},
+		{"long 4-byte string in a list", []any{strings.Repeat("😀", 1<<10)}, `["` + strings.Repeat("😀", 18) + "..."},
+		{"long key", map[string]any{"k" + strings.Repeat("€", 1<<10): true}, `{"k` + strings.Repeat("€", 24) + "..."},
 		{"long number in a list", []any{json.Number(strings.Repeat("9", 1<<20))}, "[" + strings.Repeat("9", 76) + "..."},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := display(tc.v); got != tc.want {
+			got := display(tc.v)
+			if got != tc.want {
 				t.Fatalf("display = %q (%d bytes), want %q", got, len(got), tc.want)
+			}
+			if !utf8.ValidString(got) || len(got) > displayMax {
+				t.Fatalf("display = %q (%d bytes): invalid UTF-8 or longer than %d bytes", got, len(got), displayMax)
 			}
 		})
 	}
@@ -216,7 +225,8 @@ func TestDisplayMatchesJSON(t *testing.T) {
 	}
 }
 
-// marshalledDisplay is display as it was: the whole value marshalled, then cut.
+// marshalledDisplay is display as it was: the whole value marshalled, then cut (at a
+// character boundary, since a cut inside a character wrote invalid UTF-8).
 func marshalledDisplay(v any) string {
 	if s, ok := v.(string); ok {
 		return fmt.Sprintf("%q", s)
@@ -226,7 +236,12 @@ func marshalledDisplay(v any) string {
 		return fmt.Sprint(v)
 	}
 	if len(b) > 80 {
-		return string(b[:77]) + "..."
+		// Cut at the last character boundary at or before byte 77, never inside one.
+		cut := 77
+		for !utf8.RuneStart(b[cut]) {
+			cut--
+		}
+		return string(b[:cut]) + "..."
 	}
 	return string(b)
 }
