@@ -68,7 +68,7 @@ func decodeJSONValue(dec *json.Decoder, depth int) (any, error) {
 				}
 				key := kt.(string)
 				if _, dup := obj[key]; dup {
-					return nil, fmt.Errorf("invalid JSON: the key %q appears twice in one object", key)
+					return nil, fmt.Errorf("invalid JSON: the key %s appears twice in one object", quote(key))
 				}
 				v, err := decodeJSONValue(dec, depth+1)
 				if err != nil {
@@ -113,7 +113,9 @@ func DecodeYAML(data []byte) (any, error) {
 		if err == io.EOF {
 			return nil, fmt.Errorf("invalid YAML: the document is empty")
 		}
-		return nil, fmt.Errorf("invalid YAML: %w", err)
+		// Clipped: some of yaml.v3's errors quote the input ("unknown anchor '...'
+		// referenced").
+		return nil, fmt.Errorf("invalid YAML: %s", clip(err.Error()))
 	}
 	// A second document would otherwise be dropped without a word.
 	var extra yaml.Node
@@ -144,7 +146,7 @@ func yamlToGeneric(n *yaml.Node, depth int) (any, error) {
 				return nil, fmt.Errorf("invalid YAML: line %d: keys must be strings", k.Line)
 			}
 			if _, dup := obj[k.Value]; dup {
-				return nil, fmt.Errorf("invalid YAML: line %d: the key %q appears twice in one mapping", k.Line, k.Value)
+				return nil, fmt.Errorf("invalid YAML: line %d: the key %s appears twice in one mapping", k.Line, quote(k.Value))
 			}
 			v, err := yamlToGeneric(n.Content[i+1], depth+1)
 			if err != nil {
@@ -172,13 +174,14 @@ func yamlToGeneric(n *yaml.Node, depth int) (any, error) {
 		case "!!bool":
 			var b bool
 			if err := n.Decode(&b); err != nil {
-				return nil, fmt.Errorf("invalid YAML: line %d: %w", n.Line, err)
+				// Clipped: the error quotes the scalar ("cannot decode !!str `...` as a !!bool").
+				return nil, fmt.Errorf("invalid YAML: line %d: %s", n.Line, clip(err.Error()))
 			}
 			return b, nil
 		case "!!null":
 			return nil, nil
 		}
-		return nil, fmt.Errorf("invalid YAML: line %d: unsupported tag %s", n.Line, n.ShortTag())
+		return nil, fmt.Errorf("invalid YAML: line %d: unsupported tag %s", n.Line, clip(n.ShortTag()))
 	}
 	return nil, fmt.Errorf("invalid YAML: line %d: unsupported node", n.Line)
 }
@@ -215,12 +218,13 @@ func describe(v any) string {
 // displayMax is how much of a value an error message shows.
 const displayMax = 80
 
-// display renders a generic value for an error message: strings quoted, others as the
-// JSON that encoding/json would write, cut to displayMax bytes. The JSON is written only
-// as far as the cut, so neither a huge value nor a deep one costs more than that.
+// display renders a generic value for an error message: strings quoted and clipped to
+// fragmentMax bytes, others as the JSON that encoding/json would write, cut to displayMax
+// bytes. The JSON is written only as far as the cut, so neither a huge value nor a deep
+// one costs more than that.
 func display(v any) string {
 	if s, ok := v.(string); ok {
-		return fmt.Sprintf("%q", s)
+		return quote(s)
 	}
 	var w displayWriter
 	w.value(v)

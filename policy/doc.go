@@ -11,8 +11,14 @@
 // while it is decoded ("nesting deeper than 32 levels", with the byte offset in JSON or
 // the line in YAML); the deepest real document, a task list, needs 6. YAML aliases are
 // refused, so an alias bomb is never expanded, and yaml.v3 refuses more than 10000
-// levels before the tree is built. An error message shows at most 80 characters of an
-// offending list or object, and writes no more than that of it.
+// levels before the tree is built.
+//
+// Error messages are bounded whatever the input. A message shows at most 80 bytes of an
+// offending list or object, and writes no more than that of it; every other fragment of
+// user text in it (a string value, an object key in a path, a part of a target in the
+// rule, a policy's wire form) at most 300 bytes, cut as "…(N more bytes)". The longest
+// valid fragment, a wildcard host name with a port, is 261 bytes, so a valid value always
+// shows whole. Cuts fall on character boundaries, so a message is valid UTF-8.
 //
 // # Matching
 //

@@ -2,8 +2,47 @@ package policy
 
 import (
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
+
+// fragmentMax is how many bytes of one user-supplied string (a value, an object key, a
+// part of a target) an error message shows. The longest valid one is a target: a DNS
+// name of at most 253 characters with "*." in front and ":65535" behind, 261 bytes. At
+// 300 every valid value shows whole and only text that is wrong anyway is cut, such as a
+// 32 MiB string sent to the proxy's admin API, which would otherwise come back, and be
+// logged, as a 32 MiB error message.
+const fragmentMax = 300
+
+// clip returns s whole when it fits in fragmentMax bytes, and otherwise its start
+// followed by "…(N more bytes)".
+func clip(s string) string {
+	head, more := clipParts(s)
+	return head + more
+}
+
+// quote is %q of clip(s): the quoted text is the start of s as written, and the count of
+// bytes left out follows the closing quote.
+func quote(s string) string {
+	head, more := clipParts(s)
+	return strconv.Quote(head) + more
+}
+
+// clipParts splits a long s into its first fragmentMax bytes, cut back to a character
+// boundary so that the message stays valid UTF-8, and the marker for the rest.
+func clipParts(s string) (head, more string) {
+	if len(s) <= fragmentMax {
+		return s, ""
+	}
+	cut := fragmentMax
+	// A character is at most utf8.UTFMax bytes; invalid UTF-8 has no boundary to find.
+	for i := 1; i < utf8.UTFMax && !utf8.RuneStart(s[cut]); i++ {
+		cut--
+	}
+	return s[:cut], fmt.Sprintf("…(%d more bytes)", len(s)-cut)
+}
 
 // FieldError is one validation failure. It names where the bad value sits (Path, for
 // example "run_network_policy.allowed_hosts[2]"), the value as the user wrote it, and

@@ -25,9 +25,9 @@ func checkDockerNetwork(network string, plan *Plan) ErrorList {
 		if m := plan.Policy(ph).Mode; m != want {
 			errs = append(errs, &FieldError{
 				Path:  "network",
-				Value: fmt.Sprintf("%q", network),
+				Value: quote(network),
 				Rule: fmt.Sprintf("provider docker, %s phase: network %s %s, so dynamic policies are rejected; %s is %s (use a bridge network, or %s in every phase)",
-					ph, network, why, ph.Field(), m, want),
+					ph, clip(network), why, ph.Field(), m, want),
 			})
 		}
 	}

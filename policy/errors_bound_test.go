@@ -1,0 +1,169 @@
+package policy
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// TestClip: a fragment of up to fragmentMax bytes is shown whole, a longer one is cut at
+// a character boundary at or before fragmentMax and says how many bytes it left out.
+func TestClip(t *testing.T) {
+	tests := []struct {
+		name, in, head string // head: the part of in that clip keeps
+	}{
+		{"empty", "", ""},
+		{"at the bound", strings.Repeat("a", fragmentMax), strings.Repeat("a", fragmentMax)},
+		{"one past the bound", strings.Repeat("a", fragmentMax+1), strings.Repeat("a", fragmentMax)},
+		{"2-byte character across the cut", "a" + strings.Repeat("é", fragmentMax), "a" + strings.Repeat("é", (fragmentMax-1)/2)},
+		{"3-byte characters ending at the cut", strings.Repeat("€", fragmentMax), strings.Repeat("€", fragmentMax/3)},
+		{"4-byte character across the cut", strings.Repeat("😀", fragmentMax), strings.Repeat("😀", fragmentMax/4)},
+		{"4-byte character starting at the cut", strings.Repeat("a", fragmentMax) + "😀", strings.Repeat("a", fragmentMax)},
+		// Invalid UTF-8 has no boundary: the cut moves back at most 3 bytes.
+		{"continuation bytes only", strings.Repeat("\x80", fragmentMax+10), strings.Repeat("\x80", fragmentMax-3)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var more string
+			if n := len(tc.in) - len(tc.head); n > 0 {
+				more = "…(" + strconv.Itoa(n) + " more bytes)"
+			}
+			if got, want := clip(tc.in), tc.head+more; got != want {
+				t.Errorf("clip = %q, want %q", got, want)
+			}
+			if got, want := quote(tc.in), strconv.Quote(tc.head)+more; got != want {
+				t.Errorf("quote = %q, want %q", got, want)
+			}
+			if utf8.ValidString(tc.in) && !utf8.ValidString(clip(tc.in)) {
+				t.Errorf("clip of valid UTF-8 is not valid UTF-8: %q", clip(tc.in))
+			}
+		})
+	}
+}
+
+// TestErrorMessagesAreBounded is the regression test for error messages that quoted
+// user text in full: the proxy's admin API takes a 32 MiB body, and a body that is one
+// 32 MiB string came back (and was logged) as a 32 MiB error message. Every message here
+// stays under 4 KiB, is valid UTF-8, and still names the field and the rule broken.
+func TestErrorMessagesAreBounded(t *testing.T) {
+	const mib = 1 << 20
+	big := strings.Repeat("a", mib)
+	bigE := strings.Repeat("é", mib/2) // cut inside a character unless clip takes care
+	parse := func(doc string) func() error {
+		return func() error { _, err := Parse([]byte(doc)); return err }
+	}
+	tests := []struct {
+		name string
+		run  func() error
+		want []string // fragments of the message, in order
+	}{
+		{"32 MiB string body", parse(`"` + strings.Repeat("a", 32*mib) + `"`),
+			[]string{`policy "aaaa`, `a"…(33554132 more bytes): unknown network mode`}},
+		{"32 MiB string body of 2-byte characters", parse(`"` + strings.Repeat("é", 16*mib) + `"`),
+			[]string{`policy "éé`, `é"…(33554132 more bytes): unknown network mode`}},
+		{"1 MiB key", parse(`{"network_mode":"public","` + big + `":1}`),
+			[]string{"aaaa", "a…(1048276 more bytes): unknown key; a policy object takes only"}},
+		{"1 MiB key in a target object", parse(`{"network_mode":"allowlist","allowed_hosts":[{"host":"a.test","` + big + `":1}]}`),
+			[]string{"allowed_hosts[0].aaaa", "a…(1048276 more bytes): unknown key; a target object takes only host and port"}},
+		{"1 MiB host entry in allowed_hosts", parse(`{"network_mode":"allowlist","allowed_hosts":["a.test","` + big + `"]}`),
+			[]string{`allowed_hosts[1] "aaaa`, `a"…(1048276 more bytes): the host name is longer than 253 characters`}},
+		{"1 MiB host in a target object", parse(`{"network_mode":"allowlist","allowed_hosts":[{"host":"` + bigE + `"}]}`),
+			[]string{`allowed_hosts[0].host "éé`, `é"…(1048276 more bytes): `}},
+		{"1 MiB host of a URL", parse(`{"network_mode":"denylist","denied_hosts":["https://` + big + `/x"]}`),
+			[]string{`denied_hosts[0] "https://aaaa`, `a"…(1048286 more bytes): a URL scheme is not allowed: write the host alone, e.g. "aaaa`, `a"…(1048276 more bytes)`}},
+		{"1 MiB port", parse(`{"network_mode":"allowlist","allowed_hosts":["a.test:` + strings.Repeat("9", mib) + `"]}`),
+			[]string{`allowed_hosts[0] "a.test:999`, `: the port 999`, `9…(1048276 more bytes) is outside 1..65535`}},
+		{"1 MiB port that is not a number", parse(`{"network_mode":"allowlist","allowed_hosts":["a.test:` + big + `"]}`),
+			[]string{`: the port "aaaa`, `a"…(1048276 more bytes) is not an integer`}},
+		{"1 MiB port after an IPv6 address", parse(`{"network_mode":"allowlist","allowed_hosts":["2001:db8::1:` + big + `"]}`),
+			[]string{`: an IPv6 address with a port needs brackets: [2001:db8::1]:aaaa`, `a…(1048276 more bytes)`}},
+		{"1 MiB IPv6 zone", parse(`{"network_mode":"allowlist","allowed_hosts":["fe80::1%` + big + `"]}`),
+			[]string{`: an IPv6 zone (%aaaa`, `a…(1048276 more bytes)) is not allowed`}},
+		{"1 MiB prefix length", parse(`{"network_mode":"allowlist","allowed_hosts":["10.0.0.0/` + big + `"]}`),
+			[]string{`: the prefix length /aaaa`, `a…(1048276 more bytes) is not valid for this address`}},
+		{"1 MiB internationalised label", parse(`{"network_mode":"allowlist","allowed_hosts":["` + bigE + `-"]}`),
+			[]string{`: not a valid internationalised host name (idna: invalid label "éé`, `more bytes))`}},
+		{"duplicate 1 MiB JSON key", parse(`{"` + big + `":1,"` + big + `":2}`),
+			[]string{`invalid JSON: the key "aaaa`, `a"…(1048276 more bytes) appears twice in one object`}},
+		{"duplicate 1 MiB YAML key", parse("? " + big + "\n: 1\n? " + big + "\n: 2\n"),
+			[]string{`invalid YAML: line 3: the key "aaaa`, `a"…(1048276 more bytes) appears twice in one mapping`}},
+		{"1 MiB undefined YAML alias", parse("network_mode: *" + big + "\n"),
+			[]string{"invalid YAML: yaml: unknown anchor 'aaaa", "a…(1048310 more bytes)"}},
+		{"1 MiB YAML tag", parse("network_mode: !x" + big + " public\n"),
+			[]string{"invalid YAML: line 1: unsupported tag !xaaaa", "a…(1048278 more bytes)"}},
+		{"1 MiB YAML scalar yaml.v3 cannot decode", parse("network_mode: !!bool " + big + "\n"),
+			[]string{"invalid YAML: line 1: yaml: cannot decode !!str `aaaa", "more bytes)"}},
+		{"1 MiB network mode in YAML", parse("network_mode: " + bigE + "\n"),
+			[]string{`network_mode "éé`, `é"…(1048276 more bytes): unknown network mode`}},
+		{"1 MiB env param number", func() error {
+			_, err := ParseEnvParams([]byte(`{"allowlist_proxy_start_timeout":1` + strings.Repeat("0", mib) + `}`))
+			return err
+		}, []string{"allowlist_proxy_start_timeout 1000", "0…(1048277 more bytes): must be a positive number of seconds"}},
+		{"1 MiB env param network", func() error {
+			_, err := ParseEnvParams([]byte(`{"network":"` + big + ` "}`))
+			return err
+		}, []string{`network "aaaa`, `a"…(1048277 more bytes): must be a non-empty Docker network name`}},
+		{"1 MiB task ID", func() error {
+			_, err := ParseTasks(map[string]any{"task_id": big}, "tasks.json")
+			return err
+		}, []string{`task_id "aaaa`, `a"…(1048276 more bytes): must be 1-64 characters`}},
+		{"1 MiB task key", func() error {
+			_, err := ParseTasks(map[string]any{"task_id": "t", big: 1}, "tasks.json")
+			return err
+		}, []string{"aaaa", "a…(1048276 more bytes): unknown key; a task takes only"}},
+		{"1 MiB recipe name", func() error {
+			_, err := ParseRecipes(map[string]any{"name": big}, "r.json")
+			return err
+		}, []string{`name "aaaa`, `a"…(1048276 more bytes): must be 1-64 characters`}},
+		{"1 MiB provider flag", func() error {
+			return (&Planner{Provider: big}).Validate()
+		}, []string{`provider "aaaa`, `a"…(1048276 more bytes): unknown provider`}},
+		{"1 MiB docker network", func() error {
+			_, err := (&Planner{Override: EnvParams{Network: "container:" + big}}).Plan(Task{ID: "t", Policies: PhasePolicies{PhaseRun: NoNetwork}})
+			return err
+		}, []string{`task "t": network "container:aaaa`, `a"…(1048286 more bytes): provider docker, run phase: network container:aaaa`, `a…(1048286 more bytes) shares a network namespace`}},
+		{"a recipe's endpoint blocked by a policy of 100000 hosts", func() error {
+			hosts := make([]Target, 100000)
+			for i := range hosts {
+				hosts[i] = Target{Kind: KindHost, Host: "h" + strconv.Itoa(i) + ".test"}
+			}
+			pl := &Planner{Recipes: []Recipe{{Name: "r", Required: []Endpoint{{Target: Target{Kind: KindHost, Host: "model.test", Port: 443}, Phase: PhaseRun}}}}}
+			_, err := pl.Plan(Task{ID: "t", Policies: PhasePolicies{PhaseRun: {Mode: ModeAllowlist, Targets: hosts}}})
+			return err
+		}, []string{`task "t": run_network_policy "model.test:443": recipe r requires this endpoint in the run phase, but the effective run policy {"network_mode":"allowlist","allowed_hosts":["h0.test",`, `more bytes) (source: task) blocks it (not-allowlisted)`}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.run()
+			if err == nil {
+				t.Fatal("no error")
+			}
+			msg := err.Error()
+			if len(msg) > 4<<10 || !utf8.ValidString(msg) {
+				t.Fatalf("error message of %d bytes (valid UTF-8: %v), want under 4 KiB and valid: %.300q...", len(msg), utf8.ValidString(msg), msg)
+			}
+			rest := msg
+			for _, w := range tc.want {
+				i := strings.Index(rest, w)
+				if i < 0 {
+					t.Fatalf("error message %q\nlacks %q (after what came before it)", msg, w)
+				}
+				rest = rest[i+len(w):]
+			}
+		})
+	}
+}
+
+// TestErrorMessagesUnderTheBound: a fragment of fragmentMax bytes still shows whole, as
+// every message did before fragments were cut.
+func TestErrorMessagesUnderTheBound(t *testing.T) {
+	s := strings.Repeat("a", fragmentMax)
+	url := "https://" + s[len("https://"):]
+	_, err := Parse([]byte(`{"network_mode":"allowlist","allowed_hosts":["` + url + `"],"` + s + `":1}`))
+	want := s + ": unknown key; a policy object takes only network_mode, allowed_hosts, denied_hosts\n" +
+		`allowed_hosts[0] "` + url + `": a URL scheme is not allowed: write the host alone, e.g. "` + s[len("https://"):] + `"`
+	if err == nil || err.Error() != want {
+		t.Fatalf("Parse error = %v, want %s", err, want)
+	}
+}
