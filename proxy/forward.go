@@ -27,15 +27,19 @@ type requestState struct {
 	// entry is the tracked in-flight HTTP request, if one was allowed.
 	entry *liveConn
 	// hijacked is set when goproxy took the connection over (a websocket), at
-	// relayStart; relayIdle ends the relay once it idles.
+	// relayStart; relayIdle stops the watch that ends the relay once it idles.
 	hijacked   net.Conn
+	relay      *idleConn // hijacked, as goproxy's relay uses it
 	relayStart time.Time
-	relayIdle  *time.Timer
+	relayIdle  func()
 	up, down   atomic.Int64
 	// answerErr is the error that broke off the upstream's answer body: goproxy
 	// ignores it, and the front must not end that answer as if it were whole.
 	answerErr error
 	answer    answerBody // the answer's body, held here to save an allocation
+	// refusedConn is set when a swap came between the decision and the upstream
+	// connection and the new policy refuses the connection's address.
+	refusedConn atomic.Bool
 }
 
 // answerBody records in st the error that ends an upstream answer's body early.
@@ -64,6 +68,14 @@ func (b *answerBody) Read(p []byte) (int, error) {
 // have no deadline on that side.
 func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict, resp *http.Response, err error) (*http.Response, error) {
 	if err != nil {
+		if errors.Is(err, errRecheckFailed) || st.refusedConn.Load() {
+			// A refusal, not an upstream failure: answered and counted as a CONNECT
+			// cut the same way is.
+			cur := s.current.Load()
+			refused := Verdict{Host: v.Host, Name: v.Name, Port: v.Port, Reason: ReasonPolicyChanged}
+			s.record(cur, typeHTTP, refused, req.RemoteAddr)
+			return refusalResponse(req, cur, typeHTTP, refused), nil
+		}
 		return s.badGateway(req, v, err), nil
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
@@ -88,7 +100,9 @@ func (s *Server) badGateway(req *http.Request, v *Verdict, err error) *http.Resp
 	if op := (*net.OpError)(nil); errors.As(err, &op) && op.Op == "dial" {
 		reason = "dial-failed"
 	}
-	s.log.Warn("upstream failed", "type", typeHTTP, "host", blockedHost(*v), "port", v.Port, "client", req.RemoteAddr, "error", err.Error())
+	if req.Context().Err() == nil { // else cut by a swap or the drain: not the upstream's failure
+		s.log.Warn("upstream failed", "type", typeHTTP, "host", blockedHost(*v), "port", v.Port, "client", req.RemoteAddr, "error", err.Error())
+	}
 	resp := goproxy.NewResponse(req, goproxy.ContentTypeText, http.StatusBadGateway,
 		"compass-egress: "+blockedHost(*v)+" could not be reached ("+reason+")\n")
 	resp.Header.Set("X-Compass-Egress", "error; reason="+reason)
@@ -201,6 +215,15 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, st *requestS
 
 // settle releases what a request held once goproxy is done with it.
 func (s *Server) settle(st *requestState) {
+	if st.hijacked != nil {
+		// A websocket relay: goproxy is done with the connection but does not always
+		// close it, and one of its copies may still be in a read or write of it. Once
+		// closed and quiet, its counts are final.
+		st.relayIdle()
+		st.hijacked.Close()
+		st.relay.quiesce()
+		s.proxyLn.release()
+	}
 	if st.entry != nil {
 		s.tracker.remove(st.entry)
 		s.metrics.activeHTTP.Dec()
@@ -208,11 +231,6 @@ func (s *Server) settle(st *requestState) {
 		s.metrics.bytesDown.Add(float64(st.down.Load()))
 	}
 	if st.hijacked != nil {
-		// A websocket relay: goproxy is done with the connection but does not always
-		// close it.
-		st.relayIdle.Stop()
-		st.hijacked.Close()
-		s.proxyLn.release()
 		if st.entry != nil && s.log.Enabled(context.Background(), slog.LevelInfo) {
 			s.logLine(slog.LevelInfo, "websocket closed", slog.String("type", typeHTTP),
 				slog.String("host", st.entry.name), slog.Int("port", int(st.entry.port)), slog.String("addr", s.tracker.addrOf(st.entry).String()),
@@ -290,7 +308,9 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		return r, nil
 	}
 	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
-		s.gotUpstreamConn(rs, st.entry, info.Conn)
+		if !s.gotUpstreamConn(rs, st.entry, info.Conn) {
+			st.refusedConn.Store(true)
+		}
 	}}
 	dctx := context.WithValue(r.Context(), verdictKey{}, &v)
 	r = r.WithContext(httptrace.WithClientTrace(dctx, trace))
@@ -480,7 +500,8 @@ func (w *proxyResponseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	// (a copy blocked writing to an upstream that reads nothing never sees c's deadline).
 	clock := newIdleClock(w.idle)
 	st.relayIdle = watchIdle(clock, st.client.cut)
-	return &idleConn{Conn: c, clock: clock, up: &st.up, down: &st.down}, rw, nil
+	st.relay = &idleConn{Conn: c, clock: clock, up: &st.up, down: &st.down}
+	return st.relay, rw, nil
 }
 
 func (w *proxyResponseWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

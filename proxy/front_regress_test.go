@@ -264,3 +264,48 @@ func TestFrontAcceptsAgainAfterAcceptFailure(t *testing.T) {
 	}
 	f.wait(context.Background())
 }
+
+// upstreamAnswer tells a refusal (the swap's re-check refused the connection's
+// address) and a cut request from an upstream failure.
+func TestUpstreamAnswerTellsRefusalsFromFailures(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+	v := &Verdict{Host: "a.test", Name: "a.test", Port: 80, Allowed: true}
+	for _, tc := range []struct {
+		name       string
+		err        error
+		refused    bool
+		cancelled  bool
+		wantStatus int
+		wantHeader string
+		wantWarn   bool
+	}{
+		{"upstream client re-check", errRecheckFailed, false, false, 403, "denied; reason=policy-changed", false},
+		{"transport re-check", errors.New("use of closed network connection"), true, false, 403, "denied; reason=policy-changed", false},
+		{"upstream failure", errors.New("connection reset by peer"), false, false, 502, "error; reason=upstream-failed", true},
+		{"cut request", context.Canceled, false, true, 502, "error; reason=upstream-failed", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tc.cancelled {
+				cancel()
+			}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://a.test/", nil)
+			req.RemoteAddr = "127.0.0.1:1"
+			st := &requestState{}
+			st.refusedConn.Store(tc.refused)
+			before := strings.Count(h.logs.String(), `"msg":"upstream failed"`)
+			resp, err := h.srv.upstreamAnswer(req, st, v, nil, tc.err)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tc.wantStatus || !strings.HasPrefix(resp.Header.Get("X-Compass-Egress"), tc.wantHeader) {
+				t.Fatalf("%d %q, want %d %q", resp.StatusCode, resp.Header.Get("X-Compass-Egress"), tc.wantStatus, tc.wantHeader)
+			}
+			if warned := strings.Count(h.logs.String(), `"msg":"upstream failed"`) > before; warned != tc.wantWarn {
+				t.Fatalf("warned %v, want %v", warned, tc.wantWarn)
+			}
+		})
+	}
+}

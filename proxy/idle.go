@@ -36,25 +36,34 @@ func (c *idleClock) arm(src net.Conn) { _ = src.SetReadDeadline(time.Now().Add(c
 func (c *idleClock) idle() bool { return time.Since(time.Unix(0, c.last.Load())) >= c.timeout }
 
 // watchIdle calls end once clock has seen no progress for its timeout, checking at
-// most a timeout after the last progress. Stop the timer it returns when the relay
-// ends first.
-func watchIdle(clock *idleClock, end func()) *time.Timer {
+// most a timeout after the last progress. The function it returns stops the watch,
+// for a relay that ended first.
+func watchIdle(clock *idleClock, end func()) (stop func()) {
 	var (
-		mu sync.Mutex
-		t  *time.Timer
+		mu      sync.Mutex
+		t       *time.Timer
+		stopped bool
 	)
 	mu.Lock()
 	defer mu.Unlock()
 	t = time.AfterFunc(clock.timeout, func() {
 		mu.Lock()
 		defer mu.Unlock()
+		if stopped {
+			return
+		}
 		if left := clock.timeout - time.Since(time.Unix(0, clock.last.Load())); left > 0 {
 			t.Reset(left)
 			return
 		}
 		end()
 	})
-	return t
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
 }
 
 // idleConn is the client side of a relay that is not spliced (a websocket): every read
@@ -65,9 +74,14 @@ type idleConn struct {
 	net.Conn
 	clock    *idleClock
 	up, down *atomic.Int64
+	// inFlight is held (shared) across each read and write with its count, so that
+	// quiesce can wait for the last one.
+	inFlight sync.RWMutex
 }
 
 func (c *idleConn) Read(p []byte) (int, error) {
+	c.inFlight.RLock()
+	defer c.inFlight.RUnlock()
 	for {
 		c.clock.arm(c.Conn)
 		n, err := c.Conn.Read(p)
@@ -86,10 +100,19 @@ func (c *idleConn) Read(p []byte) (int, error) {
 }
 
 func (c *idleConn) Write(p []byte) (int, error) {
+	c.inFlight.RLock()
+	defer c.inFlight.RUnlock()
 	n, err := c.Conn.Write(p)
 	if n > 0 {
 		c.down.Add(int64(n))
 		c.clock.touch()
 	}
 	return n, err
+}
+
+// quiesce waits for the read and write in progress, if any, to return and be
+// counted. Call it after closing the connection: later ones move no byte.
+func (c *idleConn) quiesce() {
+	c.inFlight.Lock() // taken only once no read or write holds it: the wait
+	c.inFlight.Unlock()
 }
