@@ -153,12 +153,7 @@ func TestUnrelayedSwitchClosesConnection(t *testing.T) {
 	h.dns.set("up.test", netip.MustParseAddr("127.0.0.8"))
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["up.test","a.test"]}`)
 	port := rawUpstream(t, "127.0.0.8", "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: other\r\n\r\nRAW", false)
-	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	c := h.dialProxy(t)
 	a := h.a.httpHostPort("a.test")
 	fmt.Fprintf(c, "GET http://up.test:%d/ HTTP/1.1\r\nHost: up.test:%d\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nGET http://%s/ HTTP/1.1\r\nHost: %s\r\n\r\n", port, port, a, a)
 	out, _ := io.ReadAll(c)
@@ -177,12 +172,7 @@ func TestBrokenOffAnswerIsNotEndedAsWhole(t *testing.T) {
 	h.dns.set("trunc.test", netip.MustParseAddr("127.0.0.10"))
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["trunc.test"]}`)
 	port := rawUpstream(t, "127.0.0.10", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n", false)
-	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	c := h.dialProxy(t)
 	fmt.Fprintf(c, "GET http://trunc.test:%d/ HTTP/1.1\r\nHost: trunc.test:%d\r\n\r\n", port, port)
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {

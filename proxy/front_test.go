@@ -16,12 +16,7 @@ import (
 // returns it open (keep-alive), with its reader.
 func keepAliveGET(t *testing.T, h *harness) (net.Conn, *bufio.Reader) {
 	t.Helper()
-	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	c := h.dialProxy(t)
 	target := h.a.httpHostPort("a.test")
 	fmt.Fprintf(c, "GET http://%s/ HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
 	br := bufio.NewReader(c)

@@ -442,6 +442,19 @@ func ede(m *dns.Msg) (uint16, bool) {
 	return 0, false
 }
 
+// dialProxy connects to the proxy; the connection closes when the test ends and has a
+// 20 s deadline.
+func (h *harness) dialProxy(t testing.TB) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	return c
+}
+
 func discardLogger() *slog.Logger { return slog.New(slog.NewJSONHandler(io.Discard, nil)) }
 
 // serveTCP listens on ip and runs handle for each connection on a goroutine of its own,

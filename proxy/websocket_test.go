@@ -41,12 +41,7 @@ func wsUpstream(t *testing.T, h *harness, stuck bool, eof chan<- time.Time) int 
 // openWebsocket sends the upgrade request for ws.test:port and reads the 101.
 func openWebsocket(t *testing.T, h *harness, port int) net.Conn {
 	t.Helper()
-	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	c := h.dialProxy(t)
 	fmt.Fprintf(c, "GET http://ws.test:%d/ HTTP/1.1\r\nHost: ws.test:%d\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", port, port)
 	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
 		t.Fatalf("upgrade: %v %v", resp, err)
@@ -72,12 +67,7 @@ func TestWebsocketBytesAreCounted(t *testing.T) {
 	h := newHarness(t)
 	h.apply(`"public"`)
 	up0, down0 := testutil.ToFloat64(h.srv.metrics.bytesUp), testutil.ToFloat64(h.srv.metrics.bytesDown)
-	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := h.dialProxy(t)
 	const early = "EARLY"
 	fmt.Fprintf(c, "GET http://127.0.0.2:%d/ws HTTP/1.1\r\nHost: 127.0.0.2:%d\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n%s", h.a.httpPort, h.a.httpPort, early)
 	br := bufio.NewReader(c)
