@@ -18,7 +18,9 @@
 // user text in it (a string value, an object key in a path, a part of a target in the
 // rule, a policy's wire form) at most 300 bytes, cut as "…(N more bytes)". The longest
 // valid fragment, a wildcard host name with a port, is 261 bytes, so a valid value always
-// shows whole. Cuts fall on character boundaries, so a message is valid UTF-8.
+// shows whole. Cuts fall on character boundaries, so a message is valid UTF-8. All the
+// problems of one input are reported together, but at most 100 of them, in input order,
+// and then one line "and N more errors" (PlanAll: "and N more tasks cannot be planned").
 //
 // # Matching
 //

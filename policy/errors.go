@@ -51,6 +51,10 @@ type FieldError struct {
 	Path  string // dotted path of the offending field; empty for a top-level value
 	Value string // the offending value, already quoted for display; may be empty
 	Rule  string // what is wrong, in words
+
+	// more is set on the last entry of a full ErrorList, which stands for the errors
+	// left out of it: how many ("and 12 more errors").
+	more int
 }
 
 func (e *FieldError) Error() string {
@@ -69,9 +73,48 @@ func (e *FieldError) Error() string {
 	return b.String()
 }
 
-// ErrorList collects every FieldError found in one input, in input order, so that a user
-// sees all problems at once rather than one per attempt.
+// ErrorList collects the FieldErrors found in one input, in input order, so that a user
+// sees all problems at once rather than one per attempt: the first maxErrors of them, and
+// then one entry that counts the rest.
 type ErrorList []*FieldError
+
+// maxErrors is how many errors an ErrorList keeps. A user fixes the first ones first, and
+// a list of a million bad entries (the proxy's admin API takes 32 MiB) should cost
+// neither a million errors' memory nor a message a million lines long.
+const maxErrors = 100
+
+// add appends errors to the list while it holds fewer than maxErrors, and counts any
+// after that in a last entry "and N more errors". An entry that counts errors left out of
+// another list (a nested check's result) adds its count, so the total stays exact; once
+// anything is left out, everything after it is too, so what is shown is a prefix.
+func (l *ErrorList) add(fes ...*FieldError) {
+	for _, fe := range fes {
+		n := len(*l)
+		switch {
+		case n > 0 && (*l)[n-1].more > 0:
+			(*l)[n-1].countMore(max(fe.more, 1))
+		case fe.more > 0:
+			c := *fe // the nested list's entry stays as it was
+			*l = append(*l, &c)
+		case n < maxErrors:
+			*l = append(*l, fe)
+		default:
+			c := &FieldError{}
+			c.countMore(1)
+			*l = append(*l, c)
+		}
+	}
+}
+
+// countMore adds n errors to the count of an entry that stands for left-out errors.
+func (e *FieldError) countMore(n int) {
+	e.more += n
+	if e.more == 1 {
+		e.Rule = "and 1 more error"
+	} else {
+		e.Rule = "and " + strconv.Itoa(e.more) + " more errors"
+	}
+}
 
 func (l ErrorList) Error() string {
 	msgs := make([]string, len(l))

@@ -167,3 +167,96 @@ func TestErrorMessagesUnderTheBound(t *testing.T) {
 		t.Fatalf("Parse error = %v, want %s", err, want)
 	}
 }
+
+// TestErrorCountIsBounded is the regression test for an input of a million bad entries,
+// which gave a million errors (kept in memory, then one line each in the message and in
+// the proxy admin API's "errors" array). A report keeps the first maxErrors errors, in
+// input order, and ends with one line counting the rest; one at or under the limit is
+// reported as it always was.
+func TestErrorCountIsBounded(t *testing.T) {
+	// One input of a million bad entries; the other large cases are smaller, enough to be
+	// well past the limit without slowing the race detector down.
+	const million, many = 1000000, 100000
+	bad := func(n int) string { // a policy with n entries that are not targets
+		return `{"network_mode":"allowlist","allowed_hosts":[` + strings.Repeat(`1,`, n-1) + `1]}`
+	}
+	entryErr := func(path string, i int) string {
+		return path + "allowed_hosts[" + strconv.Itoa(i) + `] 1: a target is a string or an object {"host": ..., "port": ...}, not a number`
+	}
+	keys := make(map[string]any, many)
+	keys["network_mode"] = "public"
+	for i := 0; i < many; i++ {
+		keys["k"+strconv.Itoa(million+i)] = 1
+	}
+	task := func(id string, n int) map[string]any {
+		v, err := DecodeJSON([]byte(bad(n)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return map[string]any{"task_id": id, "run_network_policy": v}
+	}
+	ipv6 := make([]Target, 1000)
+	for i := range ipv6 {
+		ipv6[i], _ = ParseTarget("2001:db8::" + strconv.FormatInt(int64(i+1), 16))
+	}
+	manyTasks := make([]Task, many)
+	for i := range manyTasks {
+		manyTasks[i] = Task{ID: "t" + strconv.Itoa(i), Provider: ProviderDaytona, Policies: PhasePolicies{PhaseRun: {Mode: ModeDenylist}}}
+	}
+
+	tests := []struct {
+		name  string
+		run   func() error
+		first string // the first line
+		last  string // the last line
+		lines int
+	}{
+		{"a million bad entries", func() error { _, err := Parse([]byte(bad(million))); return err },
+			entryErr("", 0), "and 999900 more errors", maxErrors + 1},
+		{"100000 unknown keys", func() error { _, err := ParseValue(keys, ""); return err },
+			"k1000000: unknown key; a policy object takes only network_mode, allowed_hosts, denied_hosts", "and 99900 more errors", maxErrors + 1},
+		{"exactly maxErrors bad entries", func() error { _, err := Parse([]byte(bad(maxErrors))); return err },
+			entryErr("", 0), entryErr("", maxErrors-1), maxErrors},
+		{"one past maxErrors", func() error { _, err := Parse([]byte(bad(maxErrors + 1))); return err },
+			entryErr("", 0), "and 1 more error", maxErrors + 1},
+		// Nested lists (each task's policy) add up exactly: 3 x 60 = 180 errors.
+		{"three tasks of 60 bad entries", func() error {
+			_, err := ParseTasks([]any{task("a", 60), task("b", 60), task("c", 60)}, "tasks.json")
+			return err
+		}, entryErr("[0].run_network_policy.", 0), "and 80 more errors", maxErrors + 1},
+		{"a task of 1000 bad entries and a bad ID", func() error {
+			tk := task("a", 1000)
+			tk["task_id"] = "-"
+			_, err := ParseTasks(tk, "tasks.json")
+			return err
+		}, `task_id "-": must be 1-64 characters of letters, digits, '.', '_' and '-', starting with a letter or digit`, "and 901 more errors", maxErrors + 1},
+		{"a provider refusing 1000 entries in each of 3 phases", func() error {
+			_, err := (&Planner{}).Plan(Task{ID: "t", Provider: ProviderDaytona, Policies: PhasePolicies{
+				PhaseBaseline: {Mode: ModeAllowlist, Targets: ipv6}, PhaseRun: {Mode: ModeAllowlist, Targets: ipv6}, PhaseEvaluation: {Mode: ModeAllowlist, Targets: ipv6}}})
+			return err
+		}, `task "t": baseline_network_policy.allowed_hosts[0] "2001:db8::1": provider daytona, baseline phase: IPv6 entries are not supported`, `task "t": and 2900 more errors`, maxErrors + 1},
+		{"100000 tasks that cannot be planned", func() error { _, err := (&Planner{}).PlanAll(manyTasks); return err },
+			`task "t0": run_network_policy "denylist": provider daytona, run phase: cannot enforce denylist (it supports public, no-network, allowlist); only docker enforces a denylist, and it is never broadened to public`,
+			"and 99900 more tasks cannot be planned", maxErrors + 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.run()
+			if err == nil {
+				t.Fatal("no error")
+			}
+			msg := err.Error()
+			lines := strings.Split(msg, "\n")
+			if len(lines) != tc.lines || lines[0] != tc.first || lines[len(lines)-1] != tc.last {
+				t.Fatalf("error of %d lines, first %q, last %q; want %d lines, first %q, last %q", len(lines), lines[0], lines[len(lines)-1], tc.lines, tc.first, tc.last)
+			}
+			if len(msg) > 64<<10 {
+				t.Fatalf("error message of %d bytes, want at most 64 KiB", len(msg))
+			}
+			// What the proxy's admin API returns, one entry per FieldError.
+			if fes := FieldErrors(err); len(fes) > maxErrors+1 {
+				t.Fatalf("%d FieldErrors, want at most %d", len(fes), maxErrors+1)
+			}
+		})
+	}
+}

@@ -39,7 +39,7 @@ func parsePhasePolicies(obj map[string]any, path string, errs *ErrorList) PhaseP
 		}
 		p, err := ParseValue(raw, joinPath(path, ph.Field()))
 		if err != nil {
-			*errs = append(*errs, FieldErrors(err)...)
+			errs.add(FieldErrors(err)...)
 			continue
 		}
 		if out == nil {

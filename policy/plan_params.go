@@ -67,11 +67,11 @@ func parseNetwork(raw any, errs *ErrorList) string {
 	s, ok := raw.(string)
 	switch {
 	case !ok:
-		*errs = append(*errs, &FieldError{Path: "network", Value: display(raw), Rule: "must be a string naming a Docker network mode, not " + describe(raw)})
+		errs.add(&FieldError{Path: "network", Value: display(raw), Rule: "must be a string naming a Docker network mode, not " + describe(raw)})
 	case s == "" || strings.IndexFunc(s, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
-		*errs = append(*errs, &FieldError{Path: "network", Value: display(raw), Rule: "must be a non-empty Docker network name or mode without whitespace"})
+		errs.add(&FieldError{Path: "network", Value: display(raw), Rule: "must be a non-empty Docker network name or mode without whitespace"})
 	case s == "container:":
-		*errs = append(*errs, &FieldError{Path: "network", Value: display(raw), Rule: "container: needs a container ID or name"})
+		errs.add(&FieldError{Path: "network", Value: display(raw), Rule: "container: needs a container ID or name"})
 	default:
 		return s
 	}
@@ -81,21 +81,21 @@ func parseNetwork(raw any, errs *ErrorList) string {
 func parseSeconds(raw any, path string, errs *ErrorList) time.Duration {
 	n, ok := raw.(json.Number)
 	if !ok {
-		*errs = append(*errs, &FieldError{Path: path, Value: display(raw), Rule: "must be a number of seconds, not " + describe(raw)})
+		errs.add(&FieldError{Path: path, Value: display(raw), Rule: "must be a number of seconds, not " + describe(raw)})
 		return 0
 	}
 	f, err := strconv.ParseFloat(n.String(), 64)
 	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f <= 0 {
-		*errs = append(*errs, &FieldError{Path: path, Value: clip(n.String()), Rule: "must be a positive number of seconds"})
+		errs.add(&FieldError{Path: path, Value: clip(n.String()), Rule: "must be a positive number of seconds"})
 		return 0
 	}
 	d := time.Duration(f * float64(time.Second))
 	if d > MaxProxyStartTimeout {
-		*errs = append(*errs, &FieldError{Path: path, Value: clip(n.String()), Rule: "must be at most 3600 seconds"})
+		errs.add(&FieldError{Path: path, Value: clip(n.String()), Rule: "must be at most 3600 seconds"})
 		return 0
 	}
 	if d < time.Millisecond {
-		*errs = append(*errs, &FieldError{Path: path, Value: clip(n.String()), Rule: "must be at least 0.001 seconds"})
+		errs.add(&FieldError{Path: path, Value: clip(n.String()), Rule: "must be at least 0.001 seconds"})
 		return 0
 	}
 	return d

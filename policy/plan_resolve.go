@@ -27,16 +27,16 @@ func (pl *Planner) Validate() error {
 	var errs ErrorList
 	if pl.Provider != "" {
 		if _, ok := LookupProvider(pl.Provider); !ok {
-			errs = append(errs, &FieldError{Path: "provider", Value: quote(pl.Provider), Rule: "unknown provider; use one of " + strings.Join(ProviderNames(), ", ")})
+			errs.add(&FieldError{Path: "provider", Value: quote(pl.Provider), Rule: "unknown provider; use one of " + strings.Join(ProviderNames(), ", ")})
 		}
 	}
 	if pl.EvaluationMode != "" && !pl.EvaluationMode.Valid() {
-		errs = append(errs, &FieldError{Path: "evaluation_mode", Value: quote(string(pl.EvaluationMode)), Rule: "unknown evaluation mode; use shared or fresh"})
+		errs.add(&FieldError{Path: "evaluation_mode", Value: quote(string(pl.EvaluationMode)), Rule: "unknown evaluation mode; use shared or fresh"})
 	}
 	seen := map[string]string{}
 	for _, r := range pl.Recipes {
 		if first, dup := seen[r.Name]; dup {
-			errs = append(errs, &FieldError{Path: "recipe", Value: quote(r.Name), Rule: fmt.Sprintf("is defined twice (%s and %s); recipe names must be unique", first, r.Origin)})
+			errs.add(&FieldError{Path: "recipe", Value: quote(r.Name), Rule: fmt.Sprintf("is defined twice (%s and %s); recipe names must be unique", first, r.Origin)})
 			continue
 		}
 		seen[r.Name] = r.Origin
@@ -45,20 +45,33 @@ func (pl *Planner) Validate() error {
 }
 
 // PlanAll plans every task; it fails, reporting every task's problems, if any task
-// cannot be planned.
+// cannot be planned. Like an ErrorList, the report stops after maxErrors problems: the
+// tasks that fail after that are only counted.
 func (pl *Planner) PlanAll(tasks []Task) ([]*Plan, error) {
 	if err := pl.Validate(); err != nil {
 		return nil, err
 	}
 	plans := make([]*Plan, 0, len(tasks))
 	var errs []error
+	shown, more := 0, 0 // problems reported, failing tasks left out
 	for _, t := range tasks {
 		p, err := pl.Plan(t)
 		if err != nil {
+			if shown >= maxErrors {
+				more++
+				continue
+			}
+			shown += len(FieldErrors(err))
 			errs = append(errs, err)
 			continue
 		}
 		plans = append(plans, p)
+	}
+	switch {
+	case more == 1:
+		errs = append(errs, errors.New("and 1 more task cannot be planned"))
+	case more > 1:
+		errs = append(errs, fmt.Errorf("and %d more tasks cannot be planned", more))
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -85,14 +98,14 @@ func (pl *Planner) Plan(t Task) (*Plan, error) {
 	}
 	var errs ErrorList
 	if _, set := pl.Override.Policies[PhaseEvaluationBaseline]; set && plan.EvaluationMode != EvaluationFresh {
-		errs = append(errs, &FieldError{Path: PhaseEvaluationBaseline.Field(), Rule: "an override of the evaluation baseline is only legal in fresh mode; this task is planned in shared mode, where the evaluation runs in the agent's environment under its baseline"})
+		errs.add(&FieldError{Path: PhaseEvaluationBaseline.Field(), Rule: "an override of the evaluation baseline is only legal in fresh mode; this task is planned in shared mode, where the evaluation runs in the agent's environment under its baseline"})
 	}
 	if plan.Provider != ProviderDocker {
 		if pl.Override.Network != "" {
-			errs = append(errs, &FieldError{Path: "network", Value: quote(pl.Override.Network), Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
+			errs.add(&FieldError{Path: "network", Value: quote(pl.Override.Network), Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
 		}
 		if pl.Override.ProxyStartTimeout != 0 {
-			errs = append(errs, &FieldError{Path: "allowlist_proxy_start_timeout", Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
+			errs.add(&FieldError{Path: "allowlist_proxy_start_timeout", Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
 		}
 	}
 
@@ -115,12 +128,12 @@ func (pl *Planner) Plan(t Task) (*Plan, error) {
 		plan.Policies[ph] = rp
 	}
 
-	errs = append(errs, checkRequiredEndpoints(plan, matched)...)
+	errs.add(checkRequiredEndpoints(plan, matched)...)
 	for _, ph := range plan.Phases() {
-		errs = append(errs, capability.Check(ph, plan.Policy(ph))...)
+		errs.add(capability.Check(ph, plan.Policy(ph))...)
 	}
 	if plan.Provider == ProviderDocker {
-		errs = append(errs, checkDockerNetwork(plan.Network, plan)...)
+		errs.add(checkDockerNetwork(plan.Network, plan)...)
 	}
 	if len(errs) > 0 {
 		return nil, &TaskError{TaskID: t.ID, Errs: errs}
@@ -210,7 +223,7 @@ func checkRequiredEndpoints(plan *Plan, matched []Recipe) ErrorList {
 			if d.Allowed {
 				continue
 			}
-			errs = append(errs, &FieldError{
+			errs.add(&FieldError{
 				Path:  e.Phase.Field(),
 				Value: fmt.Sprintf("%q", e.Target.String()),
 				Rule: fmt.Sprintf("recipe %s requires this endpoint in the %s phase, but the effective %s policy %s (source: %s) blocks it (%s); recipes never broaden a policy: allow it in the policy's source",

@@ -170,7 +170,7 @@ func ParseValue(v any, path string) (Policy, error) {
 	var errs ErrorList
 	at := func(sub string) string { return joinPath(path, sub) }
 	fail := func(p, value, format string, args ...any) {
-		errs = append(errs, &FieldError{Path: p, Value: value, Rule: fmt.Sprintf(format, args...)})
+		errs.add(&FieldError{Path: p, Value: value, Rule: fmt.Sprintf(format, args...)})
 	}
 	wholePath := path
 	if wholePath == "" {
@@ -268,7 +268,7 @@ func parseTargets(list []any, path string, errs *ErrorList) []Target {
 		p := fmt.Sprintf("%s[%d]", path, i)
 		t, err := parseEntry(raw, p)
 		if err != nil {
-			*errs = append(*errs, FieldErrors(err)...)
+			errs.add(FieldErrors(err)...)
 			continue
 		}
 		if _, dup := seen[t]; dup {
@@ -299,31 +299,31 @@ func parseEntry(raw any, path string) (Target, error) {
 		sort.Strings(keys)
 		for _, k := range keys {
 			if !contains(entryKeys, k) {
-				errs = append(errs, &FieldError{Path: joinPath(path, clip(k)), Rule: "unknown key; a target object takes only host and port"})
+				errs.add(&FieldError{Path: joinPath(path, clip(k)), Rule: "unknown key; a target object takes only host and port"})
 			}
 		}
 		rawHost, ok := e["host"]
 		if !ok {
-			errs = append(errs, &FieldError{Path: joinPath(path, "host"), Rule: "is required in a target object"})
+			errs.add(&FieldError{Path: joinPath(path, "host"), Rule: "is required in a target object"})
 			return Target{}, errs
 		}
 		host, ok := rawHost.(string)
 		if !ok {
-			errs = append(errs, &FieldError{Path: joinPath(path, "host"), Value: display(rawHost), Rule: "must be a string, not " + describe(rawHost)})
+			errs.add(&FieldError{Path: joinPath(path, "host"), Value: display(rawHost), Rule: "must be a string, not " + describe(rawHost)})
 			return Target{}, errs
 		}
 		t, err := ParseTarget(host)
 		if err != nil {
-			errs = append(errs, FieldErrors(located(err, joinPath(path, "host"), display(host)))...)
+			errs.add(FieldErrors(located(err, joinPath(path, "host"), display(host)))...)
 			return Target{}, errs
 		}
 		if rawPort, ok := e["port"]; ok {
 			port, perr := parsePortValue(rawPort)
 			switch {
 			case perr != nil:
-				errs = append(errs, &FieldError{Path: joinPath(path, "port"), Value: display(rawPort), Rule: perr.Rule})
+				errs.add(&FieldError{Path: joinPath(path, "port"), Value: display(rawPort), Rule: perr.Rule})
 			case t.Port != 0:
-				errs = append(errs, &FieldError{Path: path, Value: display(host), Rule: "give the port either as a ':port' suffix or as the port field, not both"})
+				errs.add(&FieldError{Path: path, Value: display(host), Rule: "give the port either as a ':port' suffix or as the port field, not both"})
 			default:
 				t.Port = port
 			}

@@ -153,7 +153,7 @@ func (c Capability) refusePorts(ph Phase, p Policy) ErrorList {
 	var errs ErrorList
 	for i, t := range p.Targets {
 		if t.Port != 0 {
-			errs = append(errs, c.refuseEntry(ph, p, i, "port-specific targets cannot be enforced; write the host without a port"))
+			errs.add(c.refuseEntry(ph, p, i, "port-specific targets cannot be enforced; write the host without a port"))
 		}
 	}
 	return errs

@@ -20,7 +20,7 @@ func checkDaytona(c Capability, ph Phase, p Policy) ErrorList {
 	for i, t := range p.Targets {
 		switch {
 		case t.IsAddress() && !t.Prefix.Addr().Is4():
-			errs = append(errs, c.refuseEntry(ph, p, i, "IPv6 entries are not supported"))
+			errs.add(c.refuseEntry(ph, p, i, "IPv6 entries are not supported"))
 			continue
 		case first == nil:
 			first = &p.Targets[i]
@@ -29,19 +29,19 @@ func checkDaytona(c Capability, ph Phase, p Policy) ErrorList {
 			if !daytonaIsDomain(*first) {
 				family = "an IPv4 network entry"
 			}
-			errs = append(errs, c.refuseEntry(ph, p, i, "domain entries and IPv4 network entries cannot be mixed in one list (the list starts with "+family+", "+first.String()+")"))
+			errs.add(c.refuseEntry(ph, p, i, "domain entries and IPv4 network entries cannot be mixed in one list (the list starts with "+family+", "+first.String()+")"))
 			continue
 		}
 		switch {
 		case daytonaIsDomain(t):
 			domains++
 			if domains == DaytonaMaxDomainEntries+1 {
-				errs = append(errs, c.refuseEntry(ph, p, i, "at most 20 domain entries are supported"))
+				errs.add(c.refuseEntry(ph, p, i, "at most 20 domain entries are supported"))
 			}
 		default:
 			networks++
 			if networks == DaytonaMaxNetworkEntries+1 {
-				errs = append(errs, c.refuseEntry(ph, p, i, "at most 10 IPv4 network entries are supported"))
+				errs.add(c.refuseEntry(ph, p, i, "at most 10 IPv4 network entries are supported"))
 			}
 		}
 	}

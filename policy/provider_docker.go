@@ -23,7 +23,7 @@ func checkDockerNetwork(network string, plan *Plan) ErrorList {
 	var errs ErrorList
 	for _, ph := range plan.Phases() {
 		if m := plan.Policy(ph).Mode; m != want {
-			errs = append(errs, &FieldError{
+			errs.add(&FieldError{
 				Path:  "network",
 				Value: quote(network),
 				Rule: fmt.Sprintf("provider docker, %s phase: network %s %s, so dynamic policies are rejected; %s is %s (use a bridge network, or %s in every phase)",

@@ -7,7 +7,7 @@ func checkModal(c Capability, ph Phase, p Policy) ErrorList {
 	errs := c.refusePorts(ph, p)
 	for i, t := range p.Targets {
 		if t.Kind == KindWildcard {
-			errs = append(errs, c.refuseEntry(ph, p, i, "wildcard host names are not supported; list each host name"))
+			errs.add(c.refuseEntry(ph, p, i, "wildcard host names are not supported; list each host name"))
 		}
 	}
 	return errs

@@ -87,7 +87,7 @@ func ParseRecipes(v any, origin string) ([]Recipe, error) {
 			p := fmt.Sprintf("[%d]", i)
 			obj, ok := item.(map[string]any)
 			if !ok {
-				errs = append(errs, &FieldError{Path: p, Value: display(item), Rule: "a recipe is an object, not " + describe(item)})
+				errs.add(&FieldError{Path: p, Value: display(item), Rule: "a recipe is an object, not " + describe(item)})
 				continue
 			}
 			r := parseRecipe(obj, p, &errs)
@@ -95,7 +95,7 @@ func ParseRecipes(v any, origin string) ([]Recipe, error) {
 			out = append(out, r)
 		}
 	default:
-		errs = append(errs, &FieldError{Value: display(v), Rule: "a recipe file holds a recipe object or a list of them, not " + describe(v)})
+		errs.add(&FieldError{Value: display(v), Rule: "a recipe file holds a recipe object or a list of them, not " + describe(v)})
 	}
 	if len(errs) > 0 {
 		return nil, errs
@@ -108,9 +108,9 @@ func parseRecipe(obj map[string]any, p string, errs *ErrorList) Recipe {
 	checkKeys(obj, p, recipeKeys, "a recipe", errs)
 	var r Recipe
 	if raw, ok := obj["name"]; !ok {
-		*errs = append(*errs, &FieldError{Path: at("name"), Rule: "is required"})
+		errs.add(&FieldError{Path: at("name"), Rule: "is required"})
 	} else if s, isString := raw.(string); !isString || !recipeName.MatchString(s) {
-		*errs = append(*errs, &FieldError{Path: at("name"), Value: display(raw), Rule: "must be 1-64 characters of lower-case letters, digits, '.', '_' and '-'"})
+		errs.add(&FieldError{Path: at("name"), Value: display(raw), Rule: "must be 1-64 characters of lower-case letters, digits, '.', '_' and '-'"})
 	} else {
 		r.Name = s
 	}
@@ -121,7 +121,7 @@ func parseRecipe(obj map[string]any, p string, errs *ErrorList) Recipe {
 	if raw, ok := obj["required_endpoints"]; ok {
 		list, isList := raw.([]any)
 		if !isList {
-			*errs = append(*errs, &FieldError{Path: at("required_endpoints"), Value: display(raw), Rule: "must be a list of endpoints, not " + describe(raw)})
+			errs.add(&FieldError{Path: at("required_endpoints"), Value: display(raw), Rule: "must be a list of endpoints, not " + describe(raw)})
 		}
 		for i, item := range list {
 			if e, ok := parseEndpoint(item, fmt.Sprintf("%s[%d]", at("required_endpoints"), i), errs); ok {
@@ -135,7 +135,7 @@ func parseRecipe(obj map[string]any, p string, errs *ErrorList) Recipe {
 func parseRecipeMatch(raw any, p string, r *Recipe, errs *ErrorList) {
 	obj, ok := raw.(map[string]any)
 	if !ok {
-		*errs = append(*errs, &FieldError{Path: p, Value: display(raw), Rule: "must be an object with task_ids and/or providers, not " + describe(raw)})
+		errs.add(&FieldError{Path: p, Value: display(raw), Rule: "must be an object with task_ids and/or providers, not " + describe(raw)})
 		return
 	}
 	checkKeys(obj, p, recipeMatchKeys, "match", errs)
@@ -162,12 +162,12 @@ func stringList(obj map[string]any, key, p string, errs *ErrorList, bad func(str
 	}
 	list, ok := raw.([]any)
 	if !ok {
-		*errs = append(*errs, &FieldError{Path: joinPath(p, key), Value: display(raw), Rule: "must be a list of strings, not " + describe(raw)})
+		errs.add(&FieldError{Path: joinPath(p, key), Value: display(raw), Rule: "must be a list of strings, not " + describe(raw)})
 		return nil
 	}
 	if len(list) == 0 {
 		// An empty list reads as "matches nothing" to some and "no restriction" to others.
-		*errs = append(*errs, &FieldError{Path: joinPath(p, key), Rule: "is empty; omit it to match every value"})
+		errs.add(&FieldError{Path: joinPath(p, key), Rule: "is empty; omit it to match every value"})
 		return nil
 	}
 	var out []string
@@ -175,11 +175,11 @@ func stringList(obj map[string]any, key, p string, errs *ErrorList, bad func(str
 		ip := fmt.Sprintf("%s[%d]", joinPath(p, key), i)
 		s, ok := item.(string)
 		if !ok {
-			*errs = append(*errs, &FieldError{Path: ip, Value: display(item), Rule: "must be a string, not " + describe(item)})
+			errs.add(&FieldError{Path: ip, Value: display(item), Rule: "must be a string, not " + describe(item)})
 			continue
 		}
 		if rule := bad(s); rule != "" {
-			*errs = append(*errs, &FieldError{Path: ip, Value: display(s), Rule: rule})
+			errs.add(&FieldError{Path: ip, Value: display(s), Rule: rule})
 			continue
 		}
 		out = append(out, s)
@@ -193,7 +193,7 @@ func stringList(obj map[string]any, key, p string, errs *ErrorList, bad func(str
 func parseEndpoint(raw any, p string, errs *ErrorList) (Endpoint, bool) {
 	obj, ok := raw.(map[string]any)
 	if !ok {
-		*errs = append(*errs, &FieldError{Path: p, Value: display(raw), Rule: "an endpoint is an object {\"host\": ..., \"port\": ..., \"phase\": ...}, not " + describe(raw)})
+		errs.add(&FieldError{Path: p, Value: display(raw), Rule: "an endpoint is an object {\"host\": ..., \"port\": ..., \"phase\": ...}, not " + describe(raw)})
 		return Endpoint{}, false
 	}
 	n := len(*errs)
@@ -201,9 +201,9 @@ func parseEndpoint(raw any, p string, errs *ErrorList) (Endpoint, bool) {
 	var e Endpoint
 	phaseRaw, ok := obj["phase"]
 	if !ok {
-		*errs = append(*errs, &FieldError{Path: joinPath(p, "phase"), Rule: "is required (baseline, run, evaluation or evaluation_baseline)"})
+		errs.add(&FieldError{Path: joinPath(p, "phase"), Rule: "is required (baseline, run, evaluation or evaluation_baseline)"})
 	} else if s, isString := phaseRaw.(string); !isString || !contains(phaseNames(), s) {
-		*errs = append(*errs, &FieldError{Path: joinPath(p, "phase"), Value: display(phaseRaw), Rule: "unknown phase; use baseline, run, evaluation or evaluation_baseline"})
+		errs.add(&FieldError{Path: joinPath(p, "phase"), Value: display(phaseRaw), Rule: "unknown phase; use baseline, run, evaluation or evaluation_baseline"})
 	} else {
 		e.Phase = Phase(s)
 	}
@@ -215,14 +215,14 @@ func parseEndpoint(raw any, p string, errs *ErrorList) (Endpoint, bool) {
 	}
 	t, err := parseEntry(target, p)
 	if err != nil {
-		*errs = append(*errs, FieldErrors(err)...)
+		errs.add(FieldErrors(err)...)
 		return Endpoint{}, false
 	}
 	switch {
 	case t.Kind == KindWildcard || t.Kind == KindPrefix:
-		*errs = append(*errs, &FieldError{Path: joinPath(p, "host"), Value: display(obj["host"]), Rule: "an endpoint is one host name or address, not a wildcard or a range"})
+		errs.add(&FieldError{Path: joinPath(p, "host"), Value: display(obj["host"]), Rule: "an endpoint is one host name or address, not a wildcard or a range"})
 	case t.Port == 0:
-		*errs = append(*errs, &FieldError{Path: joinPath(p, "port"), Rule: "is required: an endpoint is checked on the port the harness connects to"})
+		errs.add(&FieldError{Path: joinPath(p, "port"), Rule: "is required: an endpoint is checked on the port the harness connects to"})
 	}
 	e.Target = t
 	return e, len(*errs) == n

@@ -85,13 +85,13 @@ func ParseTasks(v any, origin string) ([]Task, error) {
 		tasks = append(tasks, t)
 	case []any:
 		if len(x) == 0 {
-			errs = append(errs, &FieldError{Rule: "the task list is empty"})
+			errs.add(&FieldError{Rule: "the task list is empty"})
 		}
 		for i, item := range x {
 			path := fmt.Sprintf("[%d]", i)
 			obj, ok := item.(map[string]any)
 			if !ok {
-				errs = append(errs, &FieldError{Path: path, Value: display(item), Rule: "a task is an object, not " + describe(item)})
+				errs.add(&FieldError{Path: path, Value: display(item), Rule: "a task is an object, not " + describe(item)})
 				continue
 			}
 			t := parseTask(obj, path, &errs)
@@ -99,7 +99,7 @@ func ParseTasks(v any, origin string) ([]Task, error) {
 			tasks = append(tasks, t)
 		}
 	default:
-		errs = append(errs, &FieldError{Value: display(v), Rule: "a task file holds a task object or a list of task objects, not " + describe(v)})
+		errs.add(&FieldError{Value: display(v), Rule: "a task file holds a task object or a list of task objects, not " + describe(v)})
 	}
 	seen := map[string]string{}
 	for _, t := range tasks {
@@ -107,7 +107,7 @@ func ParseTasks(v any, origin string) ([]Task, error) {
 			continue
 		}
 		if first, dup := seen[t.ID]; dup {
-			errs = append(errs, &FieldError{Path: "task_id", Value: display(t.ID), Rule: "appears twice (" + first + " and " + t.Origin + "); task IDs must be unique"})
+			errs.add(&FieldError{Path: "task_id", Value: display(t.ID), Rule: "appears twice (" + first + " and " + t.Origin + "); task IDs must be unique"})
 			continue
 		}
 		seen[t.ID] = t.Origin
@@ -126,11 +126,11 @@ func parseTask(obj map[string]any, path string, errs *ErrorList) Task {
 	var t Task
 	switch id, ok := obj["task_id"]; {
 	case !ok:
-		*errs = append(*errs, &FieldError{Path: at("task_id"), Rule: "is required"})
+		errs.add(&FieldError{Path: at("task_id"), Rule: "is required"})
 	default:
 		s, isString := id.(string)
 		if !isString || !taskIDPattern.MatchString(s) {
-			*errs = append(*errs, &FieldError{Path: at("task_id"), Value: display(id), Rule: "must be 1-64 characters of letters, digits, '.', '_' and '-', starting with a letter or digit"})
+			errs.add(&FieldError{Path: at("task_id"), Value: display(id), Rule: "must be 1-64 characters of letters, digits, '.', '_' and '-', starting with a letter or digit"})
 		} else {
 			t.ID = s
 		}
@@ -150,7 +150,7 @@ func parseTask(obj map[string]any, path string, errs *ErrorList) Task {
 		if b, isBool := raw.(bool); isBool {
 			t.InjectNotice = &b
 		} else {
-			*errs = append(*errs, &FieldError{Path: at("inject_network_restriction_notice"), Value: display(raw), Rule: "must be true or false, not " + describe(raw)})
+			errs.add(&FieldError{Path: at("inject_network_restriction_notice"), Value: display(raw), Rule: "must be true or false, not " + describe(raw)})
 		}
 	}
 	for _, k := range RunnerKeys {
@@ -170,7 +170,7 @@ func parseTask(obj map[string]any, path string, errs *ErrorList) Task {
 func parseEvaluationEnvironment(raw any, path string, t *Task, errs *ErrorList) {
 	obj, ok := raw.(map[string]any)
 	if !ok {
-		*errs = append(*errs, &FieldError{Path: path, Value: display(raw), Rule: "must be an object ({} declares an evaluation environment with its own public baseline), not " + describe(raw)})
+		errs.add(&FieldError{Path: path, Value: display(raw), Rule: "must be an object ({} declares an evaluation environment with its own public baseline), not " + describe(raw)})
 		return
 	}
 	checkKeys(obj, path, evaluationEnvironmentKeys, "evaluation_environment", errs)
@@ -179,12 +179,12 @@ func parseEvaluationEnvironment(raw any, path string, t *Task, errs *ErrorList) 
 		return
 	}
 	if _, both := t.Policies[PhaseEvaluationBaseline]; both {
-		*errs = append(*errs, &FieldError{Path: joinPath(path, "baseline_network_policy"), Rule: "the task also sets evaluation_baseline_network_policy; give the verifier baseline once"})
+		errs.add(&FieldError{Path: joinPath(path, "baseline_network_policy"), Rule: "the task also sets evaluation_baseline_network_policy; give the verifier baseline once"})
 		return
 	}
 	p, err := ParseValue(v, joinPath(path, "baseline_network_policy"))
 	if err != nil {
-		*errs = append(*errs, FieldErrors(err)...)
+		errs.add(FieldErrors(err)...)
 		return
 	}
 	if t.Policies == nil {
@@ -202,7 +202,7 @@ func checkKeys(obj map[string]any, path string, known []string, what string, err
 	sort.Strings(keys)
 	for _, k := range keys {
 		if !contains(known, k) {
-			*errs = append(*errs, &FieldError{Path: joinPath(path, clip(k)), Rule: fmt.Sprintf("unknown key; %s takes only %s", what, strings.Join(known, ", "))})
+			errs.add(&FieldError{Path: joinPath(path, clip(k)), Rule: fmt.Sprintf("unknown key; %s takes only %s", what, strings.Join(known, ", "))})
 		}
 	}
 }
@@ -214,7 +214,7 @@ func parseProviderName(raw any, path string, errs *ErrorList) string {
 			return s
 		}
 	}
-	*errs = append(*errs, &FieldError{Path: path, Value: display(raw), Rule: "unknown provider; use one of " + strings.Join(ProviderNames(), ", ")})
+	errs.add(&FieldError{Path: path, Value: display(raw), Rule: "unknown provider; use one of " + strings.Join(ProviderNames(), ", ")})
 	return ""
 }
 
@@ -224,7 +224,7 @@ func parseEvaluationMode(raw any, path string, errs *ErrorList) EvaluationMode {
 			return m
 		}
 	}
-	*errs = append(*errs, &FieldError{Path: path, Value: display(raw), Rule: "unknown evaluation mode; use shared or fresh"})
+	errs.add(&FieldError{Path: path, Value: display(raw), Rule: "unknown evaluation mode; use shared or fresh"})
 	return ""
 }
 
