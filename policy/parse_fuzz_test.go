@@ -4,7 +4,28 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
+
+// checkErrorMessage: whatever the input, an error message is valid UTF-8, has at most
+// maxLines lines, and none of them is longer than 8 KiB (a line holds at most three
+// clipped fragments, each at most 4x300 bytes once quoted).
+func checkErrorMessage(t *testing.T, err error, maxLines int) {
+	t.Helper()
+	msg := err.Error()
+	if !utf8.ValidString(msg) {
+		t.Fatalf("error message is not valid UTF-8: %q", msg)
+	}
+	lines := strings.Split(msg, "\n")
+	if len(lines) > maxLines {
+		t.Fatalf("error message of %d lines, want at most %d", len(lines), maxLines)
+	}
+	for _, l := range lines {
+		if len(l) > 8<<10 {
+			t.Fatalf("error line of %d bytes: %.200q...", len(l), l)
+		}
+	}
+}
 
 // FuzzParse checks that parsing never panics and that the canonical form is a fixed point
 // of parse∘print: printing a parsed policy and parsing it again gives the same policy.
@@ -16,6 +37,9 @@ func FuzzParse(f *testing.F) {
 		`{"network_mode":"allowlist","allowed_hosts":["bücher.example","A.TEST.","a.test"]}`,
 		"network_mode: allowlist\nallowed_hosts: [pypi.org, {host: x.test, port: 8443}]\n",
 		`{"network_mode":"allowlist","allowed_hosts":["https://x","api.*.x","203.0.113.1/24"]}`,
+		// Long fragments of multi-byte characters, cut in error messages.
+		`{"network_mode":"allowlist","allowed_hosts":["` + strings.Repeat("é", 200) + `-",["` + strings.Repeat("😀", 30) + `"]]}`,
+		`{"network_mode":"` + strings.Repeat("€", 120) + `","` + strings.Repeat("ü", 170) + `":1}`,
 		// Nesting at and past maxDepth, and a YAML alias bomb.
 		`{"network_mode":"allowlist","allowed_hosts":` + deepJSON("[", "]", maxDepth-1, `"a.test"`) + `}`,
 		deepJSON(`{"network_mode":`, "}", maxDepth+1, `"public"`),
@@ -27,6 +51,7 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := Parse(data)
 		if err != nil {
+			checkErrorMessage(t, err, maxErrors+1)
 			return
 		}
 		printed, err := json.Marshal(p)
@@ -48,12 +73,14 @@ func FuzzParse(f *testing.F) {
 // grammar lives.
 func FuzzParseTarget(f *testing.F) {
 	for _, seed := range []string{"pypi.org", "pypi.org:443", "*.example.com", "[2001:db8::1]:443",
-		"203.0.113.0/24", "2001:db8::/32", "bücher.example", "0x7f.1", "a:b:c", "[::ffff:1.2.3.4]:80"} {
+		"203.0.113.0/24", "2001:db8::/32", "bücher.example", "0x7f.1", "a:b:c", "[::ffff:1.2.3.4]:80",
+		"https://" + strings.Repeat("é", 160), "fe80::1%" + strings.Repeat("ü", 160)} {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		tg, err := ParseTarget(s)
 		if err != nil {
+			checkErrorMessage(t, err, 1)
 			return
 		}
 		again, err := ParseTarget(tg.String())

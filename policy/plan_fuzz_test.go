@@ -20,20 +20,26 @@ func FuzzPlan(f *testing.F) {
 	f.Fuzz(func(t *testing.T, taskDoc, recipeDoc, envDoc string, flags uint8) {
 		tv, err := DecodeDocument([]byte(taskDoc))
 		if err != nil {
+			checkErrorMessage(t, err, maxErrors+1)
 			return
 		}
 		tasks, err := ParseTasks(tv, "task")
 		if err != nil {
+			checkErrorMessage(t, err, maxErrors+1)
 			return
 		}
 		pl := Planner{}
 		if rv, err := DecodeDocument([]byte(recipeDoc)); err == nil {
 			if rs, err := ParseRecipes(rv, "recipe"); err == nil {
 				pl.Recipes = rs
+			} else {
+				checkErrorMessage(t, err, maxErrors+1)
 			}
 		}
 		if ep, err := ParseEnvParams([]byte(envDoc)); err == nil {
 			pl.Override = ep
+		} else {
+			checkErrorMessage(t, err, maxErrors+1)
 		}
 		providers := ProviderNames()
 		if flags&0x8 != 0 {
@@ -44,6 +50,8 @@ func FuzzPlan(f *testing.F) {
 		}
 		plans, err := pl.PlanAll(tasks)
 		if err != nil {
+			// The task that reaches maxErrors problems is reported whole.
+			checkErrorMessage(t, err, 2*maxErrors+1)
 			return
 		}
 		if _, err := MarshalPlans(plans); err != nil {
