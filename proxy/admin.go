@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"sort"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -110,6 +111,24 @@ var envelopeKeys = map[string]bool{"policy": true, "task": true, "phase": true}
 // parsePolicyBody accepts the wire-format policy itself or the envelope
 // {"policy": ..., "task": "...", "phase": "..."} (a policy object never has a "policy"
 // key, so the two cannot be confused).
+// An envelope's unknown keys are reported up to maxEnvelopeKeyErrors, each cut to
+// maxEnvelopeKeyBytes: the body may be 32 MiB, its error answer should not be.
+const (
+	maxEnvelopeKeyErrors = 10
+	maxEnvelopeKeyBytes  = 64
+)
+
+func shortKey(k string) string {
+	if len(k) <= maxEnvelopeKeyBytes {
+		return k
+	}
+	cut := maxEnvelopeKeyBytes
+	for cut > 0 && !utf8.RuneStart(k[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s…(%d more bytes)", k[:cut], len(k)-cut)
+}
+
 func parsePolicyBody(body []byte) (policy.Policy, *string, *string, error) {
 	v, err := policy.DecodeJSON(body)
 	if err != nil {
@@ -126,10 +145,17 @@ func parsePolicyBody(body []byte) (policy.Policy, *string, *string, error) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	unknown := 0
 	for _, k := range keys {
-		if !envelopeKeys[k] {
-			errs = append(errs, &policy.FieldError{Path: k, Rule: "unknown key; the envelope takes only policy, task and phase"})
+		if envelopeKeys[k] {
+			continue
 		}
+		if unknown++; unknown <= maxEnvelopeKeyErrors {
+			errs = append(errs, &policy.FieldError{Path: shortKey(k), Rule: "unknown key; the envelope takes only policy, task and phase"})
+		}
+	}
+	if unknown > maxEnvelopeKeyErrors {
+		errs = append(errs, &policy.FieldError{Rule: fmt.Sprintf("and %d more unknown keys", unknown-maxEnvelopeKeyErrors)})
 	}
 	label := func(k string) *string {
 		raw, present := obj[k]

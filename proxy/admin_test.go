@@ -225,3 +225,21 @@ func TestDeeplyNestedPolicyIsRefused(t *testing.T) {
 		t.Fatalf("generation %d mode %s", rs.Generation, rs.Mode())
 	}
 }
+
+// An envelope's unknown keys are reported briefly, however many and long they are.
+func TestEnvelopeErrorsAreBounded(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"policy":"public","` + strings.Repeat("k", 1<<20) + `":1`)
+	for i := range 1000 {
+		fmt.Fprintf(&b, `,"x%d":1`, i)
+	}
+	b.WriteString("}")
+	_, _, _, err := parsePolicyBody([]byte(b.String()))
+	fes := policy.FieldErrors(err)
+	if len(fes) != maxEnvelopeKeyErrors+1 || !strings.Contains(fes[len(fes)-1].Error(), "and 991 more unknown keys") {
+		t.Fatalf("%d errors, last %v", len(fes), fes[len(fes)-1])
+	}
+	if n := len(err.Error()); n > 4096 {
+		t.Fatalf("error message of %d bytes", n)
+	}
+}
