@@ -5,23 +5,52 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
 // fragmentMax is how many bytes of one user-supplied string (a value, an object key, a
 // part of a target) an error message shows. The longest valid one is a target: a DNS
-// name of at most 253 characters with "*." in front and ":65535" behind, 261 bytes. At
-// 300 every valid value shows whole and only text that is wrong anyway is cut, such as a
-// 32 MiB string sent to the proxy's admin API, which would otherwise come back, and be
-// logged, as a 32 MiB error message.
-const fragmentMax = 300
+// name of at most 253 characters with "*." in front and ":65535" behind, 261 bytes in
+// its ASCII form, and up to about four times that written in Unicode (an IDN as the user
+// wrote it). At 1024 every valid value shows whole and only text that is wrong anyway is
+// cut, such as a 32 MiB string sent to the proxy's admin API, which would otherwise come
+// back, and be logged, as a 32 MiB error message.
+const fragmentMax = 1024
 
 // clip returns s whole when it fits in fragmentMax bytes, and otherwise its start
-// followed by "…(N more bytes)".
+// followed by "…(N more bytes)". Characters that break or hide lines (a key or a YAML
+// scalar may hold newlines) and bytes that are not UTF-8 (a YAML tag may percent-encode
+// any) are written as Go escapes, so one fragment is one line of valid UTF-8.
 func clip(s string) string {
 	head, more := clipParts(s)
-	return head + more
+	return escapeUnprintable(head) + more
 }
+
+// escapeUnprintable writes control characters, U+2028, U+2029 and bytes that are not
+// UTF-8 as Go escapes (\n, \u2028, \xc0), and everything else as it is.
+func escapeUnprintable(s string) string {
+	if utf8.ValidString(s) && strings.IndexFunc(s, breaksLine) < 0 {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case breaksLine(r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+func breaksLine(r rune) bool { return unicode.IsControl(r) || r == '\u2028' || r == '\u2029' }
 
 // quote is %q of clip(s): the quoted text is the start of s as written, and the count of
 // bytes left out follows the closing quote.

@@ -7,6 +7,23 @@ import (
 	"unicode/utf8"
 )
 
+func TestEscapeUnprintable(t *testing.T) {
+	for in, want := range map[string]string{
+		"a.test":          "a.test",
+		"bücher.test":     "bücher.test",
+		"a\nb\tc\x00":     `a\nb\tc\x00`,
+		"a\u2028b\u2029":   `a\u2028b\u2029`,
+		"!\xc0\x80":        `!\xc0\x80`,
+		"é\xe2\x82":        `é\xe2\x82`, // a character cut short
+		"\x7f\u0085":       `\x7f\u0085`,
+		"\uFFFD is valid": "\uFFFD is valid",
+	} {
+		if got := escapeUnprintable(in); got != want {
+			t.Errorf("escapeUnprintable(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
 // TestClip: a fragment of up to fragmentMax bytes is shown whole, a longer one is cut at
 // a character boundary at or before fragmentMax and says how many bytes it left out.
 func TestClip(t *testing.T) {
@@ -29,8 +46,11 @@ func TestClip(t *testing.T) {
 			if n := len(tc.in) - len(tc.head); n > 0 {
 				more = "…(" + strconv.Itoa(n) + " more bytes)"
 			}
-			if got, want := clip(tc.in), tc.head+more; got != want {
+			if got, want := clip(tc.in), escapeUnprintable(tc.head)+more; got != want {
 				t.Errorf("clip = %q, want %q", got, want)
+			}
+			if !utf8.ValidString(clip(tc.in)) {
+				t.Errorf("clip is not valid UTF-8: %q", clip(tc.in))
 			}
 			if got, want := quote(tc.in), strconv.Quote(tc.head)+more; got != want {
 				t.Errorf("quote = %q, want %q", got, want)
@@ -59,70 +79,70 @@ func TestErrorMessagesAreBounded(t *testing.T) {
 		want []string // fragments of the message, in order
 	}{
 		{"32 MiB string body", parse(`"` + strings.Repeat("a", 32*mib) + `"`),
-			[]string{`policy "aaaa`, `a"…(33554132 more bytes): unknown network mode`}},
+			[]string{`policy "aaaa`, `a"…(33553408 more bytes): unknown network mode`}},
 		{"32 MiB string body of 2-byte characters", parse(`"` + strings.Repeat("é", 16*mib) + `"`),
-			[]string{`policy "éé`, `é"…(33554132 more bytes): unknown network mode`}},
+			[]string{`policy "éé`, `é"…(33553408 more bytes): unknown network mode`}},
 		{"1 MiB key", parse(`{"network_mode":"public","` + big + `":1}`),
-			[]string{"aaaa", "a…(1048276 more bytes): unknown key; a policy object takes only"}},
+			[]string{"aaaa", "a…(1047552 more bytes): unknown key; a policy object takes only"}},
 		{"1 MiB key in a target object", parse(`{"network_mode":"allowlist","allowed_hosts":[{"host":"a.test","` + big + `":1}]}`),
-			[]string{"allowed_hosts[0].aaaa", "a…(1048276 more bytes): unknown key; a target object takes only host and port"}},
+			[]string{"allowed_hosts[0].aaaa", "a…(1047552 more bytes): unknown key; a target object takes only host and port"}},
 		{"1 MiB host entry in allowed_hosts", parse(`{"network_mode":"allowlist","allowed_hosts":["a.test","` + big + `"]}`),
-			[]string{`allowed_hosts[1] "aaaa`, `a"…(1048276 more bytes): the host name is longer than 253 characters`}},
+			[]string{`allowed_hosts[1] "aaaa`, `a"…(1047552 more bytes): the host name is longer than 253 characters`}},
 		{"1 MiB host in a target object", parse(`{"network_mode":"allowlist","allowed_hosts":[{"host":"` + bigE + `"}]}`),
-			[]string{`allowed_hosts[0].host "éé`, `é"…(1048276 more bytes): `}},
+			[]string{`allowed_hosts[0].host "éé`, `é"…(1047552 more bytes): `}},
 		{"1 MiB host of a URL", parse(`{"network_mode":"denylist","denied_hosts":["https://` + big + `/x"]}`),
-			[]string{`denied_hosts[0] "https://aaaa`, `a"…(1048286 more bytes): a URL scheme is not allowed: write the host alone, e.g. "aaaa`, `a"…(1048276 more bytes)`}},
+			[]string{`denied_hosts[0] "https://aaaa`, `a"…(1047562 more bytes): a URL scheme is not allowed: write the host alone, e.g. "aaaa`, `a"…(1047552 more bytes)`}},
 		{"1 MiB port", parse(`{"network_mode":"allowlist","allowed_hosts":["a.test:` + strings.Repeat("9", mib) + `"]}`),
-			[]string{`allowed_hosts[0] "a.test:999`, `: the port 999`, `9…(1048276 more bytes) is outside 1..65535`}},
+			[]string{`allowed_hosts[0] "a.test:999`, `: the port 999`, `9…(1047552 more bytes) is outside 1..65535`}},
 		{"1 MiB port that is not a number", parse(`{"network_mode":"allowlist","allowed_hosts":["a.test:` + big + `"]}`),
-			[]string{`: the port "aaaa`, `a"…(1048276 more bytes) is not an integer`}},
+			[]string{`: the port "aaaa`, `a"…(1047552 more bytes) is not an integer`}},
 		{"1 MiB port after an IPv6 address", parse(`{"network_mode":"allowlist","allowed_hosts":["2001:db8::1:` + big + `"]}`),
-			[]string{`: an IPv6 address with a port needs brackets: [2001:db8::1]:aaaa`, `a…(1048276 more bytes)`}},
+			[]string{`: an IPv6 address with a port needs brackets: [2001:db8::1]:aaaa`, `a…(1047552 more bytes)`}},
 		{"1 MiB IPv6 zone", parse(`{"network_mode":"allowlist","allowed_hosts":["fe80::1%` + big + `"]}`),
-			[]string{`: an IPv6 zone (%aaaa`, `a…(1048276 more bytes)) is not allowed`}},
+			[]string{`: an IPv6 zone (%aaaa`, `a…(1047552 more bytes)) is not allowed`}},
 		{"1 MiB prefix length", parse(`{"network_mode":"allowlist","allowed_hosts":["10.0.0.0/` + big + `"]}`),
-			[]string{`: the prefix length /aaaa`, `a…(1048276 more bytes) is not valid for this address`}},
+			[]string{`: the prefix length /aaaa`, `a…(1047552 more bytes) is not valid for this address`}},
 		{"1 MiB internationalised label", parse(`{"network_mode":"allowlist","allowed_hosts":["` + bigE + `-"]}`),
 			[]string{`: not a valid internationalised host name (idna: invalid label "éé`, `more bytes))`}},
 		{"duplicate 1 MiB JSON key", parse(`{"` + big + `":1,"` + big + `":2}`),
-			[]string{`invalid JSON: the key "aaaa`, `a"…(1048276 more bytes) appears twice in one object`}},
+			[]string{`invalid JSON: the key "aaaa`, `a"…(1047552 more bytes) appears twice in one object`}},
 		{"duplicate 1 MiB YAML key", parse("? " + big + "\n: 1\n? " + big + "\n: 2\n"),
-			[]string{`invalid YAML: line 3: the key "aaaa`, `a"…(1048276 more bytes) appears twice in one mapping`}},
+			[]string{`invalid YAML: line 3: the key "aaaa`, `a"…(1047552 more bytes) appears twice in one mapping`}},
 		{"1 MiB undefined YAML alias", parse("network_mode: *" + big + "\n"),
-			[]string{"invalid YAML: yaml: unknown anchor 'aaaa", "a…(1048310 more bytes)"}},
+			[]string{"invalid YAML: yaml: unknown anchor 'aaaa", "a…(1047586 more bytes)"}},
 		{"1 MiB YAML tag", parse("network_mode: !x" + big + " public\n"),
-			[]string{"invalid YAML: line 1: unsupported tag !xaaaa", "a…(1048278 more bytes)"}},
+			[]string{"invalid YAML: line 1: unsupported tag !xaaaa", "a…(1047554 more bytes)"}},
 		{"1 MiB YAML scalar yaml.v3 cannot decode", parse("network_mode: !!bool " + big + "\n"),
 			[]string{"invalid YAML: line 1: yaml: cannot decode !!str `aaaa", "more bytes)"}},
 		{"1 MiB network mode in YAML", parse("network_mode: " + bigE + "\n"),
-			[]string{`network_mode "éé`, `é"…(1048276 more bytes): unknown network mode`}},
+			[]string{`network_mode "éé`, `é"…(1047552 more bytes): unknown network mode`}},
 		{"1 MiB env param number", func() error {
 			_, err := ParseEnvParams([]byte(`{"allowlist_proxy_start_timeout":1` + strings.Repeat("0", mib) + `}`))
 			return err
-		}, []string{"allowlist_proxy_start_timeout 1000", "0…(1048277 more bytes): must be a positive number of seconds"}},
+		}, []string{"allowlist_proxy_start_timeout 1000", "0…(1047553 more bytes): must be a positive number of seconds"}},
 		{"1 MiB env param network", func() error {
 			_, err := ParseEnvParams([]byte(`{"network":"` + big + ` "}`))
 			return err
-		}, []string{`network "aaaa`, `a"…(1048277 more bytes): must be a non-empty Docker network name`}},
+		}, []string{`network "aaaa`, `a"…(1047553 more bytes): must be a non-empty Docker network name`}},
 		{"1 MiB task ID", func() error {
 			_, err := ParseTasks(map[string]any{"task_id": big}, "tasks.json")
 			return err
-		}, []string{`task_id "aaaa`, `a"…(1048276 more bytes): must be 1-64 characters`}},
+		}, []string{`task_id "aaaa`, `a"…(1047552 more bytes): must be 1-64 characters`}},
 		{"1 MiB task key", func() error {
 			_, err := ParseTasks(map[string]any{"task_id": "t", big: 1}, "tasks.json")
 			return err
-		}, []string{"aaaa", "a…(1048276 more bytes): unknown key; a task takes only"}},
+		}, []string{"aaaa", "a…(1047552 more bytes): unknown key; a task takes only"}},
 		{"1 MiB recipe name", func() error {
 			_, err := ParseRecipes(map[string]any{"name": big}, "r.json")
 			return err
-		}, []string{`name "aaaa`, `a"…(1048276 more bytes): must be 1-64 characters`}},
+		}, []string{`name "aaaa`, `a"…(1047552 more bytes): must be 1-64 characters`}},
 		{"1 MiB provider flag", func() error {
 			return (&Planner{Provider: big}).Validate()
-		}, []string{`provider "aaaa`, `a"…(1048276 more bytes): unknown provider`}},
+		}, []string{`provider "aaaa`, `a"…(1047552 more bytes): unknown provider`}},
 		{"1 MiB docker network", func() error {
 			_, err := (&Planner{Override: EnvParams{Network: "container:" + big}}).Plan(Task{ID: "t", Policies: PhasePolicies{PhaseRun: NoNetwork}})
 			return err
-		}, []string{`task "t": network "container:aaaa`, `a"…(1048286 more bytes): provider docker, run phase: network container:aaaa`, `a…(1048286 more bytes) shares a network namespace`}},
+		}, []string{`task "t": network "container:aaaa`, `a"…(1047562 more bytes): provider docker, run phase: network container:aaaa`, `a…(1047562 more bytes) shares a network namespace`}},
 		{"a recipe's endpoint blocked by a policy of 100000 hosts", func() error {
 			hosts := make([]Target, 100000)
 			for i := range hosts {
@@ -256,6 +276,42 @@ func TestErrorCountIsBounded(t *testing.T) {
 			// What the proxy's admin API returns, one entry per FieldError.
 			if fes := FieldErrors(err); len(fes) > maxErrors+1 {
 				t.Fatalf("%d FieldErrors, want at most %d", len(fes), maxErrors+1)
+			}
+		})
+	}
+}
+
+// A key or a YAML scalar holding line breaks does not spread one error over many lines:
+// each error of a message is one line.
+func TestErrorFragmentsAreOneLine(t *testing.T) {
+	nl := strings.Repeat(`\n`, 250)
+	for _, tc := range []struct {
+		name   string
+		run    func() error
+		errors int
+	}{
+		{"policy key", func() error { _, err := Parse([]byte(`{"network_mode":"public","` + nl + `x":1}`)); return err }, 1},
+		{"target key", func() error {
+			_, err := Parse([]byte(`{"network_mode":"allowlist","allowed_hosts":[{"host":"a.test","` + nl + `\u2028":1}]}`))
+			return err
+		}, 1},
+		{"task key", func() error {
+			v, err := DecodeJSON([]byte(`[{"task_id":"t","` + nl + `x":1}]`))
+			if err != nil {
+				return err
+			}
+			_, err = ParseTasks(v, "")
+			return err
+		}, 1},
+		{"YAML scalar", func() error { _, err := Parse([]byte("network_mode: !!bool \"" + nl + "\"\n")); return err }, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.run()
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if lines := strings.Count(err.Error(), "\n") + 1; lines != tc.errors || strings.Contains(err.Error(), "\u2028") {
+				t.Fatalf("%d lines for %d errors: %q", lines, tc.errors, err.Error())
 			}
 		})
 	}

@@ -38,8 +38,11 @@ func FuzzParse(f *testing.F) {
 		"network_mode: allowlist\nallowed_hosts: [pypi.org, {host: x.test, port: 8443}]\n",
 		`{"network_mode":"allowlist","allowed_hosts":["https://x","api.*.x","203.0.113.1/24"]}`,
 		// Long fragments of multi-byte characters, cut in error messages.
-		`{"network_mode":"allowlist","allowed_hosts":["` + strings.Repeat("é", 200) + `-",["` + strings.Repeat("😀", 30) + `"]]}`,
-		`{"network_mode":"` + strings.Repeat("€", 120) + `","` + strings.Repeat("ü", 170) + `":1}`,
+		`{"network_mode":"allowlist","allowed_hosts":["` + strings.Repeat("é", 600) + `-",["` + strings.Repeat("😀", 300) + `"]]}`,
+		`{"network_mode":"` + strings.Repeat("€", 400) + `","` + strings.Repeat("ü", 600) + `":1}`,
+		// Line breaks in keys and in a YAML scalar that yaml.v3's error echoes.
+		`{"network_mode":"public","` + strings.Repeat(`\n`, 250) + `x":1}`,
+		"network_mode: !!bool \"" + strings.Repeat(`\n`, 250) + "\"\n",
 		// Nesting at and past maxDepth, and a YAML alias bomb.
 		`{"network_mode":"allowlist","allowed_hosts":` + deepJSON("[", "]", maxDepth-1, `"a.test"`) + `}`,
 		deepJSON(`{"network_mode":`, "}", maxDepth+1, `"public"`),
