@@ -9,7 +9,10 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -116,6 +119,7 @@ var envelopeKeys = map[string]bool{"policy": true, "task": true, "phase": true}
 const (
 	maxEnvelopeKeyErrors = 10
 	maxEnvelopeKeyBytes  = 64
+	maxLabelBytes        = 128 // task and phase
 )
 
 func shortKey(k string) string {
@@ -165,6 +169,12 @@ func parsePolicyBody(body []byte) (policy.Policy, *string, *string, error) {
 		s, ok := raw.(string)
 		if !ok {
 			errs = append(errs, &policy.FieldError{Path: k, Rule: "must be a string"})
+			return nil
+		}
+		// Labels go into every decision's log line. (The JSON decoder has already made
+		// any invalid UTF-8 into U+FFFD.)
+		if len(s) > maxLabelBytes || strings.IndexFunc(s, unicode.IsControl) >= 0 {
+			errs = append(errs, &policy.FieldError{Path: k, Value: strconv.Quote(shortKey(s)), Rule: fmt.Sprintf("must be at most %d bytes of text without control characters", maxLabelBytes)})
 			return nil
 		}
 		return &s

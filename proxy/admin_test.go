@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -241,5 +242,26 @@ func TestEnvelopeErrorsAreBounded(t *testing.T) {
 	}
 	if n := len(err.Error()); n > 4096 {
 		t.Fatalf("error message of %d bytes", n)
+	}
+}
+
+// Task and phase labels, logged with every decision, are short lines of text.
+func TestEnvelopeLabelsAreBounded(t *testing.T) {
+	for _, tc := range []struct {
+		label string
+		ok    bool
+	}{
+		{"run", true},
+		{"évaluation-2", true},
+		{strings.Repeat("a", maxLabelBytes), true},
+		{strings.Repeat("a", maxLabelBytes+1), false},
+		{"run\nfake line", false},
+		{"run\u2028", true}, // not a control character; JSON logs escape it
+	} {
+		body, _ := json.Marshal(map[string]any{"policy": "public", "phase": tc.label})
+		_, _, phase, err := parsePolicyBody(body)
+		if ok := err == nil; ok != tc.ok || ok && *phase != tc.label {
+			t.Errorf("phase %q: %v", tc.label, err)
+		}
 	}
 }
