@@ -12,10 +12,10 @@ func TestEscapeUnprintable(t *testing.T) {
 		"a.test":          "a.test",
 		"bücher.test":     "bücher.test",
 		"a\nb\tc\x00":     `a\nb\tc\x00`,
-		"a\u2028b\u2029":   `a\u2028b\u2029`,
-		"!\xc0\x80":        `!\xc0\x80`,
-		"é\xe2\x82":        `é\xe2\x82`, // a character cut short
-		"\x7f\u0085":       `\x7f\u0085`,
+		"a\u2028b\u2029":  `a\u2028b\u2029`,
+		"!\xc0\x80":       `!\xc0\x80`,
+		"é\xe2\x82":       `é\xe2\x82`, // a character cut short
+		"\x7f\u0085":      `\x7f\u0085`,
 		"\uFFFD is valid": "\uFFFD is valid",
 	} {
 		if got := escapeUnprintable(in); got != want {
