@@ -89,6 +89,9 @@ func StartCompass(name, bin, dir string, policyJSON []byte, extra ...string) (*P
 	argv := []string{bin,
 		"--listen", addr,
 		"--dns-listen", "",
+		// Never asked (destinations are address literals), but compass-proxy refuses to
+		// start without an upstream, and the host's resolv.conf may list none.
+		"--dns-upstream", "127.0.0.1:53",
 		"--metrics-listen", "",
 		"--admin-socket", filepath.Join(dir, name+"-admin.sock"),
 		"--policy", policyFile,
