@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -112,11 +114,10 @@ func (e *Env) switchSteps(ctx context.Context, pol policy.Policy, label controll
 	}
 	onEgress := connectedTo(agent, e.egressNet)
 	if pol.Restricted() {
-		if onEgress {
-			if err := e.timed(r, partWiring, func() error { return e.disconnectAgent(ctx) }); err != nil {
-				return err
-			}
-			r.Changes = append(r.Changes, "agent disconnected from "+e.egressNet)
+		// Every network but the task network may lead out, whichever egress network
+		// this process is configured with, so the agent leaves all of them.
+		if err := e.timed(r, partWiring, func() error { return e.detachAgent(ctx, agent, r, e.names.Network) }); err != nil {
+			return err
 		}
 		if err := e.timed(r, partRoutes, func() error { return e.cutRoutes(agent.State.Pid, r) }); err != nil {
 			return err
@@ -130,6 +131,11 @@ func (e *Env) switchSteps(ctx context.Context, pol policy.Policy, label controll
 		return err
 	}
 	if err := e.timed(r, partSidecar, func() error { return e.ensureSidecarEgress(ctx, r) }); err != nil {
+		return err
+	}
+	// A network the environment does not manage is egress nobody decided on, even
+	// under public.
+	if err := e.timed(r, partWiring, func() error { return e.detachAgent(ctx, agent, r, e.names.Network, e.egressNet) }); err != nil {
 		return err
 	}
 	if !onEgress {
@@ -155,11 +161,30 @@ func connectedTo(ci container.InspectResponse, net string) bool {
 	return ok
 }
 
-func (e *Env) disconnectAgent(ctx context.Context) error {
-	if err := e.p.api.NetworkDisconnect(ctx, e.egressNet, e.agentRef, true); err != nil && !ignorableDisconnect(err) {
-		return fmt.Errorf("docker: disconnect agent from %s: %w", e.egressNet, err)
+// detachAgent disconnects the agent (as inspected) from every network but keep.
+func (e *Env) detachAgent(ctx context.Context, agent container.InspectResponse, r *SwitchReport, keep ...string) error {
+	for _, net := range otherNetworks(agent, keep...) {
+		if err := e.p.api.NetworkDisconnect(ctx, net, e.agentRef, true); err != nil && !ignorableDisconnect(err) {
+			return fmt.Errorf("docker: disconnect agent from %s: %w", net, err)
+		}
+		r.Changes = append(r.Changes, "agent disconnected from "+net)
 	}
 	return nil
+}
+
+// otherNetworks lists, sorted, the networks ci is connected to that are not in keep.
+func otherNetworks(ci container.InspectResponse, keep ...string) []string {
+	if ci.NetworkSettings == nil {
+		return nil
+	}
+	var out []string
+	for net := range ci.NetworkSettings.Networks {
+		if !slices.Contains(keep, net) {
+			out = append(out, net)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // cutRoutes removes every default route in the agent's namespace and checks none is left.
@@ -278,10 +303,19 @@ func (e *Env) failClosed(ctx context.Context, cause error) ([]string, *controlle
 	defer cancel()
 	var done []string
 	var errs []error
-	if err := e.disconnectAgent(ctx); err != nil {
-		errs = append(errs, err)
+	if agent, err := e.p.api.ContainerInspect(ctx, e.agentRef); err != nil {
+		// Without the agent's network list, at least the egress network goes.
+		errs = append(errs, fmt.Errorf("docker: inspect agent %s: %w", e.agentRef, err))
+		if derr := e.p.api.NetworkDisconnect(ctx, e.egressNet, e.agentRef, true); derr != nil && !ignorableDisconnect(derr) {
+			errs = append(errs, fmt.Errorf("docker: disconnect agent from %s: %w", e.egressNet, derr))
+		}
 	} else {
-		done = append(done, "agent not connected to "+e.egressNet)
+		var rep SwitchReport
+		if err := e.detachAgent(ctx, agent, &rep, e.names.Network); err != nil {
+			errs = append(errs, err)
+		} else {
+			done = append(done, "agent on no network but "+e.names.Network)
+		}
 	}
 	if ci, err := e.p.api.ContainerInspect(ctx, e.agentRef); err == nil && ci.State != nil && ci.State.Running {
 		if _, err := e.p.routes.RemoveDefaultRoutes(ci.State.Pid, netip.Addr{}); err != nil {

@@ -77,8 +77,10 @@ func (p *Provider) Lookup(ctx context.Context, env string) (*Env, error) {
 	}
 	e := &Env{
 		p: p, names: n, task: l[labelTask], role: controller.Role(l[labelEnvRole]),
-		dir: stateDir(filepath.Join(p.cfg.StateDir, env)), egressNet: p.cfg.EgressNetwork,
-		agentRef: l[labelAgent],
+		dir: stateDir(filepath.Join(p.cfg.StateDir, env)), agentRef: l[labelAgent],
+	}
+	if e.egressNet, err = openedEgress(sc); err != nil {
+		return nil, err
 	}
 	e.agentOwned, _ = strconv.ParseBool(l[labelAgentOwned])
 	e.admin = newAdminClient(e.dir.socket())
@@ -95,6 +97,20 @@ func (p *Provider) Lookup(ctx context.Context, env string) (*Env, error) {
 	}
 	e.plan = planFor(sub)
 	return e, nil
+}
+
+// openedEgress is the egress network an environment was opened with: the sidecar's
+// label, or for a sidecar created before the label, the network it was created on.
+func openedEgress(sc container.InspectResponse) (string, error) {
+	if n := sc.Config.Labels[labelEgressNet]; n != "" {
+		return n, nil
+	}
+	if sc.HostConfig != nil {
+		if m := sc.HostConfig.NetworkMode; m.IsUserDefined() {
+			return string(m), nil
+		}
+	}
+	return "", fmt.Errorf("docker: sidecar %s: no label %s and no network mode naming its egress network", sc.Name, labelEgressNet)
 }
 
 // lock serialises switches of one environment across processes (flock on the state
@@ -170,8 +186,17 @@ func (e *Env) removeAgent(ctx context.Context) error {
 		}
 		return nil
 	}
+	nets := []string{e.names.Network, e.egressNet}
+	ci, err := e.p.api.ContainerInspect(ctx, e.agentRef)
+	if cerrdefs.IsNotFound(err) {
+		return nil
+	}
+	if err == nil {
+		// Whatever it is on now, not what this process would expect it to be on.
+		nets = otherNetworks(ci)
+	}
 	var errs []error
-	for _, net := range []string{e.names.Network, e.egressNet} {
+	for _, net := range nets {
 		if err := e.p.api.NetworkDisconnect(ctx, net, e.agentRef, true); err != nil && !ignorableDisconnect(err) {
 			errs = append(errs, fmt.Errorf("docker: detach agent from %s: %w", net, err))
 		}

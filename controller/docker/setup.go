@@ -108,6 +108,10 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 	return e, nil
 }
 
+// labelEgressNet, on the sidecar, names the egress network the environment was opened
+// with: a later process may be configured with another, and must still cut this one.
+const labelEgressNet = "compass-egress.egress-network"
+
 func (p *Provider) proxyArgs(e *Env) []string {
 	args := []string{
 		"--listen", netip.AddrPortFrom(e.plan.Sidecar, proxyPort).String(),
@@ -126,6 +130,7 @@ func (p *Provider) createSidecar(ctx context.Context, e *Env, agentRef string) e
 	labels := p.labels(e.names, e.task, e.role, roleSidecar)
 	labels[labelAgent] = agentRef
 	labels[labelAgentOwned] = strconv.FormatBool(e.agentOwned)
+	labels[labelEgressNet] = e.egressNet
 	var env []string
 	for k, v := range p.cfg.ProxyEnv {
 		env = append(env, k+"="+v)
