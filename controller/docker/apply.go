@@ -119,7 +119,13 @@ func (e *Env) switchSteps(ctx context.Context, pol policy.Policy, label controll
 		if err := e.timed(r, partWiring, func() error { return e.detachAgent(ctx, agent, r, e.names.Network) }); err != nil {
 			return err
 		}
-		if err := e.timed(r, partRoutes, func() error { return e.cutRoutes(agent.State.Pid, r) }); err != nil {
+		if err := e.timed(r, partRoutes, func() error {
+			pid, err := e.sameAgent(ctx, agent)
+			if err != nil {
+				return err
+			}
+			return e.cutRoutes(pid, r)
+		}); err != nil {
 			return err
 		}
 		if err := e.timed(r, partRules, func() error { return e.putRules(ctx, pol, label, r) }); err != nil {
@@ -150,7 +156,32 @@ func (e *Env) switchSteps(ctx context.Context, pol policy.Policy, label controll
 		}
 		r.Changes = append(r.Changes, "agent connected to "+e.egressNet)
 	}
-	return e.timed(r, partRoutes, func() error { return e.publicRoute(ctx, agent.State.Pid, r) })
+	return e.timed(r, partRoutes, func() error {
+		pid, err := e.sameAgent(ctx, agent)
+		if err != nil {
+			return err
+		}
+		return e.publicRoute(ctx, pid, r)
+	})
+}
+
+// sameAgent re-inspects the agent right before its routes are edited and returns its
+// pid, refusing if it is not the process inspected at the start of the switch: the
+// sidecar wait and the rewiring take time, and a restarted agent's old pid may by now
+// name another namespace, whose routes the check would then find gone.
+func (e *Env) sameAgent(ctx context.Context, was container.InspectResponse) (int, error) {
+	now, err := e.p.api.ContainerInspect(ctx, e.agentRef)
+	if err != nil {
+		return 0, fmt.Errorf("docker: inspect agent %s: %w", e.agentRef, err)
+	}
+	if now.State == nil || !now.State.Running {
+		return 0, fmt.Errorf("docker: agent %s stopped during the switch", e.agentRef)
+	}
+	if now.ID != was.ID || now.State.Pid != was.State.Pid || now.State.StartedAt != was.State.StartedAt {
+		return 0, fmt.Errorf("docker: agent %s restarted during the switch (pid %d started %q, now pid %d started %q): routes not edited through a stale pid",
+			e.agentRef, was.State.Pid, was.State.StartedAt, now.State.Pid, now.State.StartedAt)
+	}
+	return now.State.Pid, nil
 }
 
 func connectedTo(ci container.InspectResponse, net string) bool {

@@ -4,8 +4,11 @@ import (
 	"context"
 	"reflect"
 	"sort"
+	"strings"
+	"sync/atomic"
 	"testing"
 
+	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/network"
 
 	"github.com/compass-egress/compass-egress/controller"
@@ -133,5 +136,68 @@ func TestLookupLegacySidecarWithoutEgressLabel(t *testing.T) {
 	}
 	if looked.egressNet != "test-egress" {
 		t.Errorf("lookup egress network %q, want test-egress", looked.egressNet)
+	}
+}
+
+// restartingDocker restarts the agent (a new pid) right after the agent's first
+// network connect or disconnect once armed, as a crash-and-restart mid-switch would.
+type restartingDocker struct {
+	*fakeDocker
+	agent string
+	armed atomic.Bool
+}
+
+func (d *restartingDocker) restart(ctx context.Context, ref string) error {
+	if ref != d.agent || !d.armed.CompareAndSwap(true, false) {
+		return nil
+	}
+	return d.fakeDocker.ContainerStart(ctx, ref, container.StartOptions{})
+}
+
+func (d *restartingDocker) NetworkConnect(ctx context.Context, net, ref string, es *network.EndpointSettings) error {
+	if err := d.fakeDocker.NetworkConnect(ctx, net, ref, es); err != nil {
+		return err
+	}
+	return d.restart(ctx, ref)
+}
+
+func (d *restartingDocker) NetworkDisconnect(ctx context.Context, net, ref string, force bool) error {
+	if err := d.fakeDocker.NetworkDisconnect(ctx, net, ref, force); err != nil {
+		return err
+	}
+	return d.restart(ctx, ref)
+}
+
+// An agent restarted during a switch fails it closed: its routes are never edited
+// through the pid it had when the switch began.
+func TestSwitchRefusesRestartedAgent(t *testing.T) {
+	tests := []struct {
+		name     string
+		from, to policy.Policy
+	}{
+		{"restricting", policy.Public, allowA},
+		{"widening", policy.NoNetwork, policy.Public},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, "t9")
+			e := r.open(t, "t9", tc.from)
+			d := &restartingDocker{fakeDocker: r.docker, agent: e.AgentContainer()}
+			d.armed.Store(true)
+			r.p.api = d
+			tr, err := e.Apply(context.Background(), tc.to, controller.PhaseLabel{Phase: "run"})
+			if err == nil || tr.OK || !strings.Contains(err.Error(), "restarted during the switch") {
+				t.Fatalf("switch: ok=%t err=%v, want a failure naming the restart", tr.OK, err)
+			}
+			if d.armed.Load() {
+				t.Fatal("the agent was never restarted")
+			}
+			if routes := r.agentRoutes(t, e); len(routes) != 0 {
+				t.Errorf("restarted agent has default routes %v, want none", routes)
+			}
+			if got, want := r.agentNetworks(t, e), []string{e.Network()}; !reflect.DeepEqual(got, want) {
+				t.Errorf("agent networks %v, want %v", got, want)
+			}
+		})
 	}
 }
