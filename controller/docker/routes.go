@@ -32,6 +32,16 @@ func (netlinkRoutes) handle(pid int) (*netlink.Handle, error) {
 		return nil, fmt.Errorf("netns: open /proc/%d/ns/net: %w", pid, err)
 	}
 	defer ns.Close()
+	// A pid reused by a host process would otherwise get the host's default routes
+	// removed; whatever the pid names, the controller's own namespace is never the agent's.
+	self, err := netns.GetFromPath("/proc/self/ns/net")
+	if err != nil {
+		return nil, fmt.Errorf("netns: open /proc/self/ns/net: %w", err)
+	}
+	defer self.Close()
+	if ns.Equal(self) {
+		return nil, fmt.Errorf("netns: /proc/%d/ns/net is the controller's own network namespace, not a container's: its routes are not touched", pid)
+	}
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		return nil, fmt.Errorf("netns: netlink handle in /proc/%d/ns/net: %w", pid, err)
