@@ -107,8 +107,10 @@ func (a *adminClient) PutPolicy(ctx context.Context, p policy.Policy, task, phas
 	if err := a.do(ctx, http.MethodPut, "/v1/policy", body, &ack); err != nil {
 		return policyAck{}, err
 	}
-	if ack.Digest != "" && ack.Digest != p.Digest() {
-		return ack, fmt.Errorf("admin: sidecar acknowledged digest %s, want %s", ack.Digest, p.Digest())
+	// Only an answer naming this policy and the generation it started is proof the
+	// rules are in force; an empty or partial 200 is not.
+	if ack.Digest != p.Digest() || ack.Generation == 0 {
+		return ack, fmt.Errorf("admin: sidecar acknowledged digest %q generation %d, want digest %s and a generation above 0", ack.Digest, ack.Generation, p.Digest())
 	}
 	return ack, nil
 }
