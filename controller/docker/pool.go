@@ -14,7 +14,7 @@ import (
 // subnetPlan is the fixed address layout of one per-task network.
 type subnetPlan struct {
 	Subnet  netip.Prefix
-	Gateway netip.Addr // Docker's bridge address (first host)
+	Gateway netip.Addr // first host: reserved in Docker's IPAM, on no interface (see taskNetworkOptions)
 	Sidecar netip.Addr // second host
 	Agent   netip.Addr // third host
 }
@@ -80,6 +80,14 @@ func isOverlapError(err error) bool {
 	return strings.Contains(s, "overlaps") || strings.Contains(s, "Pool overlaps")
 }
 
+// taskNetworkOptions are the bridge driver options of every task network.
+// inhibit_ipv4 leaves the host's bridge without the gateway address: Docker's isolation
+// rules only filter forwarded traffic, so with the address a sandbox could reach any host
+// service listening on 0.0.0.0 at <gateway>:<port>, past the sidecar (moby#47356). Nothing
+// needs the address: the agent and the sidecar talk directly on the task network, and
+// internal networks have no default route through it.
+var taskNetworkOptions = map[string]string{"com.docker.network.bridge.inhibit_ipv4": "true"}
+
 // createTaskNetwork creates the internal network on a free subnet of the pool, retrying
 // on the overlap error a concurrent open causes.
 func (p *Provider) createTaskNetwork(ctx context.Context, n names, labels map[string]string) (subnetPlan, error) {
@@ -98,6 +106,7 @@ func (p *Provider) createTaskNetwork(ctx context.Context, n names, labels map[st
 		_, err = p.api.NetworkCreate(ctx, n.Network, network.CreateOptions{
 			Driver:   "bridge",
 			Internal: true,
+			Options:  taskNetworkOptions,
 			IPAM: &network.IPAM{Config: []network.IPAMConfig{{
 				Subnet:  plan.Subnet.String(),
 				Gateway: plan.Gateway.String(),
