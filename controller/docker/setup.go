@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -29,6 +32,11 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 		return nil, err
 	}
 	n := namesFor(EnvID(spec.Task, spec.Role))
+	unlock, err := p.lockOpen(n.Env)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if _, ierr := p.api.ContainerInspect(ctx, n.Sidecar); ierr == nil {
 		return nil, fmt.Errorf("docker: environment %s already exists (close it first)", n.Env)
 	}
@@ -50,15 +58,19 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 	e = &Env{p: p, names: n, task: spec.Task, role: spec.Role, dir: stateDir(filepath.Join(p.cfg.StateDir, n.Env)), agentOwned: attachID == ""}
 	e.admin = newAdminClient(e.dir.socket())
 	e.egressNet = egress.Name
+	var made created
 	defer func() {
 		if err != nil {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
-			if cerr := e.remove(cctx); cerr != nil {
+			if cerr := e.rollback(cctx, made); cerr != nil {
 				err = fmt.Errorf("%w (and cleanup failed: %v)", err, cerr)
 			}
 		}
 	}()
+	if _, serr := os.Stat(string(e.dir)); errors.Is(serr, fs.ErrNotExist) {
+		made.dir = true
+	}
 	if err := e.dir.create(); err != nil {
 		return e, err
 	}
@@ -66,6 +78,7 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 	if err != nil {
 		return e, err
 	}
+	made.network = true
 	e.plan = plan
 
 	agentRef := n.Agent
@@ -81,11 +94,13 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 	} else {
 		agentCreated <- nil
 	}
-	err = p.createSidecar(ctx, e, agentRef)
+	made.sidecar, err = p.createSidecar(ctx, e, agentRef)
 	if err == nil {
 		err = e.waitReady(ctx, timeout)
 	}
-	if cerr := <-agentCreated; err == nil {
+	cerr := <-agentCreated
+	made.agent = attachID == "" && cerr == nil
+	if err == nil {
 		err = cerr
 	}
 	if err != nil {
@@ -95,7 +110,7 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 		if err := p.api.ContainerStart(ctx, n.Agent, container.StartOptions{}); err != nil {
 			return e, fmt.Errorf("docker: start agent %s: %w", n.Agent, err)
 		}
-	} else if err := p.moveAgent(ctx, e, attachID); err != nil {
+	} else if err := p.moveAgent(ctx, e, attachID, &made.moved); err != nil {
 		return e, err
 	}
 	baseline := spec.Baseline
@@ -126,7 +141,60 @@ func (p *Provider) proxyArgs(e *Env) []string {
 	return append(args, p.cfg.ExtraProxyArg...)
 }
 
-func (p *Provider) createSidecar(ctx context.Context, e *Env, agentRef string) error {
+// created is what one setUp made, and so what its rollback may remove: a concurrent or
+// earlier open may own an object of the same name.
+type created struct {
+	dir, network, sidecar, agent bool
+	moved                        bool // the attached container was put on the task network
+}
+
+// rollback removes what setUp made. A moved attached container is left on no network,
+// as close leaves it.
+func (e *Env) rollback(ctx context.Context, m created) error {
+	var errs []error
+	if m.agent || m.moved {
+		errs = append(errs, e.removeAgent(ctx))
+	}
+	if m.sidecar {
+		if err := e.p.api.ContainerRemove(ctx, e.names.Sidecar, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("docker: remove sidecar: %w", err))
+		}
+	}
+	if m.network {
+		errs = append(errs, e.removeNetwork(ctx))
+	}
+	if m.dir {
+		if err := os.RemoveAll(string(e.dir)); err != nil {
+			errs = append(errs, fmt.Errorf("state: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// lockOpen serialises opens of one environment across processes, so that two opens of
+// a task never both pass the existence check. The lock files live apart from the
+// environment directories, which a failed open or a close removes.
+func (p *Provider) lockOpen(env string) (unlock func(), err error) {
+	dir := filepath.Join(p.cfg.StateDir, ".open-locks")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("state: open lock: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, env), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("state: open lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("state: open lock %s: %w", f.Name(), err)
+	}
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+// createSidecar reports whether it created the container, even when a later step fails.
+func (p *Provider) createSidecar(ctx context.Context, e *Env, agentRef string) (bool, error) {
 	labels := p.labels(e.names, e.task, e.role, roleSidecar)
 	labels[labelAgent] = agentRef
 	labels[labelAgentOwned] = strconv.FormatBool(e.agentOwned)
@@ -152,18 +220,18 @@ func (p *Provider) createSidecar(ctx context.Context, e *Env, agentRef string) e
 		},
 		nil, nil, e.names.Sidecar)
 	if err != nil {
-		return fmt.Errorf("docker: create sidecar %s: %w", e.names.Sidecar, err)
+		return false, fmt.Errorf("docker: create sidecar %s: %w", e.names.Sidecar, err)
 	}
 	err = p.api.NetworkConnect(ctx, e.names.Network, e.names.Sidecar, &network.EndpointSettings{
 		IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: e.plan.Sidecar.String()},
 	})
 	if err != nil {
-		return fmt.Errorf("docker: connect sidecar to %s: %w", e.names.Network, err)
+		return true, fmt.Errorf("docker: connect sidecar to %s: %w", e.names.Network, err)
 	}
 	if err := p.api.ContainerStart(ctx, e.names.Sidecar, container.StartOptions{}); err != nil {
-		return fmt.Errorf("docker: start sidecar %s: %w", e.names.Sidecar, err)
+		return true, fmt.Errorf("docker: start sidecar %s: %w", e.names.Sidecar, err)
 	}
-	return nil
+	return true, nil
 }
 
 // proxyEnv is what the agent's tools read to find the proxy.
@@ -214,14 +282,16 @@ func (p *Provider) createAgent(ctx context.Context, e *Env, spec controller.EnvS
 }
 
 // moveAgent puts an attached container on the task network and takes it off every
-// other network (each of which may lead out).
-func (p *Provider) moveAgent(ctx context.Context, e *Env, id string) error {
+// other network (each of which may lead out). It sets moved once the container is on
+// the task network.
+func (p *Provider) moveAgent(ctx context.Context, e *Env, id string, moved *bool) error {
 	err := p.api.NetworkConnect(ctx, e.names.Network, id, &network.EndpointSettings{
 		IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: e.plan.Agent.String()},
 	})
 	if err != nil {
 		return fmt.Errorf("docker: attach: connect %s to %s: %w", id, e.names.Network, err)
 	}
+	*moved = true
 	ci, err := p.api.ContainerInspect(ctx, id)
 	if err != nil {
 		return fmt.Errorf("docker: attach: inspect %s: %w", id, err)

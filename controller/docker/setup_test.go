@@ -1,0 +1,102 @@
+package docker
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/network"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// Two concurrent opens of one task: one wins, the other says the environment exists,
+// and the loser removes nothing of the winner's.
+func TestConcurrentOpensOfOneTask(t *testing.T) {
+	r := newRig(t, "t10")
+	spec := controller.EnvSpec{Task: "t10", Image: "agent:1", Baseline: policy.NoNetwork, ProxyStartTimeout: 5 * time.Second}
+	envs := make([]*Env, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range envs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			envs[i], errs[i] = r.p.OpenEnv(context.Background(), spec)
+		}()
+	}
+	wg.Wait()
+	won := 0
+	if errs[0] != nil {
+		won = 1
+	}
+	lost := 1 - won
+	if errs[won] != nil || errs[lost] == nil || !strings.Contains(errs[lost].Error(), "already exists") {
+		t.Fatalf("opens: %v, %v; want one success and one saying the environment exists", errs[0], errs[1])
+	}
+	for _, name := range []string{"compass-proxy-t10", "compass-agent-t10"} {
+		if _, err := r.docker.ContainerInspect(context.Background(), name); err != nil {
+			t.Errorf("winner's %s: %v", name, err)
+		}
+	}
+	if st, err := envs[won].Status(context.Background()); err != nil || !st.OK {
+		t.Errorf("winner's status: %v %v", err, st.Problems)
+	}
+}
+
+// A failed open leaves alone what it did not create: a container of the agent's name
+// it could not create, and an attached container it never moved.
+func TestFailedOpenRemovesOnlyWhatItMade(t *testing.T) {
+	ctx := context.Background()
+	t.Run("foreign agent name", func(t *testing.T) {
+		r := newRig(t, "t11")
+		if _, err := r.docker.ContainerCreate(ctx, &container.Config{Image: "agent:1"}, &container.HostConfig{NetworkMode: "bridge"}, nil, nil, "compass-agent-t11"); err != nil {
+			t.Fatal(err)
+		}
+		_, err := r.p.OpenEnv(ctx, controller.EnvSpec{Task: "t11", Image: "agent:1", Baseline: policy.NoNetwork, ProxyStartTimeout: 5 * time.Second})
+		if err == nil || !strings.Contains(err.Error(), "create agent") {
+			t.Fatalf("open error = %v, want the agent's creation to fail", err)
+		}
+		if _, err := r.docker.ContainerInspect(ctx, "compass-agent-t11"); err != nil {
+			t.Errorf("the container open did not create was removed: %v", err)
+		}
+		if _, err := r.docker.ContainerInspect(ctx, "compass-proxy-t11"); err == nil {
+			t.Errorf("the sidecar open created was left")
+		}
+		if _, err := r.docker.NetworkInspect(ctx, "compass-net-t11", network.InspectOptions{}); err == nil {
+			t.Errorf("the task network open created was left")
+		}
+	})
+	t.Run("attach before the move", func(t *testing.T) {
+		r := newRig(t, "t12")
+		if _, err := r.docker.NetworkCreate(ctx, "bridge", network.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.docker.ContainerCreate(ctx, &container.Config{Image: "agent:1"}, &container.HostConfig{NetworkMode: "bridge"}, nil, nil, "user"); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.docker.ContainerStart(ctx, "user", container.StartOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		_ = r.admin.srv.Close() // the sidecar never becomes ready
+		_, err := r.p.Attach(ctx, controller.EnvSpec{Task: "t12", Baseline: policy.NoNetwork, ProxyStartTimeout: 300 * time.Millisecond}, "user")
+		if err == nil || !strings.Contains(err.Error(), "not ready") {
+			t.Fatalf("attach error = %v, want the sidecar not ready", err)
+		}
+		ci, err := r.docker.ContainerInspect(ctx, "user")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := otherNetworks(ci); !reflect.DeepEqual(got, []string{"bridge"}) {
+			t.Errorf("attached container's networks %v, want it left on bridge", got)
+		}
+		if len(r.docker.containers) != 1 {
+			t.Errorf("containers left: %v", r.docker.containers)
+		}
+	})
+}
