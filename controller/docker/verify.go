@@ -92,6 +92,12 @@ func (e *Env) planChecks(mode policy.Mode, o VerifyOptions) ([]plannedCheck, err
 	add("direct TCP out", outside, public, probespec.Check{Kind: "tcp", Target: outside})
 	add("UDP out (DNS query)", outsideDNS, public, probespec.Check{Kind: "dns", Server: outsideDNS, QName: "compass-verify.test"})
 	add("DNS to outside resolver (TCP)", outsideDNS, public, probespec.Check{Kind: "dns", Net: "tcp", Server: outsideDNS, QName: "compass-verify.test"})
+	// The task network's gateway address must be on no host interface in any mode (see
+	// taskNetworkOptions): a refusal counts as reachable, so any port shows it is there.
+	gw := netip.AddrPortFrom(e.plan.Gateway, o.OutsidePort).String()
+	gwDNS := netip.AddrPortFrom(e.plan.Gateway, dnsPort).String()
+	add("host at task network gateway (TCP)", gw, false, probespec.Check{Kind: "tcp", Target: gw})
+	add("host at task network gateway (UDP, DNS query)", gwDNS, false, probespec.Check{Kind: "dns", Server: gwDNS, QName: "compass-verify.test"})
 	for _, port := range []uint16{proxyPort, 9090, 80} {
 		t := netip.AddrPortFrom(e.plan.Sidecar, port).String()
 		add("sidecar admin API", t, false, probespec.Check{Kind: "admin", Target: t})
