@@ -65,6 +65,7 @@ type fakeContainer struct {
 	labels   map[string]string
 	networks map[string]bool
 	mode     container.NetworkMode
+	capDrop  []string
 }
 
 type fakeNetwork struct {
@@ -111,7 +112,7 @@ func (f *fakeDocker) ContainerCreate(_ context.Context, cfg *container.Config, h
 	if !f.images[cfg.Image] {
 		return container.CreateResponse{}, notFound("image " + cfg.Image)
 	}
-	c := &fakeContainer{id: "id-" + name, labels: cfg.Labels, networks: map[string]bool{}, mode: hc.NetworkMode}
+	c := &fakeContainer{id: "id-" + name, labels: cfg.Labels, networks: map[string]bool{}, mode: hc.NetworkMode, capDrop: hc.CapDrop}
 	if !hc.NetworkMode.IsContainer() && !hc.NetworkMode.IsNone() && !hc.NetworkMode.IsHost() {
 		c.networks[string(hc.NetworkMode)] = true
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -241,5 +242,21 @@ func TestLookupFromFreshProcess(t *testing.T) {
 	}
 	if _, err := e.Apply(context.Background(), allowA, controller.PhaseLabel{Phase: "run"}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An agent the provider creates has no raw sockets: with them it could hand-build
+// IPv6 frames to the host bridge's link-local address, which the host answers.
+func TestCreatedAgentHasNoRawSockets(t *testing.T) {
+	r := newRig(t, "t1")
+	e := r.open(t, "t1", policy.NoNetwork)
+	r.docker.mu.Lock()
+	defer r.docker.mu.Unlock()
+	c, ok := r.docker.containers[e.AgentContainer()]
+	if !ok {
+		t.Fatalf("no container %s", e.AgentContainer())
+	}
+	if !slices.Contains(c.capDrop, "NET_RAW") {
+		t.Fatalf("agent drops %v, want NET_RAW among them", c.capDrop)
 	}
 }

@@ -270,6 +270,10 @@ func (p *Provider) createAgent(ctx context.Context, e *Env, spec controller.EnvS
 			NetworkMode: container.NetworkMode(e.names.Network),
 			DNS:         []string{e.plan.Sidecar.String()},
 			Mounts:      []mount.Mount{{Type: mount.TypeBind, Source: resolv, Target: "/etc/resolv.conf", ReadOnly: true}},
+			// Raw sockets would let the agent hand-build frames past its own stack: IPv6
+			// to the host bridge's link-local address (the host answers there), or
+			// spoofed neighbour answers on the task network.
+			CapDrop: []string{"NET_RAW"},
 		},
 		&network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{
 			e.names.Network: {IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: e.plan.Agent.String()}},
