@@ -42,9 +42,10 @@ func (e *Env) Apply(ctx context.Context, pol policy.Policy, label controller.Pha
 
 // Switch is Apply with a report of the changes made.
 //
-// The order of steps keeps the agent's egress within what both the old and the new
-// policy allow at every instant: a restricting switch cuts the wiring before it changes
-// the rules, a widening switch changes the rules before it connects.
+// The order of steps keeps the agent's egress, at every instant, within what the old or
+// the new policy allows: a restricting switch cuts the wiring before it changes the
+// rules (until then the old rules hold in the sidecar), a widening switch changes the
+// rules before it connects.
 func (e *Env) Switch(ctx context.Context, pol policy.Policy, label controller.PhaseLabel) (SwitchReport, error) {
 	clk := e.p.cfg.Clock
 	r := SwitchReport{Transition: controller.Transition{
