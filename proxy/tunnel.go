@@ -39,19 +39,30 @@ func (s *Server) openTunnel(r *http.Request, client net.Conn, buffered []byte, r
 		fail("502 Bad Gateway", "dial-failed")
 		return false
 	}
-	// Until the tunnel is established (just before the 200), a swap that cuts it closes
-	// only the upstream side, so the client still gets a clean 403 rather than a bare EOF.
+	// A swap that cuts the tunnel while it is set up closes the upstream side and leaves
+	// the client a clean answer rather than a bare EOF: a 403 if the 200 is not on its
+	// way yet, else the 200 and then the close. The 200 is written without the lock, so
+	// that a client that reads nothing cannot hold the swap; a cut bounds that write
+	// instead. Once the tunnel is established, a cut closes both sides.
+	const (
+		settingUp = iota
+		confirming
+		established
+	)
 	var (
-		mu          sync.Mutex
-		established bool
-		cut         bool
+		mu    sync.Mutex
+		state = settingUp
+		cut   bool
 	)
 	entry := &liveConn{typ: typeConnect, name: v.Name, addr: addr, port: v.Port}
 	entry.close = func() {
 		mu.Lock()
 		defer mu.Unlock()
 		up.Close()
-		if established {
+		switch state {
+		case confirming:
+			_ = client.SetWriteDeadline(time.Now().Add(lingerTime))
+		case established:
 			client.Close()
 		}
 		cut = true
@@ -87,13 +98,14 @@ func (s *Server) openTunnel(r *http.Request, client net.Conn, buffered []byte, r
 		refuse()
 		return false
 	}
-	// Written after the unlock: a client that reads nothing blocks this write, and a
-	// swap's sweep must not wait for it (close takes mu). A cut from here on closes
-	// the client too, which ends the write.
-	established = true
+	state = confirming
 	mu.Unlock()
 	_, err = io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n")
-	if err != nil {
+	mu.Lock()
+	state = established
+	cutWhileConfirming := cut
+	mu.Unlock()
+	if err != nil || cutWhileConfirming {
 		s.tracker.remove(entry)
 		up.Close()
 		s.tunnels.Done()
