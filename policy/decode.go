@@ -68,7 +68,7 @@ func decodeJSONValue(dec *json.Decoder, depth int) (any, error) {
 				}
 				key := kt.(string)
 				if _, dup := obj[key]; dup {
-					return nil, fmt.Errorf("invalid JSON: the key %s appears twice in one object", quote(key))
+					return nil, fmt.Errorf("invalid JSON: the key %s appears twice in one object", Quote(key))
 				}
 				v, err := decodeJSONValue(dec, depth+1)
 				if err != nil {
@@ -115,7 +115,7 @@ func DecodeYAML(data []byte) (any, error) {
 		}
 		// Clipped: some of yaml.v3's errors quote the input ("unknown anchor '...'
 		// referenced").
-		return nil, fmt.Errorf("invalid YAML: %s", clip(err.Error()))
+		return nil, fmt.Errorf("invalid YAML: %s", Clip(err.Error()))
 	}
 	// A second document would otherwise be dropped without a word.
 	var extra yaml.Node
@@ -146,7 +146,7 @@ func yamlToGeneric(n *yaml.Node, depth int) (any, error) {
 				return nil, fmt.Errorf("invalid YAML: line %d: keys must be strings", k.Line)
 			}
 			if _, dup := obj[k.Value]; dup {
-				return nil, fmt.Errorf("invalid YAML: line %d: the key %s appears twice in one mapping", k.Line, quote(k.Value))
+				return nil, fmt.Errorf("invalid YAML: line %d: the key %s appears twice in one mapping", k.Line, Quote(k.Value))
 			}
 			v, err := yamlToGeneric(n.Content[i+1], depth+1)
 			if err != nil {
@@ -175,13 +175,13 @@ func yamlToGeneric(n *yaml.Node, depth int) (any, error) {
 			var b bool
 			if err := n.Decode(&b); err != nil {
 				// Clipped: the error quotes the scalar ("cannot decode !!str `...` as a !!bool").
-				return nil, fmt.Errorf("invalid YAML: line %d: %s", n.Line, clip(err.Error()))
+				return nil, fmt.Errorf("invalid YAML: line %d: %s", n.Line, Clip(err.Error()))
 			}
 			return b, nil
 		case "!!null":
 			return nil, nil
 		}
-		return nil, fmt.Errorf("invalid YAML: line %d: unsupported tag %s", n.Line, clip(n.ShortTag()))
+		return nil, fmt.Errorf("invalid YAML: line %d: unsupported tag %s", n.Line, Clip(n.ShortTag()))
 	}
 	return nil, fmt.Errorf("invalid YAML: line %d: unsupported node", n.Line)
 }
@@ -224,7 +224,7 @@ const displayMax = 80
 // one costs more than that.
 func display(v any) string {
 	if s, ok := v.(string); ok {
-		return quote(s)
+		return Quote(s)
 	}
 	var w displayWriter
 	w.value(v)

@@ -18,11 +18,11 @@ import (
 // back, and be logged, as a 32 MiB error message.
 const fragmentMax = 1024
 
-// clip returns s whole when it fits in fragmentMax bytes, and otherwise its start
+// Clip returns s whole when it fits in fragmentMax bytes, and otherwise its start
 // followed by "…(N more bytes)". Characters that break or hide lines (a key or a YAML
 // scalar may hold newlines) and bytes that are not UTF-8 (a YAML tag may percent-encode
 // any) are written as Go escapes, so one fragment is one line of valid UTF-8.
-func clip(s string) string {
+func Clip(s string) string {
 	head, more := clipParts(s)
 	return escapeUnprintable(head) + more
 }
@@ -52,9 +52,9 @@ func escapeUnprintable(s string) string {
 
 func breaksLine(r rune) bool { return unicode.IsControl(r) || r == '\u2028' || r == '\u2029' }
 
-// quote is %q of clip(s): the quoted text is the start of s as written, and the count of
+// Quote is %q of Clip(s): the quoted text is the start of s as written, and the count of
 // bytes left out follows the closing quote.
-func quote(s string) string {
+func Quote(s string) string {
 	head, more := clipParts(s)
 	return strconv.Quote(head) + more
 }

@@ -46,17 +46,17 @@ func TestClip(t *testing.T) {
 			if n := len(tc.in) - len(tc.head); n > 0 {
 				more = "…(" + strconv.Itoa(n) + " more bytes)"
 			}
-			if got, want := clip(tc.in), escapeUnprintable(tc.head)+more; got != want {
+			if got, want := Clip(tc.in), escapeUnprintable(tc.head)+more; got != want {
 				t.Errorf("clip = %q, want %q", got, want)
 			}
-			if !utf8.ValidString(clip(tc.in)) {
-				t.Errorf("clip is not valid UTF-8: %q", clip(tc.in))
+			if !utf8.ValidString(Clip(tc.in)) {
+				t.Errorf("clip is not valid UTF-8: %q", Clip(tc.in))
 			}
-			if got, want := quote(tc.in), strconv.Quote(tc.head)+more; got != want {
+			if got, want := Quote(tc.in), strconv.Quote(tc.head)+more; got != want {
 				t.Errorf("quote = %q, want %q", got, want)
 			}
-			if utf8.ValidString(tc.in) && !utf8.ValidString(clip(tc.in)) {
-				t.Errorf("clip of valid UTF-8 is not valid UTF-8: %q", clip(tc.in))
+			if utf8.ValidString(tc.in) && !utf8.ValidString(Clip(tc.in)) {
+				t.Errorf("clip of valid UTF-8 is not valid UTF-8: %q", Clip(tc.in))
 			}
 		})
 	}

@@ -137,7 +137,7 @@ type TaskError struct {
 }
 
 func (e *TaskError) Error() string {
-	return prefixLines("task "+quote(e.TaskID)+": ", e.Errs).Error()
+	return prefixLines("task "+Quote(e.TaskID)+": ", e.Errs).Error()
 }
 
 func (e *TaskError) Unwrap() error { return e.Errs }

@@ -86,16 +86,16 @@ func parseSeconds(raw any, path string, errs *ErrorList) time.Duration {
 	}
 	f, err := strconv.ParseFloat(n.String(), 64)
 	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f <= 0 {
-		errs.add(&FieldError{Path: path, Value: clip(n.String()), Rule: "must be a positive number of seconds"})
+		errs.add(&FieldError{Path: path, Value: Clip(n.String()), Rule: "must be a positive number of seconds"})
 		return 0
 	}
 	d := time.Duration(f * float64(time.Second))
 	if d > MaxProxyStartTimeout {
-		errs.add(&FieldError{Path: path, Value: clip(n.String()), Rule: "must be at most 3600 seconds"})
+		errs.add(&FieldError{Path: path, Value: Clip(n.String()), Rule: "must be at most 3600 seconds"})
 		return 0
 	}
 	if d < time.Millisecond {
-		errs.add(&FieldError{Path: path, Value: clip(n.String()), Rule: "must be at least 0.001 seconds"})
+		errs.add(&FieldError{Path: path, Value: Clip(n.String()), Rule: "must be at least 0.001 seconds"})
 		return 0
 	}
 	return d

@@ -27,16 +27,16 @@ func (pl *Planner) Validate() error {
 	var errs ErrorList
 	if pl.Provider != "" {
 		if _, ok := LookupProvider(pl.Provider); !ok {
-			errs.add(&FieldError{Path: "provider", Value: quote(pl.Provider), Rule: "unknown provider; use one of " + strings.Join(ProviderNames(), ", ")})
+			errs.add(&FieldError{Path: "provider", Value: Quote(pl.Provider), Rule: "unknown provider; use one of " + strings.Join(ProviderNames(), ", ")})
 		}
 	}
 	if pl.EvaluationMode != "" && !pl.EvaluationMode.Valid() {
-		errs.add(&FieldError{Path: "evaluation_mode", Value: quote(string(pl.EvaluationMode)), Rule: "unknown evaluation mode; use shared or fresh"})
+		errs.add(&FieldError{Path: "evaluation_mode", Value: Quote(string(pl.EvaluationMode)), Rule: "unknown evaluation mode; use shared or fresh"})
 	}
 	seen := map[string]string{}
 	for _, r := range pl.Recipes {
 		if first, dup := seen[r.Name]; dup {
-			errs.add(&FieldError{Path: "recipe", Value: quote(r.Name), Rule: fmt.Sprintf("is defined twice (%s and %s); recipe names must be unique", first, r.Origin)})
+			errs.add(&FieldError{Path: "recipe", Value: Quote(r.Name), Rule: fmt.Sprintf("is defined twice (%s and %s); recipe names must be unique", first, r.Origin)})
 			continue
 		}
 		seen[r.Name] = r.Origin
@@ -94,7 +94,7 @@ func (pl *Planner) Plan(t Task) (*Plan, error) {
 	capability, known := LookupProvider(plan.Provider)
 	if !known || !plan.EvaluationMode.Valid() {
 		// Only a Task or Planner built in code, not one parsed, can get here.
-		return nil, &TaskError{TaskID: t.ID, Errs: ErrorList{{Rule: fmt.Sprintf("cannot plan provider %s in evaluation mode %s", quote(plan.Provider), quote(string(plan.EvaluationMode)))}}}
+		return nil, &TaskError{TaskID: t.ID, Errs: ErrorList{{Rule: fmt.Sprintf("cannot plan provider %s in evaluation mode %s", Quote(plan.Provider), Quote(string(plan.EvaluationMode)))}}}
 	}
 	var errs ErrorList
 	if _, set := pl.Override.Policies[PhaseEvaluationBaseline]; set && plan.EvaluationMode != EvaluationFresh {
@@ -102,7 +102,7 @@ func (pl *Planner) Plan(t Task) (*Plan, error) {
 	}
 	if plan.Provider != ProviderDocker {
 		if pl.Override.Network != "" {
-			errs.add(&FieldError{Path: "network", Value: quote(pl.Override.Network), Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
+			errs.add(&FieldError{Path: "network", Value: Quote(pl.Override.Network), Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
 		}
 		if pl.Override.ProxyStartTimeout != 0 {
 			errs.add(&FieldError{Path: "allowlist_proxy_start_timeout", Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
@@ -227,7 +227,7 @@ func checkRequiredEndpoints(plan *Plan, matched []Recipe) ErrorList {
 				Path:  e.Phase.Field(),
 				Value: fmt.Sprintf("%q", e.Target.String()),
 				Rule: fmt.Sprintf("recipe %s requires this endpoint in the %s phase, but the effective %s policy %s (source: %s) blocks it (%s); recipes never broaden a policy: allow it in the policy's source",
-					r.Name, e.Phase, e.Phase, clip(rp.Policy.String()), rp.Source, blockedWhy(d)),
+					r.Name, e.Phase, e.Phase, Clip(rp.Policy.String()), rp.Source, blockedWhy(d)),
 			})
 		}
 	}

@@ -100,7 +100,7 @@ func (p Policy) MarshalJSON() ([]byte, error) {
 		b.WriteString("]}")
 		return []byte(b.String()), nil
 	}
-	return nil, fmt.Errorf("policy: cannot marshal invalid mode %s", quote(string(p.Mode)))
+	return nil, fmt.Errorf("policy: cannot marshal invalid mode %s", Quote(string(p.Mode)))
 }
 
 // UnmarshalJSON parses the wire format strictly (every rule of the policy language).
@@ -199,7 +199,7 @@ func ParseValue(v any, path string) (Policy, error) {
 			if provider, ok := nativeKnobs[k]; ok {
 				fail(at(k), "", "%s is a provider-native (%s) option; write the shared fields (network_mode, allowed_hosts, denied_hosts) and the adapter generates it", k, provider)
 			} else if !contains(policyKeys, k) {
-				fail(at(clip(k)), "", "unknown key; a policy object takes only %s", strings.Join(policyKeys, ", "))
+				fail(at(Clip(k)), "", "unknown key; a policy object takes only %s", strings.Join(policyKeys, ", "))
 			}
 		}
 		rawMode, ok := x["network_mode"]
@@ -299,7 +299,7 @@ func parseEntry(raw any, path string) (Target, error) {
 		sort.Strings(keys)
 		for _, k := range keys {
 			if !contains(entryKeys, k) {
-				errs.add(&FieldError{Path: joinPath(path, clip(k)), Rule: "unknown key; a target object takes only host and port"})
+				errs.add(&FieldError{Path: joinPath(path, Clip(k)), Rule: "unknown key; a target object takes only host and port"})
 			}
 		}
 		rawHost, ok := e["host"]

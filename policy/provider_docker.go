@@ -25,9 +25,9 @@ func checkDockerNetwork(network string, plan *Plan) ErrorList {
 		if m := plan.Policy(ph).Mode; m != want {
 			errs.add(&FieldError{
 				Path:  "network",
-				Value: quote(network),
+				Value: Quote(network),
 				Rule: fmt.Sprintf("provider docker, %s phase: network %s %s, so dynamic policies are rejected; %s is %s (use a bridge network, or %s in every phase)",
-					ph, clip(network), why, ph.Field(), m, want),
+					ph, Clip(network), why, ph.Field(), m, want),
 			})
 		}
 	}

@@ -117,7 +117,7 @@ func splitHostPort(s string) (string, uint16, error) {
 		return "", 0, ruleErr("the target is not valid UTF-8")
 	}
 	if strings.Contains(s, "://") {
-		return "", 0, ruleErr("a URL scheme is not allowed: write the host alone, e.g. %s", quote(hostOfURL(s)))
+		return "", 0, ruleErr("a URL scheme is not allowed: write the host alone, e.g. %s", Quote(hostOfURL(s)))
 	}
 	if strings.HasPrefix(s, "[") {
 		end := strings.IndexByte(s, ']')
@@ -156,10 +156,10 @@ func splitHostPort(s string) (string, uint16, error) {
 	}
 	if i := strings.LastIndexByte(s, ':'); i > 0 {
 		if _, err := netip.ParseAddr(s[:i]); err == nil {
-			return "", 0, ruleErr("an IPv6 address with a port needs brackets: [%s]:%s", clip(s[:i]), clip(s[i+1:]))
+			return "", 0, ruleErr("an IPv6 address with a port needs brackets: [%s]:%s", Clip(s[:i]), Clip(s[i+1:]))
 		}
 		if _, err := netip.ParsePrefix(s[:i]); err == nil {
-			return "", 0, ruleErr("an IPv6 range with a port needs brackets: [%s]:%s", clip(s[:i]), clip(s[i+1:]))
+			return "", 0, ruleErr("an IPv6 range with a port needs brackets: [%s]:%s", Clip(s[:i]), Clip(s[i+1:]))
 		}
 	}
 	return "", 0, ruleErr("not a valid IPv6 address or range")
@@ -179,12 +179,12 @@ func parsePortString(p string) (uint16, error) {
 	}
 	for _, c := range p {
 		if c < '0' || c > '9' {
-			return 0, ruleErr("the port %s is not an integer", quote(p))
+			return 0, ruleErr("the port %s is not an integer", Quote(p))
 		}
 	}
 	n, err := strconv.ParseUint(p, 10, 32)
 	if err != nil || n < 1 || n > 65535 {
-		return 0, ruleErr("the port %s is outside 1..65535", clip(p))
+		return 0, ruleErr("the port %s is outside 1..65535", Clip(p))
 	}
 	return uint16(n), nil
 }
@@ -199,7 +199,7 @@ func parseHost(h string) (Target, error) {
 	}
 	if a, err := netip.ParseAddr(h); err == nil {
 		if a.Zone() != "" {
-			return Target{}, ruleErr("an IPv6 zone (%%%s) is not allowed", clip(a.Zone()))
+			return Target{}, ruleErr("an IPv6 zone (%%%s) is not allowed", Clip(a.Zone()))
 		}
 		a = a.Unmap()
 		return Target{Kind: KindAddr, Prefix: netip.PrefixFrom(a, a.BitLen())}, nil
@@ -242,7 +242,7 @@ func parsePrefix(h string) (Target, error) {
 	}
 	p, err := netip.ParsePrefix(h)
 	if err != nil {
-		return Target{}, ruleErr("the prefix length /%s is not valid for this address", clip(bits))
+		return Target{}, ruleErr("the prefix length /%s is not valid for this address", Clip(bits))
 	}
 	if p.Addr().Zone() != "" {
 		return Target{}, ruleErr("an IPv6 zone is not allowed")
@@ -287,7 +287,7 @@ func CanonicalHostname(h string) (string, error) {
 	if !ascii {
 		p, err := idnaProfile.ToASCII(h)
 		if err != nil {
-			return "", ruleErr("not a valid internationalised host name (%s)", clip(err.Error()))
+			return "", ruleErr("not a valid internationalised host name (%s)", Clip(err.Error()))
 		}
 		h = p
 	}
@@ -301,7 +301,7 @@ func CanonicalHostname(h string) (string, error) {
 		}
 	}
 	if IsNonCanonicalIPv4(h) {
-		return "", ruleErr("an IPv4 address must be written in dotted-decimal form (a.b.c.d), not %s", quote(h))
+		return "", ruleErr("an IPv4 address must be written in dotted-decimal form (a.b.c.d), not %s", Quote(h))
 	}
 	return h, nil
 }
@@ -311,7 +311,7 @@ func checkLabel(label string) error {
 		return ruleErr("the host name has an empty label")
 	}
 	if len(label) > 63 {
-		return ruleErr("the label %s is longer than 63 characters", quote(label))
+		return ruleErr("the label %s is longer than 63 characters", Quote(label))
 	}
 	for i := 0; i < len(label); i++ {
 		c := label[i]
@@ -319,7 +319,7 @@ func checkLabel(label string) error {
 		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '_':
 		case c == '-':
 			if i == 0 || i == len(label)-1 {
-				return ruleErr("the label %s starts or ends with '-'", quote(label))
+				return ruleErr("the label %s starts or ends with '-'", Quote(label))
 			}
 		case c == '*':
 			return ruleErr("'*' is only allowed as a whole leading label")

@@ -202,7 +202,7 @@ func checkKeys(obj map[string]any, path string, known []string, what string, err
 	sort.Strings(keys)
 	for _, k := range keys {
 		if !contains(known, k) {
-			errs.add(&FieldError{Path: joinPath(path, clip(k)), Rule: fmt.Sprintf("unknown key; %s takes only %s", what, strings.Join(known, ", "))})
+			errs.add(&FieldError{Path: joinPath(path, Clip(k)), Rule: fmt.Sprintf("unknown key; %s takes only %s", what, strings.Join(known, ", "))})
 		}
 	}
 }

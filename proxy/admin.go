@@ -9,11 +9,9 @@ import (
 	"net"
 	"net/http"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 	"unicode"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -114,24 +112,13 @@ var envelopeKeys = map[string]bool{"policy": true, "task": true, "phase": true}
 // parsePolicyBody accepts the wire-format policy itself or the envelope
 // {"policy": ..., "task": "...", "phase": "..."} (a policy object never has a "policy"
 // key, so the two cannot be confused).
-// An envelope's unknown keys are reported up to maxEnvelopeKeyErrors, each cut to
-// maxEnvelopeKeyBytes: the body may be 32 MiB, its error answer should not be.
+// An envelope's unknown keys are reported up to maxEnvelopeKeyErrors, each clipped as
+// the policy package clips user text: the body may be 32 MiB, its error answer should
+// not be.
 const (
 	maxEnvelopeKeyErrors = 10
-	maxEnvelopeKeyBytes  = 64
 	maxLabelBytes        = 128 // task and phase
 )
-
-func shortKey(k string) string {
-	if len(k) <= maxEnvelopeKeyBytes {
-		return k
-	}
-	cut := maxEnvelopeKeyBytes
-	for cut > 0 && !utf8.RuneStart(k[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%s…(%d more bytes)", k[:cut], len(k)-cut)
-}
 
 func parsePolicyBody(body []byte) (policy.Policy, *string, *string, error) {
 	v, err := policy.DecodeJSON(body)
@@ -155,7 +142,7 @@ func parsePolicyBody(body []byte) (policy.Policy, *string, *string, error) {
 			continue
 		}
 		if unknown++; unknown <= maxEnvelopeKeyErrors {
-			errs = append(errs, &policy.FieldError{Path: shortKey(k), Rule: "unknown key; the envelope takes only policy, task and phase"})
+			errs = append(errs, &policy.FieldError{Path: policy.Clip(k), Rule: "unknown key; the envelope takes only policy, task and phase"})
 		}
 	}
 	if unknown > maxEnvelopeKeyErrors {
@@ -174,7 +161,7 @@ func parsePolicyBody(body []byte) (policy.Policy, *string, *string, error) {
 		// Labels go into every decision's log line. (The JSON decoder has already made
 		// any invalid UTF-8 into U+FFFD.)
 		if len(s) > maxLabelBytes || strings.IndexFunc(s, unicode.IsControl) >= 0 {
-			errs = append(errs, &policy.FieldError{Path: k, Value: strconv.Quote(shortKey(s)), Rule: fmt.Sprintf("must be at most %d bytes of text without control characters", maxLabelBytes)})
+			errs = append(errs, &policy.FieldError{Path: k, Value: policy.Quote(s), Rule: fmt.Sprintf("must be at most %d bytes of text without control characters", maxLabelBytes)})
 			return nil
 		}
 		return &s

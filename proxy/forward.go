@@ -26,10 +26,9 @@ type requestState struct {
 	host   hostField // the request's raw Host field
 	// entry is the tracked in-flight HTTP request, if one was allowed.
 	entry *liveConn
-	// hijacked is set when goproxy took the connection over (a websocket), at
+	// relay is set when goproxy took the connection over (a websocket), at
 	// relayStart; relayIdle stops the watch that ends the relay once it idles.
-	hijacked   net.Conn
-	relay      *idleConn // hijacked, as goproxy's relay uses it
+	relay      *idleConn
 	relayStart time.Time
 	relayIdle  func()
 	up, down   atomic.Int64
@@ -215,12 +214,12 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, st *requestS
 
 // settle releases what a request held once goproxy is done with it.
 func (s *Server) settle(st *requestState) {
-	if st.hijacked != nil {
+	if st.relay != nil {
 		// A websocket relay: goproxy is done with the connection but does not always
 		// close it, and one of its copies may still be in a read or write of it. Once
 		// closed and quiet, its counts are final.
 		st.relayIdle()
-		st.hijacked.Close()
+		st.relay.Conn.Close()
 		st.relay.quiesce()
 		s.proxyLn.release()
 	}
@@ -230,14 +229,12 @@ func (s *Server) settle(st *requestState) {
 		s.metrics.bytesUp.Add(float64(st.up.Load()))
 		s.metrics.bytesDown.Add(float64(st.down.Load()))
 	}
-	if st.hijacked != nil {
-		if st.entry != nil && s.log.Enabled(context.Background(), slog.LevelInfo) {
-			s.logLine(slog.LevelInfo, "websocket closed", slog.String("type", typeHTTP),
-				slog.String("host", st.entry.name), slog.Int("port", int(st.entry.port)), slog.String("addr", s.tracker.addrOf(st.entry).String()),
-				slog.String("client", st.client.conn.RemoteAddr().String()), slog.Int64("bytes_up", st.up.Load()), slog.Int64("bytes_down", st.down.Load()),
-				slog.Float64("duration_seconds", time.Since(st.relayStart).Seconds()), slog.Uint64("generation", st.rs.Generation),
-				slog.String("task", st.rs.Task), slog.String("phase", st.rs.Phase))
-		}
+	if st.relay != nil && st.entry != nil && s.log.Enabled(context.Background(), slog.LevelInfo) {
+		s.logLine(slog.LevelInfo, "websocket closed", slog.String("type", typeHTTP),
+			slog.String("host", st.entry.name), slog.Int("port", int(st.entry.port)), slog.String("addr", s.tracker.addrOf(st.entry).String()),
+			slog.String("client", st.client.conn.RemoteAddr().String()), slog.Int64("bytes_up", st.up.Load()), slog.Int64("bytes_down", st.down.Load()),
+			slog.Float64("duration_seconds", time.Since(st.relayStart).Seconds()), slog.Uint64("generation", st.rs.Generation),
+			slog.String("task", st.rs.Task), slog.String("phase", st.rs.Phase))
 	}
 	if st.rs != nil && st.rs != s.current.Load() {
 		st.rs.closeIdle()
@@ -492,7 +489,7 @@ func (w *proxyResponseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return nil, nil, err
 	}
 	st := w.st
-	st.hijacked, st.relayStart = c, time.Now()
+	st.relayStart = time.Now()
 	// goproxy relays the bytes the front had read past the request itself.
 	st.up.Add(int64(rw.Reader.Buffered()))
 	// A websocket relay (goproxy's, through this connection both ways): every byte
