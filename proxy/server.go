@@ -217,6 +217,9 @@ func (s *Server) MetricsAddr() net.Addr {
 // Start binds every listener and serves in the background. A bind failure is returned
 // and nothing keeps running.
 func (s *Server) Start() (err error) {
+	if s.cfg.AdminSocket == "" {
+		return errors.New("proxy: Config.AdminSocket is empty: the admin API needs a unix socket path")
+	}
 	var closers []func()
 	defer func() {
 		if err != nil {
@@ -243,9 +246,6 @@ func (s *Server) Start() (err error) {
 		dnsConns = append(dnsConns, pc, tl)
 	}
 
-	if s.cfg.AdminSocket == "" {
-		return errors.New("proxy: Config.AdminSocket is empty: the admin API needs a unix socket path")
-	}
 	if err := os.MkdirAll(filepath.Dir(s.cfg.AdminSocket), 0o750); err != nil {
 		return fmt.Errorf("proxy: admin socket dir: %w", err)
 	}
