@@ -325,7 +325,15 @@ func TestRunSecondCtrlC(t *testing.T) {
 	r := startRun(t, context.Background(), file, "--out", filepath.Join(dir, "out"))
 	waitPhase(t, r, filepath.Join(dir, "out", id), controller.StepRun)
 	r.signal(syscall.SIGINT)
-	time.Sleep(20 * time.Millisecond)
+	// Go merges a signal that arrives before the first of its kind was taken: the second
+	// goes only once compassctl has said it took the first.
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(r.out.String(), "again to abandon them") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no word of the first interrupt:\n%s", r.out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	r.signal(syscall.SIGINT)
 	code, out := r.wait(t, time.Minute)
 	if code != 130 || !strings.Contains(out, "abandoned") {
