@@ -71,6 +71,15 @@ Flags:
 // for a sidecar is a few tens of MB.
 const gcPercentDefault = 400
 
+// Decision lines are batched (jsonlog.BufferedWriter) rather than written one system
+// call each. maxLogFlush bounds what a process killed outright can lose of its log;
+// logBatchBytes is about 150 lines, so a burst of decisions is written in few calls
+// long before the interval ends.
+const (
+	maxLogFlush   = 10 * time.Second
+	logBatchBytes = 64 << 10
+)
+
 func setGCDefault(getenv func(string) string) {
 	if getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercentDefault)
@@ -98,6 +107,7 @@ type options struct {
 	allowInternal listFlag
 	logLevel      string
 	level         slog.Level // logLevel, parsed
+	logFlush      time.Duration
 	// source names where each flag given came from, "--name" or its variable, so an
 	// error names what the operator actually wrote.
 	source map[string]string
@@ -138,6 +148,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.IntVar(&c.DNSMaxTCPConns, "dns-max-tcp-connections", 128, "bound on concurrent DNS-over-TCP connections (at least 1); further ones wait in the accept queue")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM or SIGINT, time for requests and tunnels to finish before they are cut")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info (every decision), warn (blocked attempts only) or error")
+	fs.DurationVar(&o.logFlush, "log-flush-interval", 100*time.Millisecond, "log lines are written in batches at most this long after the first of each batch; 0 writes each line as it is logged")
 	return fs
 }
 
@@ -222,6 +233,10 @@ func (o *options) check(resolvConf string) error {
 	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		fail("log-level", "%q: want debug, info, warn or error", o.logLevel)
 	}
+	// The bound is what a process killed outright may lose of its decision log.
+	if o.logFlush < 0 || o.logFlush > maxLogFlush {
+		fail("log-flush-interval", "%s: must be between 0 and %s", o.logFlush, maxLogFlush)
+	}
 	for _, cidr := range o.allowInternal {
 		p, err := netip.ParsePrefix(cidr)
 		if err != nil {
@@ -291,6 +306,11 @@ func run(args []string) error {
 // serve runs the proxy until SIGTERM or SIGINT, then drains. A SIGHUP re-reads --policy,
 // including one that came during start-up: the file may have changed after New read it.
 func serve(o *options, logOut io.Writer, signals <-chan os.Signal) error {
+	if o.logFlush > 0 {
+		bw := jsonlog.NewBufferedWriter(logOut, o.logFlush, logBatchBytes)
+		defer bw.Close()
+		logOut = bw
+	}
 	log := slog.New(jsonlog.NewHandler(logOut, &slog.HandlerOptions{Level: o.level}))
 	o.cfg.Logger = log
 	srv, err := proxy.New(o.cfg)

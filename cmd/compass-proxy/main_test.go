@@ -35,8 +35,9 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 		{"defaults", nil, nil, func(t *testing.T, o *options) {
 			c := o.cfg
 			if c.Listen != ":3128" || c.DNSListen != ":53" || c.MetricsListen != "" || c.AdminSocket != "/run/compass/admin.sock" ||
-				!c.RequireNoForwarding || c.MaxConnections != 4096 || c.DNSTimeout != 2*time.Second || c.PolicyFile != "" {
-				t.Fatalf("%+v", c)
+				!c.RequireNoForwarding || c.MaxConnections != 4096 || c.DNSTimeout != 2*time.Second || c.PolicyFile != "" ||
+				o.logFlush != 100*time.Millisecond {
+				t.Fatalf("%+v, log flush %v", c, o.logFlush)
 			}
 		}, ""},
 		{"env fills flags", nil, map[string]string{
@@ -94,6 +95,13 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 		{"log level", nil, map[string]string{"COMPASS_PROXY_LOG_LEVEL": "warn"}, func(t *testing.T, o *options) {
 			if o.level != slog.LevelWarn {
 				t.Fatalf("%v", o.level)
+			}
+		}, ""},
+		{"negative log flush interval", []string{"--log-flush-interval=-1ms"}, nil, nil, "--log-flush-interval: -1ms: must be between 0 and 10s"},
+		{"log flush interval above the bound", nil, map[string]string{"COMPASS_PROXY_LOG_FLUSH_INTERVAL": "1m"}, nil, "COMPASS_PROXY_LOG_FLUSH_INTERVAL: 1m0s: must be between 0 and 10s"},
+		{"unbuffered log", nil, map[string]string{"COMPASS_PROXY_LOG_FLUSH_INTERVAL": "0"}, func(t *testing.T, o *options) {
+			if o.logFlush != 0 {
+				t.Fatalf("%v", o.logFlush)
 			}
 		}, ""},
 		{"help", []string{"--help"}, nil, nil, flag.ErrHelp.Error()},

@@ -1,0 +1,169 @@
+package jsonlog
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// writeRecorder keeps each Write it is given as one element.
+type writeRecorder struct {
+	mu     sync.Mutex
+	writes []string
+	err    error
+	wrote  chan struct{}
+}
+
+func newWriteRecorder() *writeRecorder { return &writeRecorder{wrote: make(chan struct{}, 100)} }
+
+func (r *writeRecorder) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return 0, r.err
+	}
+	r.writes = append(r.writes, string(p))
+	select {
+	case r.wrote <- struct{}{}:
+	default:
+	}
+	return len(p), nil
+}
+
+func (r *writeRecorder) got() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.writes...)
+}
+
+func TestBufferedWriterBatchesUntilTheDelay(t *testing.T) {
+	rec := newWriteRecorder()
+	const delay = 50 * time.Millisecond
+	b := NewBufferedWriter(rec, delay, 1<<10)
+	defer b.Close()
+	start := time.Now()
+	for i := range 3 {
+		if n, err := fmt.Fprintf(b, "line %d\n", i); err != nil || n != 7 {
+			t.Fatalf("Write: %d, %v", n, err)
+		}
+	}
+	if got := rec.got(); len(got) != 0 {
+		t.Fatalf("written before the delay: %q", got)
+	}
+	select {
+	case <-rec.wrote:
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing written 10s after the first line")
+	}
+	if waited := time.Since(start); waited < delay {
+		t.Errorf("written after %v, before the delay %v", waited, delay)
+	}
+	if got, want := rec.got(), []string{"line 0\nline 1\nline 2\n"}; !slices.Equal(got, want) {
+		t.Fatalf("writes %q, want %q", got, want)
+	}
+	// The next line starts a new batch, with its own timer.
+	fmt.Fprint(b, "line 3\n")
+	select {
+	case <-rec.wrote:
+	case <-time.After(10 * time.Second):
+		t.Fatal("second batch not written")
+	}
+	if got := rec.got(); len(got) != 2 || got[1] != "line 3\n" {
+		t.Fatalf("writes %q", got)
+	}
+}
+
+func TestBufferedWriterSizeBoundsABatch(t *testing.T) {
+	rec := newWriteRecorder()
+	b := NewBufferedWriter(rec, time.Hour, 16)
+	for _, line := range []string{"aaaaaa\n", "bbbbbb\n", "cccccc\n", strings.Repeat("L", 20) + "\n", "dd\n"} {
+		if _, err := b.Write([]byte(line)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The third line would pass 16 bytes: the first two go first. The long line is
+	// written on its own, after what was buffered before it.
+	want := []string{"aaaaaa\nbbbbbb\n", "cccccc\n", strings.Repeat("L", 20) + "\n"}
+	if got := rec.got(); !slices.Equal(got, want) {
+		t.Fatalf("writes %q, want %q", got, want)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, "dd\n")
+	if got := rec.got(); !slices.Equal(got, want) {
+		t.Fatalf("after Close: writes %q, want %q", got, want)
+	}
+	// After Close, a line goes straight through.
+	fmt.Fprint(b, "late\n")
+	if got := rec.got(); got[len(got)-1] != "late\n" {
+		t.Fatalf("a line after Close was not written: %q", got)
+	}
+}
+
+func TestBufferedWriterFlush(t *testing.T) {
+	rec := newWriteRecorder()
+	b := NewBufferedWriter(rec, time.Hour, 1<<10)
+	defer b.Close()
+	fmt.Fprint(b, "one\n")
+	if err := b.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.got(); !slices.Equal(got, []string{"one\n"}) {
+		t.Fatalf("writes %q", got)
+	}
+	if err := b.Flush(); err != nil || len(rec.got()) != 1 {
+		t.Fatalf("an empty Flush wrote: %q, %v", rec.got(), err)
+	}
+}
+
+func TestBufferedWriterReportsTheErrorOfTheWriteItSetOff(t *testing.T) {
+	rec := newWriteRecorder()
+	b := NewBufferedWriter(rec, time.Hour, 8)
+	defer b.Close()
+	fmt.Fprint(b, "12345\n")
+	rec.err = errors.New("disk full")
+	if _, err := b.Write([]byte("678\n")); err == nil || !strings.Contains(err.Error(), "disk full") {
+		t.Fatalf("Write that set off a failed flush: %v", err)
+	}
+}
+
+// Lines from many goroutines through the slog handler arrive whole, each once.
+func TestBufferedWriterKeepsConcurrentLinesWhole(t *testing.T) {
+	var out bytes.Buffer
+	b := NewBufferedWriter(&out, time.Millisecond, 256)
+	log := slog.New(NewHandler(b, nil))
+	const workers, lines = 8, 200
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range lines {
+				log.Info("decision", "worker", w, "i", i, "host", strings.Repeat("h", i%50))
+			}
+		})
+	}
+	wg.Wait()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n") {
+		if !strings.HasPrefix(l, `{"time":`) || !strings.HasSuffix(l, `"}`) {
+			t.Fatalf("broken line %q", l)
+		}
+		key := l[strings.Index(l, `"worker"`):strings.Index(l, `,"host"`)]
+		if seen[key] {
+			t.Fatalf("line %s twice", key)
+		}
+		seen[key] = true
+	}
+	if len(seen) != workers*lines {
+		t.Fatalf("%d lines, want %d", len(seen), workers*lines)
+	}
+}
