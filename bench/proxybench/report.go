@@ -54,13 +54,18 @@ func NoValues() Values {
 	return v
 }
 
+// RoundValues holds one target's value of each metric in each round, in round order, NaN
+// for a round that measured nothing: index i is the same round for every target.
+type RoundValues [numMetrics][]float64
+
 // Report is the outcome of a run: every target's metrics and the roles the comparison
 // rows need. Role fields name a target, or are empty when it was not measured.
 type Report struct {
-	Targets []string // in measurement order
-	Values  map[string]Values
-	Errors  map[string]int64 // failed operations per target
-	Notes   []string
+	Targets  []string // in measurement order
+	Values   map[string]Values
+	PerRound map[string]*RoundValues // for the spread of the ratios; a metric without rounds has none
+	Errors   map[string]int64        // failed operations per target
+	Notes    []string
 
 	Direct           string
 	Compass          string   // compass-proxy with the public policy
@@ -75,6 +80,70 @@ func (r *Report) value(target string, m Metric) float64 {
 	}
 	return v[m]
 }
+
+// Spread is the interquartile range, by nearest rank, of the per-round ratios between two
+// targets: left's value in round i ÷ right's in round i. Both were measured in the same
+// round, under the same state of the machine, so the range shows how much the ratio
+// itself moves; pairing the rounds by rank instead would hide that.
+type Spread struct {
+	Lo, Hi float64
+	Rounds int // rounds with both values; fewer than 2 give no spread
+}
+
+// spread pairs left's and right's rounds of m, skipping a round either lacks.
+func (r *Report) spread(left, right string, m Metric) Spread {
+	l, rt := r.PerRound[left], r.PerRound[right]
+	if l == nil || rt == nil {
+		return Spread{}
+	}
+	var ratios []float64
+	for i := range min(len(l[m]), len(rt[m])) {
+		a, b := l[m][i], rt[m][i]
+		if math.IsNaN(a) || math.IsNaN(b) || b == 0 {
+			continue
+		}
+		ratios = append(ratios, a/b)
+	}
+	if len(ratios) < 2 {
+		return Spread{}
+	}
+	return Spread{Lo: Percentile(ratios, 25), Hi: Percentile(ratios, 75), Rounds: len(ratios)}
+}
+
+func (s Spread) known() bool { return s.Rounds >= 2 }
+
+func (s Spread) String() string { return fmt.Sprintf("%.2f–%.2f", s.Lo, s.Hi) }
+
+// contains says whether x lies inside the range: then at least a quarter of the rounds
+// had a ratio at or below x, and at least a quarter one at or above it.
+func (s Spread) contains(x float64) bool { return s.known() && s.Lo <= x && x <= s.Hi }
+
+// ratioCell formats left ÷ right for m: the ratio of the medians and, in parentheses
+// after peer (when not empty), the spread of the per-round ratios.
+func (r *Report) ratioCell(left, right string, m Metric, peer string) string {
+	cell := formatRatio(r.value(left, m), r.value(right, m))
+	if cell == "–" {
+		return cell
+	}
+	var extra []string
+	if peer != "" {
+		extra = append(extra, peer)
+	}
+	if s := r.spread(left, right, m); s.known() {
+		extra = append(extra, s.String())
+	}
+	if len(extra) > 0 {
+		cell += " (" + strings.Join(extra, "; ") + ")"
+	}
+	return cell
+}
+
+// spreadNote explains the parentheses of the ratio tables.
+const spreadNote = "Ratios are of the medians (latency: of the percentiles over every round's samples). " +
+	"In parentheses: the interquartile range of the per-round ratios, left's value in a round ÷ right's in the same round " +
+	"(latency: each round's own percentiles), by nearest rank (of 9 rounds, the 3rd to the 7th smallest ratio; of 15, the 4th to the 12th). " +
+	"Both values of a round shared that round's state of the machine; a range that spans 1× means the two swapped places from round to round. " +
+	"No range: the metric has no rounds (memory) or fewer than 2 rounds measured both."
 
 // betterPeer returns the peer with the best value of m, or "" if none has one.
 func (r *Report) betterPeer(m Metric) string {
@@ -125,6 +194,14 @@ func (r *Report) WriteMarkdown(w io.Writer) {
 	b.WriteString("\n### Cost to the proxy's host (memory per idle tunnel; proxy CPU time per unit of work)\n\n")
 	absolute(costMetrics, false)
 
+	explained := false
+	heading := func(h string) {
+		b.WriteString("\n### " + h + "\n\n")
+		if !explained {
+			b.WriteString(spreadNote + "\n\n")
+			explained = true
+		}
+	}
 	if r.Direct != "" {
 		var rows [][]string
 		for _, t := range r.Targets {
@@ -133,11 +210,11 @@ func (r *Report) WriteMarkdown(w io.Writer) {
 			}
 			row := []string{t}
 			for _, m := range speedMetrics {
-				row = append(row, formatRatio(r.value(t, m), r.value(r.Direct, m)))
+				row = append(row, r.ratioCell(t, r.Direct, m, ""))
 			}
 			rows = append(rows, row)
 		}
-		b.WriteString("\n### Against direct (target ÷ direct)\n\n")
+		heading("Against direct (target ÷ direct)")
 		writeTable(&b, "target", speedMetrics, nil, rows)
 	}
 
@@ -147,31 +224,35 @@ func (r *Report) WriteMarkdown(w io.Writer) {
 			for _, c := range comps {
 				row := []string{c.label}
 				for _, m := range group {
-					right := c.right
+					right, peer := c.right, ""
 					if right == "" {
 						right = r.betterPeer(m)
+						peer = right
 					}
-					cell := formatRatio(r.value(c.left, m), r.value(right, m))
-					if c.right == "" && right != "" && cell != "–" {
-						cell += " (" + right + ")"
-					}
-					row = append(row, cell)
+					row = append(row, r.ratioCell(c.left, right, m, peer))
 				}
 				rows = append(rows, row)
 			}
 			if group[0] == speedMetrics[0] {
-				b.WriteString("\n### Against each other: speed (left ÷ right; rates: higher is better, latency: lower)\n\n")
+				heading("Against each other: speed (left ÷ right; rates: higher is better, latency: lower)")
 			} else {
-				b.WriteString("\n### Against each other: cost (left ÷ right; lower is better)\n\n")
+				heading("Against each other: cost (left ÷ right; lower is better)")
 			}
 			writeTable(&b, "comparison", group, nil, rows)
 		}
 	}
 
 	if checks := r.Checks(); len(checks) > 0 {
-		b.WriteString("\n### Targets (issue 3; reported, not asserted)\n\n| target | measured | met |\n|---|---:|:---:|\n")
+		b.WriteString("\n### Targets (issue 3; reported, not asserted)\n\n" +
+			"Met: the ratio of the medians reaches the target. Within noise: the target's threshold lies inside the interquartile range of the per-round ratios " +
+			"(in parentheses), so the verdict can go either way from one run to the next.\n\n" +
+			"| target | measured | met | within noise |\n|---|---:|:---:|:---:|\n")
 		for _, c := range checks {
-			fmt.Fprintf(&b, "| %s | %s | %s |\n", c.Want, c.Got, c.verdict())
+			got := c.Got
+			if c.Spread.known() {
+				got += " (" + c.Spread.String() + ")"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Want, got, c.verdict(), c.noise())
 		}
 	}
 	for _, n := range r.Notes {
@@ -222,10 +303,12 @@ func (r *Report) comparisonRows() []comparison {
 
 // Check is one of the issue's performance targets with the measured value.
 type Check struct {
-	Want string
-	Got  string
-	Met  bool
-	Skip bool // a value it needs was not measured
+	Want      string
+	Got       string
+	Met       bool
+	Skip      bool    // a value it needs was not measured
+	Threshold float64 // of a ratio target
+	Spread    Spread  // of the per-round ratios; none for a target that is not a ratio
 }
 
 func (c Check) verdict() string {
@@ -236,6 +319,17 @@ func (c Check) verdict() string {
 		return "yes"
 	}
 	return "**no**"
+}
+
+// noise says whether the threshold lies inside the per-round spread.
+func (c Check) noise() string {
+	switch {
+	case c.Skip || !c.Spread.known():
+		return "–"
+	case c.Spread.contains(c.Threshold):
+		return "yes"
+	}
+	return "no"
 }
 
 // Checks evaluates the issue's targets for compass-proxy.
@@ -253,7 +347,8 @@ func (r *Report) Checks() []Check {
 			return
 		}
 		q := l / rv
-		checks = append(checks, Check{Want: want, Got: fmt.Sprintf("%.2f×", q), Met: q > min || (!strict && q == min)})
+		checks = append(checks, Check{Want: want, Got: fmt.Sprintf("%.2f×", q), Met: q > min || (!strict && q == min),
+			Threshold: min, Spread: r.spread(left, right, m)})
 	}
 	ratio("bulk throughput ≥ 0.5× direct", MetricBulk, c, r.Direct, 0.5, false)
 	ratio("bulk throughput ≥ 1.3× the better peer", MetricBulk, c, r.betterPeer(MetricBulk), 1.3, false)
@@ -280,7 +375,8 @@ func (r *Report) Checks() []Check {
 				checks = append(checks, Check{Want: want, Got: "–", Skip: true})
 				continue
 			}
-			checks = append(checks, Check{Want: want, Got: fmt.Sprintf("%.2f×", l/p), Met: l/p <= 1.05})
+			checks = append(checks, Check{Want: want, Got: fmt.Sprintf("%.2f×", l/p), Met: l/p <= 1.05,
+				Threshold: 1.05, Spread: r.spread(a, c, m)})
 		}
 	}
 	return checks

@@ -127,3 +127,112 @@ func TestWriteMarkdown(t *testing.T) {
 		t.Error("direct is compared against itself")
 	}
 }
+
+// sampleRounds adds five rounds of set-ups to sampleReport, with the same medians. The
+// rounds' order matters: paired by rank instead of by round, every spread below changes
+// and the allowlist's threshold leaves its range.
+func sampleRounds() *Report {
+	r := sampleReport()
+	setups := map[string][]float64{
+		NameDirect:           {10000, 8000, 12000, 9000, 11000},
+		NameCompass:          {8000, 6000, 9600, 7400, 8400},
+		NameCompassAllowlist: {8400, 5000, 7000, 6500, 9000},
+		NameSquid:            {4400, 3000, 4000, 3800, 4600},
+		NameTinyproxy:        {6600, 5400, 6000, 5000, 7000},
+	}
+	r.PerRound = map[string]*RoundValues{}
+	for t, v := range setups {
+		if Median(v) != r.Values[t][MetricSetups] {
+			panic("sampleRounds: median of " + t + " differs from sampleReport")
+		}
+		r.PerRound[t] = &RoundValues{MetricSetups: v}
+	}
+	return r
+}
+
+func TestSpread(t *testing.T) {
+	nan := math.NaN()
+	tests := []struct {
+		name        string
+		left, right []float64
+		want        Spread
+	}{
+		// Paired by round: 1.25, 0.80, 1.00 (rank order would give 1, 1, 1).
+		{"paired by round", []float64{100, 80, 120}, []float64{80, 100, 120}, Spread{0.8, 1.25, 3}},
+		// 1.2121, 1.1111, 1.6, 1.48, 1.2: nearest rank 2 and 4 of 5.
+		{"interquartile by nearest rank", []float64{8000, 6000, 9600, 7400, 8400}, []float64{6600, 5400, 6000, 5000, 7000}, Spread{1.2, 1.48, 5}},
+		// The NaN and zero rounds drop out without shifting the others: 2, 3.
+		{"missing rounds skipped in place", []float64{2, nan, 5, 9}, []float64{1, 4, 0, 3}, Spread{2, 3, 2}},
+		{"lengths differ: only common rounds", []float64{1, 4, 100}, []float64{1, 2}, Spread{1, 2, 2}},
+		{"one round: no spread", []float64{3}, []float64{2}, Spread{}},
+		{"no rounds", nil, nil, Spread{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &Report{PerRound: map[string]*RoundValues{
+				"l": {MetricSetups: tt.left},
+				"r": {MetricSetups: tt.right},
+			}}
+			got := r.spread("l", "r", MetricSetups)
+			if got.Rounds != tt.want.Rounds || math.Abs(got.Lo-tt.want.Lo) > 1e-9 || math.Abs(got.Hi-tt.want.Hi) > 1e-9 {
+				t.Errorf("spread = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+	if got := (&Report{}).spread("l", "r", MetricSetups); got.known() {
+		t.Errorf("spread without rounds = %+v, want none", got)
+	}
+}
+
+func TestChecksNoise(t *testing.T) {
+	got := map[string][2]string{}
+	for _, c := range sampleRounds().Checks() {
+		got[c.Want] = [2]string{c.verdict(), c.noise()}
+	}
+	tests := []struct {
+		want       string
+		met, noise string
+	}{
+		// 1.33×, rounds 1.20–1.48: ahead of tinyproxy in every quartile.
+		{"tunnel set-ups/s ahead of the better peer (> 1×)", "yes", "no"},
+		// 2.00×, rounds 1.83–2.00.
+		{"tunnel set-ups/s ≥ 1.5× squid", "yes", "no"},
+		// 0.88×, rounds 0.83–1.05: missed by the medians, but 0.95 lies inside the rounds.
+		{"100k allowlist tunnel set-ups/s within 5% of public (≥ 0.95×)", "**no**", "yes"},
+		// Rounds of bulk, requests and memory are not in the sample.
+		{"bulk throughput ≥ 0.5× direct", "yes", "–"},
+		{"≤ 12 KiB per idle tunnel", "yes", "–"},
+		{"100k allowlist CPU ms/GB bulk within 5% of public (≤ 1.05×)", "n/a", "–"},
+	}
+	for _, tt := range tests {
+		if g := got[tt.want]; g != [2]string{tt.met, tt.noise} {
+			t.Errorf("%s: met %q, within noise %q; want %q, %q", tt.want, g[0], g[1], tt.met, tt.noise)
+		}
+	}
+}
+
+func TestWriteMarkdownSpread(t *testing.T) {
+	var b strings.Builder
+	sampleRounds().WriteMarkdown(&b)
+	out := b.String()
+	for _, want := range []string{
+		// Against direct: 0.80, 0.75, 0.80, 0.82, 0.76.
+		"| compass (public) | 0.60× | 0.80× (0.76–0.80) | 0.40× | 4.00× | 4.00× |",
+		"| compass (public) ÷ better peer | 1.60× (squid) | 1.33× (tinyproxy; 1.20–1.48) | 2.00× (squid) | 0.40× (squid) | 0.40× (squid) |",
+		"| compass (public) ÷ squid | 1.60× | 2.00× (1.83–2.00) | 2.00× | 0.40× | 0.40× |",
+		"| compass (100k allowlist) ÷ compass (public) | 0.96× | 0.88× (0.83–1.05) | 0.97× |",
+		"| target | measured | met | within noise |",
+		"| tunnel set-ups/s ahead of the better peer (> 1×) | 1.33× (1.20–1.48) | yes | no |",
+		"| 100k allowlist tunnel set-ups/s within 5% of public (≥ 0.95×) | 0.88× (0.83–1.05) | **no** | yes |",
+		"| bulk throughput ≥ 0.5× direct | 0.60× | yes | – |",
+		"| ≤ 12 KiB per idle tunnel | 10.0 KiB | yes | – |",
+		"In parentheses: the interquartile range of the per-round ratios",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, spreadNote); n != 1 {
+		t.Errorf("the spread note appears %d times, want once", n)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"runtime"
 	"strings"
 	"time"
@@ -78,12 +79,11 @@ func Run(cfg Config) (*Report, error) {
 	}
 	defer up.Close()
 	b := &bench{
-		cfg:      cfg,
-		up:       up,
-		rep:      &Report{Values: map[string]Values{}, Errors: map[string]int64{}, Direct: NameDirect},
-		targets:  []Target{{Name: NameDirect}},
-		perRound: map[string]*[numMetrics][]float64{},
-		samples:  map[string][]time.Duration{},
+		cfg:     cfg,
+		up:      up,
+		rep:     &Report{Values: map[string]Values{}, PerRound: map[string]*RoundValues{}, Errors: map[string]int64{}, Direct: NameDirect},
+		targets: []Target{{Name: NameDirect}},
+		samples: map[string][]time.Duration{},
 	}
 	defer b.stopAll()
 	if err := b.startProxies(); err != nil {
@@ -111,8 +111,7 @@ type bench struct {
 	targets []Target
 	procs   []*Process
 
-	perRound map[string]*[numMetrics][]float64 // per target and metric, one value a round
-	samples  map[string][]time.Duration        // per target, every latency sample
+	samples map[string][]time.Duration // per target, every latency sample
 }
 
 func (b *bench) logf(format string, args ...any) {
@@ -173,7 +172,7 @@ func (b *bench) startProxies() error {
 	}
 	for _, t := range b.targets {
 		b.rep.Targets = append(b.rep.Targets, t.Name)
-		b.perRound[t.Name] = &[numMetrics][]float64{}
+		b.rep.PerRound[t.Name] = &RoundValues{}
 	}
 	return nil
 }
@@ -250,13 +249,21 @@ func (b *bench) round(round int) {
 				b.rep.Errors[t.Name]++
 			}
 			b.samples[t.Name] = append(b.samples[t.Name], lat...)
+			per := b.rep.PerRound[t.Name]
+			p50, p99 := math.NaN(), math.NaN()
+			if len(lat) > 0 {
+				p50 = float64(Percentile(lat, 50)) / float64(time.Microsecond)
+				p99 = float64(Percentile(lat, 99)) / float64(time.Microsecond)
+			}
+			per[MetricP50] = append(per[MetricP50], p50)
+			per[MetricP99] = append(per[MetricP99], p99)
 			b.logf("round %d  %-26s latency     p50 %v p99 %v", round, t.Name, Percentile(lat, 50).Round(time.Microsecond), Percentile(lat, 99).Round(time.Microsecond))
 		}
 	}
 }
 
 func (b *bench) measureRate(round int, t Target, w rateWorkload) {
-	per := b.perRound[t.Name]
+	per := b.rep.PerRound[t.Name]
 	var r Rate
 	var err error
 	cpu := cpuDuring(t, func() { r, err = w.run(t) })
@@ -266,14 +273,18 @@ func (b *bench) measureRate(round int, t Target, w rateWorkload) {
 	}
 	b.rep.Errors[t.Name] += r.Errors
 	line := fmt.Sprintf("round %d  %-26s %-11s %8.0f (%d failed)", round, t.Name, w.name, r.PerSecond()*w.scale, r.Errors)
+	// Every round appends one value, NaN when nothing was measured, so that index i is
+	// round i+1 for every target and the report can pair two targets' rounds.
+	rate, cost := math.NaN(), math.NaN()
 	if r.Ops > 0 {
-		per[w.rate] = append(per[w.rate], r.PerSecond()*w.scale)
+		rate = r.PerSecond() * w.scale
 		if cpu >= 0 {
-			cost := cpu.Seconds() * w.cpuUnit / float64(r.Ops)
-			per[w.cost] = append(per[w.cost], cost)
+			cost = cpu.Seconds() * w.cpuUnit / float64(r.Ops)
 			line += fmt.Sprintf("  %s %.0f", metricInfos[w.cost].title, cost)
 		}
 	}
+	per[w.rate] = append(per[w.rate], rate)
+	per[w.cost] = append(per[w.cost], cost)
 	b.logf("%s", line)
 }
 
@@ -283,9 +294,11 @@ func (b *bench) summarise() {
 	lim := b.cfg.Limits
 	for _, t := range b.targets {
 		v := NoValues()
-		for m, vals := range b.perRound[t.Name] {
+		for m, vals := range b.rep.PerRound[t.Name] {
 			v[m] = Median(vals)
 		}
+		// Latency percentiles pool every round's samples instead of taking the median of
+		// the rounds' percentiles, which stay in PerRound for the spread of the ratios.
 		if s := b.samples[t.Name]; len(s) > 0 {
 			v[MetricP50] = float64(Percentile(s, 50)) / float64(time.Microsecond)
 			v[MetricP99] = float64(Percentile(s, 99)) / float64(time.Microsecond)

@@ -1,16 +1,17 @@
 package proxybench
 
 import (
+	"cmp"
 	"math"
 	"slices"
-	"time"
 )
 
-// Percentile returns the nearest-rank p-th percentile (0 < p <= 100) of samples, or 0
-// for no samples. samples is not modified.
-func Percentile(samples []time.Duration, p float64) time.Duration {
+// Percentile returns the nearest-rank p-th percentile (0 < p <= 100) of samples, or the
+// zero value for no samples. samples is not modified and must not hold NaNs.
+func Percentile[T cmp.Ordered](samples []T, p float64) T {
 	if len(samples) == 0 {
-		return 0
+		var zero T
+		return zero
 	}
 	sorted := slices.Clone(samples)
 	slices.Sort(sorted)
