@@ -27,13 +27,30 @@ const maxDepth = 32
 // deepErr is the rule that a document nesting past maxDepth breaks.
 var deepErr = fmt.Sprintf("nesting deeper than %d levels", maxDepth)
 
+// maxValues is how many values (lists, objects and scalars) a JSON document may hold:
+// ten times the 100,000-entry allowlists of `make bench-proxy`. Decoding costs about a
+// microsecond and 200 bytes per value, so a 32 MiB admin request of small numbers, 16
+// million values, took 16 s and 3.5 GB before this bound refused it after a million.
+const maxValues = 1 << 20
+
+// maxYAMLBytes bounds a YAML document. yaml.v3 builds its whole node tree before
+// anything can count it, at about 150 bytes of memory per byte of input; a 32 MiB
+// list took 20 s and 4.7 GB. Large generated documents are JSON.
+const maxYAMLBytes = 1 << 20
+
 // DecodeJSON decodes exactly one JSON value. Unlike encoding/json it refuses duplicate
 // object keys, because "last one wins" would let a second network_mode hide behind a
 // first one that a reviewer read.
 func DecodeJSON(data []byte) (any, error) {
+	return decodeJSON(data, maxValues)
+}
+
+// decodeJSON is DecodeJSON with a bound of limit values.
+func decodeJSON(data []byte, limit int) (any, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
-	v, err := decodeJSONValue(dec, 0)
+	d := jsonDecoder{dec: dec, left: limit, limit: limit}
+	v, err := d.value(0)
 	if err != nil {
 		return nil, err
 	}
@@ -43,14 +60,24 @@ func DecodeJSON(data []byte) (any, error) {
 	return v, nil
 }
 
-// decodeJSONValue decodes the next value, which sits inside depth lists and objects.
-func decodeJSONValue(dec *json.Decoder, depth int) (any, error) {
+// jsonDecoder reads one document's values, counting them against its bound.
+type jsonDecoder struct {
+	dec         *json.Decoder
+	left, limit int
+}
+
+// value decodes the next value, which sits inside depth lists and objects.
+func (d *jsonDecoder) value(depth int) (any, error) {
+	dec := d.dec
 	tok, err := dec.Token()
 	if err != nil {
 		if err == io.EOF {
 			return nil, fmt.Errorf("invalid JSON: no value")
 		}
 		return nil, fmt.Errorf("invalid JSON: %w", err)
+	}
+	if d.left--; d.left < 0 {
+		return nil, fmt.Errorf("invalid JSON: byte offset %d: more than %d values in one document", dec.InputOffset(), d.limit)
 	}
 	switch t := tok.(type) {
 	case json.Delim:
@@ -70,7 +97,7 @@ func decodeJSONValue(dec *json.Decoder, depth int) (any, error) {
 				if _, dup := obj[key]; dup {
 					return nil, fmt.Errorf("invalid JSON: the key %s appears twice in one object", Quote(key))
 				}
-				v, err := decodeJSONValue(dec, depth+1)
+				v, err := d.value(depth + 1)
 				if err != nil {
 					return nil, err
 				}
@@ -81,7 +108,7 @@ func decodeJSONValue(dec *json.Decoder, depth int) (any, error) {
 		case '[':
 			arr := []any{}
 			for dec.More() {
-				v, err := decodeJSONValue(dec, depth+1)
+				v, err := d.value(depth + 1)
 				if err != nil {
 					return nil, err
 				}
@@ -107,6 +134,9 @@ func wrapJSON(err error) error {
 // DecodeJSON does (yaml.v3 checks them only when decoding into Go maps); tags are mapped so that numbers stay numbers (json.Number) and
 // everything else keeps the type a JSON reader would give it.
 func DecodeYAML(data []byte) (any, error) {
+	if len(data) > maxYAMLBytes {
+		return nil, fmt.Errorf("invalid YAML: %d bytes: a YAML document may hold at most %d; write a larger one as JSON", len(data), maxYAMLBytes)
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var root yaml.Node
 	if err := dec.Decode(&root); err != nil {

@@ -39,9 +39,10 @@ func TestDecodeRefusesDeepNesting(t *testing.T) {
 		{"YAML mappings one past the limit", deepYAMLMapping(maxDepth + 1), fmt.Sprintf("invalid YAML: line %d: %s", maxDepth+1, tooDeep)},
 		{"YAML flow lists one past the limit", "x: " + deepJSON("[", "]", maxDepth, ""), "invalid YAML: line 1: " + tooDeep},
 		// yaml.v3 refuses more than 10000 levels itself, before building the tree.
-		{"YAML 2^20 flow lists", "x: " + deepJSON("[", "]", huge, ""), "invalid YAML: yaml: exceeded max depth of 10000"},
-		{"YAML 2^20 flow mappings", "x: " + deepJSON("{a: ", "}", huge, "1"), "invalid YAML: yaml: exceeded max depth of 10000"},
-		{"YAML 2^20 block lists", strings.Repeat("- ", huge) + "x\n", "invalid YAML: yaml: exceeded max depth of 10000"},
+		// Past yaml.v3's own depth limit yet within maxYAMLBytes (2^20 levels are refused by size).
+		{"YAML 2^17 flow lists", "x: " + deepJSON("[", "]", huge>>3, ""), "invalid YAML: yaml: exceeded max depth of 10000"},
+		{"YAML 2^16 flow mappings", "x: " + deepJSON("{a: ", "}", huge>>4, "1"), "invalid YAML: yaml: exceeded max depth of 10000"},
+		{"YAML 2^18 block lists", strings.Repeat("- ", huge>>2) + "x\n", "invalid YAML: yaml: exceeded max depth of 10000"},
 		{"YAML 9999 block lists", strings.Repeat("- ", 9999) + "x\n", "invalid YAML: line 1: " + tooDeep},
 	}
 	for _, tc := range tests {
@@ -244,4 +245,53 @@ func marshalledDisplay(v any) string {
 		return string(b[:cut]) + "..."
 	}
 	return string(b)
+}
+
+// A JSON document of small values cost about a microsecond and 200 bytes each to decode:
+// a 32 MiB admin request of 16 million numbers took 16 s and 3.5 GB. The decoder stops
+// at its bound instead, naming it; the bound counts every list, object and scalar.
+func TestDecodeJSONRefusesTooManyValues(t *testing.T) {
+	tests := []struct {
+		doc  string
+		want string // a fragment of the error; empty when the document decodes
+	}{
+		{`[1,2,3,4]`, ""},
+		{`{"a":[1,2],"b":null}`, ""},
+		{`[1,2,3,4,5]`, "invalid JSON: byte offset 10: more than 5 values in one document"},
+		{`{"a":[1,2],"b":{"c":1}}`, "more than 5 values"},
+		{`[[[[[[]]]]]]`, "more than 5 values"},
+		{"[" + strings.Repeat("0,", 1<<20) + "0]", "invalid JSON: byte offset 10: more than 5 values in one document"},
+	}
+	for _, tc := range tests {
+		_, err := decodeJSON([]byte(tc.doc), 5)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%.40s: %v", tc.doc, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%.40s: error %v, want %q", tc.doc, err, tc.want)
+		}
+	}
+	if maxValues < 1_000_000 {
+		t.Errorf("maxValues %d leaves no room for the million-value allowlists it is meant to admit", maxValues)
+	}
+}
+
+// yaml.v3 builds a node tree of about 150 bytes per input byte before anything can count
+// values, so YAML is bounded by size: a 32 MiB list took 20 s and 4.7 GB.
+func TestDecodeYAMLRefusesLargeDocuments(t *testing.T) {
+	pad := func(n int) []byte {
+		doc := []byte("network_mode: public\n#")
+		doc = append(doc, strings.Repeat("x", n-len(doc)-1)...)
+		return append(doc, '\n')
+	}
+	if _, err := DecodeYAML(pad(maxYAMLBytes)); err != nil {
+		t.Fatalf("a document of exactly %d bytes: %v", maxYAMLBytes, err)
+	}
+	want := fmt.Sprintf("invalid YAML: %d bytes: a YAML document may hold at most %d; write a larger one as JSON", maxYAMLBytes+1, maxYAMLBytes)
+	if _, err := DecodeYAML(pad(maxYAMLBytes + 1)); err == nil || err.Error() != want {
+		t.Fatalf("a document of %d bytes: %v, want %q", maxYAMLBytes+1, err, want)
+	}
+	if _, err := DecodeDocument(pad(maxYAMLBytes + 1)); err == nil || err.Error() != want {
+		t.Fatalf("DecodeDocument: %v", err)
+	}
 }

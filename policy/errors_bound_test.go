@@ -70,6 +70,8 @@ func TestErrorMessagesAreBounded(t *testing.T) {
 	const mib = 1 << 20
 	big := strings.Repeat("a", mib)
 	bigE := strings.Repeat("é", mib/2) // cut inside a character unless clip takes care
+	// YAML documents may hold at most maxYAMLBytes (1 MiB), so theirs are half as big.
+	half, halfE := big[:mib/2], bigE[:mib/2]
 	parse := func(doc string) func() error {
 		return func() error { _, err := Parse([]byte(doc)); return err }
 	}
@@ -106,16 +108,16 @@ func TestErrorMessagesAreBounded(t *testing.T) {
 			[]string{`: not a valid internationalised host name (idna: invalid label "éé`, `more bytes))`}},
 		{"duplicate 1 MiB JSON key", parse(`{"` + big + `":1,"` + big + `":2}`),
 			[]string{`invalid JSON: the key "aaaa`, `a"…(1047552 more bytes) appears twice in one object`}},
-		{"duplicate 1 MiB YAML key", parse("? " + big + "\n: 1\n? " + big + "\n: 2\n"),
-			[]string{`invalid YAML: line 3: the key "aaaa`, `a"…(1047552 more bytes) appears twice in one mapping`}},
-		{"1 MiB undefined YAML alias", parse("network_mode: *" + big + "\n"),
-			[]string{"invalid YAML: yaml: unknown anchor 'aaaa", "a…(1047586 more bytes)"}},
-		{"1 MiB YAML tag", parse("network_mode: !x" + big + " public\n"),
-			[]string{"invalid YAML: line 1: unsupported tag !xaaaa", "a…(1047554 more bytes)"}},
-		{"1 MiB YAML scalar yaml.v3 cannot decode", parse("network_mode: !!bool " + big + "\n"),
+		{"duplicate 256 KiB YAML key", parse("? " + half[:mib/4] + "\n: 1\n? " + half[:mib/4] + "\n: 2\n"),
+			[]string{`invalid YAML: line 3: the key "aaaa`, `a"…(261120 more bytes) appears twice in one mapping`}},
+		{"512 KiB undefined YAML alias", parse("network_mode: *" + half + "\n"),
+			[]string{"invalid YAML: yaml: unknown anchor 'aaaa", "a…(523298 more bytes)"}},
+		{"512 KiB YAML tag", parse("network_mode: !x" + half + " public\n"),
+			[]string{"invalid YAML: line 1: unsupported tag !xaaaa", "a…(523266 more bytes)"}},
+		{"512 KiB YAML scalar yaml.v3 cannot decode", parse("network_mode: !!bool " + half + "\n"),
 			[]string{"invalid YAML: line 1: yaml: cannot decode !!str `aaaa", "more bytes)"}},
-		{"1 MiB network mode in YAML", parse("network_mode: " + bigE + "\n"),
-			[]string{`network_mode "éé`, `é"…(1047552 more bytes): unknown network mode`}},
+		{"512 KiB network mode in YAML", parse("network_mode: " + halfE + "\n"),
+			[]string{`network_mode "éé`, `é"…(523264 more bytes): unknown network mode`}},
 		{"1 MiB env param number", func() error {
 			_, err := ParseEnvParams([]byte(`{"allowlist_proxy_start_timeout":1` + strings.Repeat("0", mib) + `}`))
 			return err
