@@ -41,18 +41,32 @@ type requestState struct {
 	refusedConn atomic.Bool
 }
 
-// answerBody records in st the error that ends an upstream answer's body early.
+// answerBody records in st the error that ends an upstream answer's body early. An
+// answer from net/http's Transport has its reads watched for the idle timeout (the
+// upstream client's connection has a read deadline instead: see headLimit).
 type answerBody struct {
 	io.ReadCloser
-	st *requestState
+	st    *requestState
+	watch readWatch
 }
 
-func (b *answerBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
+func (b *answerBody) Read(p []byte) (n int, err error) {
+	if b.watch.timeout > 0 {
+		n, err = b.watch.read(b.ReadCloser, p, b.st.client.cancel)
+	} else {
+		n, err = b.ReadCloser.Read(p)
+	}
 	if err != nil && err != io.EOF && b.st.answerErr == nil {
 		b.st.answerErr = err
 	}
 	return n, err
+}
+
+func (b *answerBody) Close() error {
+	if b.watch.timeout > 0 {
+		b.watch.stop()
+	}
+	return b.ReadCloser.Close()
 }
 
 // upstreamAnswer is what the client gets of an allowed request's round trip: the
@@ -87,7 +101,7 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 		return resp, nil
 	}
 	if resp.Body != nil && resp.Body != http.NoBody {
-		st.answer = answerBody{ReadCloser: resp.Body, st: st}
+		st.answer.ReadCloser, st.answer.st = resp.Body, st
 		resp.Body = &st.answer
 	}
 	return resp, nil
@@ -241,6 +255,17 @@ func (s *Server) settle(st *requestState) {
 	}
 }
 
+// logAnswerIdle logs the end of an allowed request's answer that moved no byte for the
+// tunnel idle timeout; side is the one that stalled: "client" (it read nothing) or
+// "upstream" (it sent nothing).
+func (s *Server) logAnswerIdle(st *requestState, client, side string) {
+	if st.entry == nil {
+		return
+	}
+	s.log.Warn("answer idle", "type", typeHTTP, "host", st.entry.name, "port", st.entry.port, "client", client,
+		"side", side, "idle_seconds", s.cfg.TunnelIdleTimeout.Seconds())
+}
+
 // decideHTTP decides an absolute-URI request. The destination is the URI's authority,
 // and the upstream is sent that authority as Host (RFC 9112 §3.2.2). A Host field that
 // names another destination is refused all the same: a client that says two things
@@ -313,6 +338,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	r = r.WithContext(httptrace.WithClientTrace(dctx, trace))
 	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
 		resp, err := rs.transport.RoundTrip(req)
+		st.answer.watch.timeout = s.cfg.TunnelIdleTimeout
 		return s.upstreamAnswer(req, st, &v, resp, err)
 	})
 	return r, nil

@@ -180,17 +180,19 @@ func (f *front) wait(ctx context.Context) {
 	<-done
 }
 
-// clientConn is one client connection's reading state.
+// clientConn is one client connection's reading state, and the writer of its answers.
 type clientConn struct {
 	c      net.Conn
 	head   *io.LimitedReader // the socket, limited while a head is read
 	br     *bufio.Reader
 	remote string
+	out    idleWriter // c, for answers to forwarded requests
 }
 
 func (f *front) serveConn(c net.Conn) {
 	defer f.untrack(c)
-	cc := &clientConn{c: c, head: &io.LimitedReader{R: c, N: math.MaxInt64}, remote: c.RemoteAddr().String()}
+	cc := &clientConn{c: c, head: &io.LimitedReader{R: c, N: math.MaxInt64}, remote: c.RemoteAddr().String(),
+		out: idleWriter{Conn: c, timeout: f.s.cfg.TunnelIdleTimeout}}
 	cc.br = frontReaders.Get().(*bufio.Reader)
 	cc.br.Reset(cc.head)
 	owned := false // a tunnel or hijacker took the connection
@@ -360,10 +362,11 @@ func (f *front) connect(cc *clientConn, req *http.Request) bool {
 	rs := s.current.Load()
 	v := s.decideTunnel(req.Context(), rs, req.URL.Host, req.RemoteAddr)
 	if !v.Allowed {
+		_ = cc.c.SetWriteDeadline(time.Now().Add(s.cfg.HeaderTimeout))
 		_ = refusalResponse(req, rs, typeConnect, v).Write(cc.c)
 		return false
 	}
-	return s.openTunnel(req, cc.c, buffered, rs, v)
+	return s.openTunnel(req, cc.out.handOver(), buffered, rs, v)
 }
 
 // serveRequest runs goproxy on one request and finishes its response. keep says the
@@ -372,7 +375,7 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	// A request that asked for an upgrade ends its connection unless it was upgraded:
 	// what the client sent after it may be meant for the upgraded protocol.
 	closeAfter := req.Close || !req.ProtoAtLeast(1, 1) || f.draining() || req.Header.Get("Upgrade") != ""
-	w := newResponseWriter(cc.c, cc.br, req, closeAfter)
+	w := newResponseWriter(&cc.out, cc.br, req, closeAfter)
 	// A request without a body keeps http.NoBody: anything else makes the transport
 	// probe for a body on a goroutine of its own.
 	var body *requestBody
@@ -404,6 +407,13 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	// An answer whose upstream body broke off ends with the connection, never with
 	// the framing of a whole one (a last chunk, a kept connection).
 	keep = !panicked && st.answerErr == nil && w.finish()
+	if !keep {
+		if errors.Is(st.answerErr, errUpstreamIdle) {
+			f.s.logAnswerIdle(st, cc.remote, "upstream")
+		} else if errors.Is(w.writeErr(), errClientIdle) {
+			f.s.logAnswerIdle(st, cc.remote, "client")
+		}
+	}
 	if body == nil {
 		return keep, false
 	}

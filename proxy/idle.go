@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -116,4 +117,118 @@ func (c *idleConn) quiesce() {
 	c.inFlight.Lock()
 	//lint:ignore SA2001 taking the lock is the wait for the reads and writes holding it
 	c.inFlight.Unlock()
+}
+
+// Errors that end an HTTP answer which moved no byte for the tunnel idle timeout.
+var (
+	errClientIdle   = errors.New("proxy: the client read nothing of the answer for the tunnel idle timeout")
+	errUpstreamIdle = errors.New("proxy: the upstream sent nothing of the answer body for the tunnel idle timeout")
+)
+
+// idleWriter is a client connection whose writes fail with errClientIdle once the
+// client has read nothing for the timeout: an answer it stopped reading must not hold
+// the request's goroutine, connection slot and upstream connection. A long answer to a
+// client that keeps reading, however slowly, is not cut. The write deadline is set a
+// timeout ahead and moved only once more than half of it is used, so a connection that
+// keeps writing moves it at most once per half timeout, not once per write; a deadline
+// that passes less than a timeout after the last progress is moved on, not obeyed.
+type idleWriter struct {
+	net.Conn
+	timeout  time.Duration
+	deadline time.Time // the write deadline set on Conn; zero: none
+}
+
+func (w *idleWriter) Write(p []byte) (int, error) {
+	last := time.Now() // the last progress: the write's start, then each partial write
+	if w.deadline.Sub(last) < w.timeout/2 {
+		w.setDeadline(last.Add(w.timeout))
+	}
+	written := 0
+	for {
+		n, err := w.Conn.Write(p[written:])
+		written += n
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return written, err
+		}
+		now := time.Now()
+		if n > 0 {
+			last = now
+		} else if now.Sub(last) >= w.timeout {
+			return written, errClientIdle
+		}
+		w.setDeadline(last.Add(w.timeout))
+	}
+}
+
+func (w *idleWriter) setDeadline(t time.Time) {
+	w.deadline = t
+	_ = w.Conn.SetWriteDeadline(t)
+}
+
+// handOver returns the connection, without the deadline, to a tunnel or relay that
+// bounds its writes its own way.
+func (w *idleWriter) handOver() net.Conn {
+	if !w.deadline.IsZero() {
+		w.setDeadline(time.Time{})
+	}
+	return w.Conn
+}
+
+// readWatch bounds the reads of an answer body whose connection the proxy cannot give a
+// deadline (net/http's Transport reads it and pools it): a timer looks at the read in
+// progress, and once that read has waited for the timeout it calls end, which cancels
+// the request (the Transport then closes the connection); the read fails with
+// errUpstreamIdle. The timer starts with the first read.
+type readWatch struct {
+	timeout time.Duration // 0: no watch
+	since   atomic.Int64  // unix nanoseconds at which the read in progress began; 0 between reads
+	fired   atomic.Bool
+	mu      sync.Mutex
+	t       *time.Timer
+	stopped bool
+}
+
+func (w *readWatch) read(r io.Reader, p []byte, end func()) (int, error) {
+	w.since.Store(time.Now().UnixNano())
+	if w.t == nil { // only this goroutine sets it
+		w.mu.Lock()
+		if !w.stopped {
+			w.t = time.AfterFunc(w.timeout, func() { w.check(end) })
+		}
+		w.mu.Unlock()
+	}
+	n, err := r.Read(p)
+	w.since.Store(0)
+	if err != nil && w.fired.Load() {
+		err = errUpstreamIdle
+	}
+	return n, err
+}
+
+func (w *readWatch) check(end func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	left := w.timeout
+	if s := w.since.Load(); s != 0 {
+		left -= time.Since(time.Unix(0, s))
+	}
+	if left > 0 {
+		w.t.Reset(left)
+		return
+	}
+	w.stopped = true
+	w.fired.Store(true)
+	end()
+}
+
+func (w *readWatch) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+	if w.t != nil {
+		w.t.Stop()
+	}
 }

@@ -237,7 +237,18 @@ func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return nil, nil, err
 	}
 	w.hijacked = true
-	return w.conn, bufio.NewReadWriter(w.br, bufio.NewWriter(w.conn)), nil
+	conn := w.conn
+	if out, ok := conn.(*idleWriter); ok {
+		conn = out.handOver()
+	}
+	return conn, bufio.NewReadWriter(w.br, bufio.NewWriter(conn)), nil
+}
+
+// writeErr is the error that failed the answer's writes, if any.
+func (w *responseWriter) writeErr() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
 }
 
 // finish ends the response: the head if nothing was written (then the body is empty),

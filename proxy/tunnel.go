@@ -32,7 +32,11 @@ func (s *Server) decideTunnel(ctx context.Context, rs *RuleSet, target, client s
 // tunnel started; if it did not, it has answered the client and the caller closes the
 // connection.
 func (s *Server) openTunnel(r *http.Request, client net.Conn, buffered []byte, rs *RuleSet, v Verdict) bool {
-	fail := func(status, reason string) { _, _ = io.WriteString(client, errorAnswer(status, reason)) }
+	// The answers that end a CONNECT unserved are bounded as the front's last answers are.
+	fail := func(status, reason string) {
+		_ = client.SetWriteDeadline(time.Now().Add(s.cfg.HeaderTimeout))
+		_, _ = io.WriteString(client, errorAnswer(status, reason))
+	}
 	up, addr, err := s.dialVerdict(r.Context(), &v)
 	if err != nil {
 		s.log.Warn("dial failed", "type", typeConnect, "host", blockedHost(v), "port", v.Port, "client", r.RemoteAddr, "error", err.Error())
@@ -77,6 +81,7 @@ func (s *Server) openTunnel(r *http.Request, client net.Conn, buffered []byte, r
 			v.Allowed, v.Reason = false, ReasonPolicyChanged
 		}
 		s.record(cur, typeConnect, v, r.RemoteAddr)
+		_ = client.SetWriteDeadline(time.Now().Add(s.cfg.HeaderTimeout))
 		_ = refusalResponse(r, cur, typeConnect, v).Write(client)
 	}
 	if cur := s.current.Load(); cur != rs && !s.decider.Recheck(cur, v.Name, addr, v.Port) {

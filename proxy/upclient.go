@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 	"unsafe"
@@ -38,22 +39,30 @@ type upConn struct {
 	timer *time.Timer // closes it once idle for the idle timeout
 }
 
-func newUpConn(c *net.TCPConn, key netip.AddrPort) *upConn {
-	uc := &upConn{c: c, key: key, limit: headLimit{c: c, left: -1}}
+func newUpConn(c *net.TCPConn, key netip.AddrPort, idle time.Duration) *upConn {
+	uc := &upConn{c: c, key: key, limit: headLimit{c: c, left: -1, idle: idle}}
 	uc.br = bufio.NewReaderSize(&uc.limit, 4096)
 	return uc
 }
 
 // headLimit reads the connection with a budget while an answer head is read (left >=
-// 0), and without one for the body (left < 0).
+// 0), and without one for the body (left < 0). A body read that waits for the idle
+// timeout fails with errUpstreamIdle: an upstream that goes silent in the middle of an
+// answer must not hold the request for ever, and one that keeps sending, however
+// slowly, is not cut. As idleWriter does for writes, the read deadline is set a
+// timeout ahead and moved only once more than half of it is used; it stays on the
+// connection after the body, and a head read that meets it moves it away (the wait for
+// a head has no such bound).
 type headLimit struct {
-	c    net.Conn
-	left int64
+	c        net.Conn
+	left     int64
+	idle     time.Duration
+	deadline time.Time // the read deadline set on c; zero: none
 }
 
 func (l *headLimit) Read(p []byte) (int, error) {
 	if l.left < 0 {
-		return l.c.Read(p)
+		return l.readBody(p)
 	}
 	if l.left == 0 {
 		return 0, errAnswerHeadTooLong
@@ -62,8 +71,34 @@ func (l *headLimit) Read(p []byte) (int, error) {
 		p = p[:l.left]
 	}
 	n, err := l.c.Read(p)
+	if n == 0 && !l.deadline.IsZero() && errors.Is(err, os.ErrDeadlineExceeded) {
+		l.setDeadline(time.Time{})
+		n, err = l.c.Read(p)
+	}
 	l.left -= int64(n)
 	return n, err
+}
+
+func (l *headLimit) readBody(p []byte) (int, error) {
+	start := time.Now()
+	if l.deadline.Sub(start) < l.idle/2 {
+		l.setDeadline(start.Add(l.idle))
+	}
+	for {
+		n, err := l.c.Read(p)
+		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return n, err
+		}
+		if time.Since(start) >= l.idle {
+			return 0, errUpstreamIdle
+		}
+		l.setDeadline(start.Add(l.idle))
+	}
+}
+
+func (l *headLimit) setDeadline(t time.Time) {
+	l.deadline = t
+	_ = l.c.SetReadDeadline(t)
 }
 
 // quiet reports whether a pooled connection has nothing to read. An upstream may
@@ -167,7 +202,7 @@ func (u *upstreamClient) conn(ctx context.Context, v *Verdict) (*upConn, bool, e
 	if err != nil {
 		return nil, false, err
 	}
-	return newUpConn(c, netip.AddrPortFrom(addr, v.Port)), false, nil
+	return newUpConn(c, netip.AddrPortFrom(addr, v.Port), u.s.cfg.TunnelIdleTimeout), false, nil
 }
 
 // takeIdle removes and returns an idle connection to one of v's addresses, or nil.
