@@ -244,57 +244,6 @@ func TestAnswerFromSlowUpstreamCompletes(t *testing.T) {
 	}
 }
 
-// The idle bound does not cover the wait for an answer's head, on a new upstream
-// connection or on a pooled one whose last body read left its deadline behind: an
-// upstream that takes longer than the timeout to begin its answer is waited for.
-func TestAnswerHeadWaitIsNotBoundByIdle(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.TunnelIdleTimeout = answerIdle })
-	h.dns.set("slowhead.test", netip.MustParseAddr("127.0.0.22"))
-	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slowhead.test"]}`)
-	var conns atomic.Int64
-	port := serveTCP(t, "127.0.0.22", func(c net.Conn, _ <-chan struct{}) {
-		conns.Add(1)
-		br := bufio.NewReader(c)
-		for first := true; ; first = false {
-			line, err := br.ReadString('\n')
-			if err != nil || readHead(br) != nil {
-				return
-			}
-			if strings.HasPrefix(line, "POST") {
-				if _, err := br.ReadByte(); err != nil {
-					return
-				}
-			}
-			if !first {
-				time.Sleep(3 * answerIdle)
-			}
-			// The body comes after the head, so that reading it waits on the connection.
-			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n")
-			time.Sleep(20 * time.Millisecond)
-			_, _ = io.WriteString(c, "body")
-		}
-	}).Port
-	c := h.dialProxy(t)
-	br := bufio.NewReader(c)
-	for i, method := range []string{http.MethodGet, http.MethodGet, http.MethodPost} {
-		req := strings.ReplaceAll(answerRequest(method, port), "stall.test", "slowhead.test")
-		if _, err := io.WriteString(c, req); err != nil {
-			t.Fatal(err)
-		}
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatalf("request %d (%s): %v", i, method, err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		if err != nil || string(body) != "body" {
-			t.Fatalf("request %d (%s): %q %v", i, method, body, err)
-		}
-	}
-	if n := conns.Load(); n != 2 {
-		t.Fatalf("upstream connections: %d, want 2 (one pooled for both GETs, one for the POST)", n)
-	}
-}
-
 // An idleWriter's write that the client takes longer than the timeout to read, but
 // reads some of every moment, completes; one the client stops reading fails with
 // errClientIdle a timeout after the last byte it took.

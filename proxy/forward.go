@@ -72,7 +72,10 @@ func (b *answerBody) Close() error {
 // upstreamAnswer is what the client gets of an allowed request's round trip: the
 // upstream's answer, its body wrapped in answerBody (not a 101's, which goproxy relays
 // as the upstream connection itself); or, when there is none, a 502 that says whether
-// the dial or the exchange failed (goproxy would answer 500 with the error's text).
+// the dial or the exchange failed, or a 504 when the upstream sent no answer head for
+// the tunnel idle timeout (goproxy would answer 500 with the error's text). A client
+// that stopped sending its request body gets no answer: the front closes its
+// connection (see serveRequest).
 //
 // A 101 is relayed only as the websocket handshake the request asked for (goproxy
 // would stream any other upgrade one way, unbounded). Its upstream connection closes
@@ -89,12 +92,19 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 			s.record(cur, typeHTTP, refused, req.RemoteAddr)
 			return refusalResponse(req, cur, typeHTTP, refused), nil
 		}
-		return s.badGateway(req, v, err), nil
+		if errors.Is(err, errClientBodyIdle) {
+			// Never written: the front sees the body idle and closes the connection.
+			return &http.Response{StatusCode: http.StatusRequestTimeout, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+		}
+		if errors.Is(err, errUpstreamHeadIdle) && req.Context().Err() == nil {
+			s.logIdle(st, "answer idle", req.RemoteAddr, "upstream")
+		}
+		return s.gatewayError(req, v, err), nil
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		if !isWebsocketUpgrade(req.Header) || !isWebsocketUpgrade(resp.Header) {
 			resp.Body.Close()
-			return s.badGateway(req, v, fmt.Errorf("proxy: 101 answer upgrading to %q, not to the websocket asked for", resp.Header.Get("Upgrade"))), nil
+			return s.gatewayError(req, v, fmt.Errorf("proxy: 101 answer upgrading to %q, not to the websocket asked for", resp.Header.Get("Upgrade"))), nil
 		}
 		st.client.relay(resp.Body)
 		context.AfterFunc(req.Context(), func() { resp.Body.Close() })
@@ -107,19 +117,40 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 	return resp, nil
 }
 
-// badGateway is the answer to an allowed request without a usable upstream answer.
-func (s *Server) badGateway(req *http.Request, v *Verdict, err error) *http.Response {
-	reason := "upstream-failed"
-	if op := (*net.OpError)(nil); errors.As(err, &op) && op.Op == "dial" {
+// gatewayError is the answer to an allowed request without a usable upstream answer:
+// a 502, or a 504 when the upstream sent no answer head for the tunnel idle timeout
+// (logged by the caller as "answer idle").
+func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Response {
+	status, reason, text := http.StatusBadGateway, "upstream-failed", " could not be reached"
+	switch {
+	case isDialError(err):
 		reason = "dial-failed"
+	case errors.Is(err, errUpstreamHeadIdle):
+		status, reason, text = http.StatusGatewayTimeout, "upstream-timeout", " sent no answer"
 	}
-	if req.Context().Err() == nil { // else cut by a swap or the drain: not the upstream's failure
+	if status == http.StatusBadGateway && req.Context().Err() == nil { // else cut by a swap or the drain: not the upstream's failure
 		s.log.Warn("upstream failed", "type", typeHTTP, "host", blockedHost(*v), "port", v.Port, "client", req.RemoteAddr, "error", err.Error())
 	}
-	resp := goproxy.NewResponse(req, goproxy.ContentTypeText, http.StatusBadGateway,
-		"compass-egress: "+blockedHost(*v)+" could not be reached ("+reason+")\n")
+	resp := goproxy.NewResponse(req, goproxy.ContentTypeText, status,
+		"compass-egress: "+blockedHost(*v)+text+" ("+reason+")\n")
 	resp.Header.Set("X-Compass-Egress", "error; reason="+reason)
 	return resp
+}
+
+func isDialError(err error) bool {
+	op := (*net.OpError)(nil)
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// headTimedOut maps the error of the Transport's ResponseHeaderTimeout to
+// errUpstreamHeadIdle. The Transport does not export it; it matches
+// context.DeadlineExceeded, as a dial timeout does, and the request's context has no
+// deadline.
+func headTimedOut(err error) error {
+	if err != nil && errors.Is(err, context.DeadlineExceeded) && !isDialError(err) {
+		return fmt.Errorf("%w (%w)", errUpstreamHeadIdle, err)
+	}
+	return err
 }
 
 // isWebsocketUpgrade reports whether h asks for, or agrees to, a websocket upgrade.
@@ -255,14 +286,14 @@ func (s *Server) settle(st *requestState) {
 	}
 }
 
-// logAnswerIdle logs the end of an allowed request's answer that moved no byte for the
-// tunnel idle timeout; side is the one that stalled: "client" (it read nothing) or
-// "upstream" (it sent nothing).
-func (s *Server) logAnswerIdle(st *requestState, client, side string) {
+// logIdle logs the end of an allowed request that moved no byte for the tunnel idle
+// timeout: msg says what stalled ("answer idle", "request body idle"), side which end
+// ("client" or "upstream").
+func (s *Server) logIdle(st *requestState, msg, client, side string) {
 	if st.entry == nil {
 		return
 	}
-	s.log.Warn("answer idle", "type", typeHTTP, "host", st.entry.name, "port", st.entry.port, "client", client,
+	s.log.Warn(msg, "type", typeHTTP, "host", st.entry.name, "port", st.entry.port, "client", client,
 		"side", side, "idle_seconds", s.cfg.TunnelIdleTimeout.Seconds())
 }
 
@@ -338,6 +369,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	r = r.WithContext(httptrace.WithClientTrace(dctx, trace))
 	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
 		resp, err := rs.transport.RoundTrip(req)
+		err = headTimedOut(err)
 		st.answer.watch.timeout = s.cfg.TunnelIdleTimeout
 		return s.upstreamAnswer(req, st, &v, resp, err)
 	})

@@ -183,7 +183,7 @@ func (f *front) wait(ctx context.Context) {
 // clientConn is one client connection's reading state, and the writer of its answers.
 type clientConn struct {
 	c      net.Conn
-	head   *io.LimitedReader // the socket, limited while a head is read
+	head   *clientReader // the socket, limited while a head is read, bounded while a body is
 	br     *bufio.Reader
 	remote string
 	out    idleWriter // c, for answers to forwarded requests
@@ -191,7 +191,7 @@ type clientConn struct {
 
 func (f *front) serveConn(c net.Conn) {
 	defer f.untrack(c)
-	cc := &clientConn{c: c, head: &io.LimitedReader{R: c, N: math.MaxInt64}, remote: c.RemoteAddr().String(),
+	cc := &clientConn{c: c, head: &clientReader{c: c, N: math.MaxInt64}, remote: c.RemoteAddr().String(),
 		out: idleWriter{Conn: c, timeout: f.s.cfg.TunnelIdleTimeout}}
 	cc.br = frontReaders.Get().(*bufio.Reader)
 	cc.br.Reset(cc.head)
@@ -246,8 +246,9 @@ func (f *front) serveConn(c net.Conn) {
 			return
 		}
 		// The head's deadline stays while nothing reads the connection (the next
-		// wait sets its own); a body, a tunnel or an upgrade reads it without one.
-		if req.Body != http.NoBody || req.Method == http.MethodConnect || req.Header.Get("Upgrade") != "" {
+		// wait sets its own); a tunnel or an upgrade reads it without one, a body
+		// under the idle bound (serveRequest).
+		if req.Method == http.MethodConnect || req.Header.Get("Upgrade") != "" {
 			_ = c.SetReadDeadline(time.Time{})
 		}
 		req.RemoteAddr = cc.remote
@@ -380,6 +381,7 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	// probe for a body on a goroutine of its own.
 	var body *requestBody
 	if req.Body != http.NoBody {
+		cc.head.startBody(f.s.cfg.TunnelIdleTimeout)
 		body = &requestBody{rc: req.Body}
 		if req.ProtoAtLeast(1, 1) && hasToken(req.Header.Get("Expect"), "100-continue") {
 			body.beforeRead = w.sendContinue
@@ -405,28 +407,34 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 		return false, true
 	}
 	// An answer whose upstream body broke off ends with the connection, never with
-	// the framing of a whole one (a last chunk, a kept connection).
-	keep = !panicked && st.answerErr == nil && w.finish()
+	// the framing of a whole one (a last chunk, a kept connection); so does a request
+	// whose client stopped sending its body, unanswered.
+	bodyIdle := body != nil && cc.head.bodyIdle()
+	keep = !panicked && st.answerErr == nil && !bodyIdle && w.finish()
 	if !keep {
-		if errors.Is(st.answerErr, errUpstreamIdle) {
-			f.s.logAnswerIdle(st, cc.remote, "upstream")
-		} else if errors.Is(w.writeErr(), errClientIdle) {
-			f.s.logAnswerIdle(st, cc.remote, "client")
+		switch {
+		case bodyIdle:
+			f.s.logIdle(st, "request body idle", cc.remote, "client")
+		case errors.Is(st.answerErr, errUpstreamIdle):
+			f.s.logIdle(st, "answer idle", cc.remote, "upstream")
+		case errors.Is(w.writeErr(), errClientIdle):
+			f.s.logIdle(st, "answer idle", cc.remote, "client")
 		}
 	}
 	if body == nil {
 		return keep, false
 	}
+	defer cc.head.endBody()
 	// The body reads the connection's reader, which the next request (or the pool)
 	// gets next: end it first. A transport goroutine may be in a read of it; the
 	// deadline bounds that read, and the discard of what nobody read.
 	if keep {
 		if !body.done() {
-			_ = cc.c.SetReadDeadline(time.Now().Add(lingerTime))
+			cc.head.stopBody(time.Now().Add(lingerTime))
 		}
 		keep = body.end(maxDrainBytes)
 	} else {
-		_ = cc.c.SetReadDeadline(time.Now())
+		cc.head.stopBody(time.Now())
 		body.end(0)
 	}
 	return keep, false

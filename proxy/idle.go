@@ -119,10 +119,13 @@ func (c *idleConn) quiesce() {
 	c.inFlight.Unlock()
 }
 
-// Errors that end an HTTP answer which moved no byte for the tunnel idle timeout.
+// Errors that end an HTTP request or answer which moved no byte for the tunnel idle
+// timeout.
 var (
-	errClientIdle   = errors.New("proxy: the client read nothing of the answer for the tunnel idle timeout")
-	errUpstreamIdle = errors.New("proxy: the upstream sent nothing of the answer body for the tunnel idle timeout")
+	errClientIdle       = errors.New("proxy: the client read nothing of the answer for the tunnel idle timeout")
+	errUpstreamIdle     = errors.New("proxy: the upstream sent nothing of the answer body for the tunnel idle timeout")
+	errUpstreamHeadIdle = errors.New("proxy: the upstream sent nothing of the answer head for the tunnel idle timeout")
+	errClientBodyIdle   = errors.New("proxy: the client sent nothing of the request body for the tunnel idle timeout")
 )
 
 // idleWriter is a client connection whose writes fail with errClientIdle once the

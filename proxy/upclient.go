@@ -46,13 +46,14 @@ func newUpConn(c *net.TCPConn, key netip.AddrPort, idle time.Duration) *upConn {
 }
 
 // headLimit reads the connection with a budget while an answer head is read (left >=
-// 0), and without one for the body (left < 0). A body read that waits for the idle
-// timeout fails with errUpstreamIdle: an upstream that goes silent in the middle of an
-// answer must not hold the request for ever, and one that keeps sending, however
-// slowly, is not cut. As idleWriter does for writes, the read deadline is set a
-// timeout ahead and moved only once more than half of it is used; it stays on the
-// connection after the body, and a head read that meets it moves it away (the wait for
-// a head has no such bound).
+// 0), and without one for the body (left < 0). A read that waits for the idle timeout
+// fails, with errUpstreamHeadIdle while a head is read (the first head read starts
+// once the request is written) and errUpstreamIdle for the body: an upstream that
+// never answers, or goes silent in the middle of an answer, must not hold the request
+// for ever, and one that keeps sending, however slowly, is not cut. As idleWriter does
+// for writes, the read deadline is set a timeout ahead and moved only once more than
+// half of it is used; a deadline that passes less than a timeout after the read began
+// (one the last answer left on a pooled connection) is moved on, not obeyed.
 type headLimit struct {
 	c        net.Conn
 	left     int64
@@ -62,7 +63,7 @@ type headLimit struct {
 
 func (l *headLimit) Read(p []byte) (int, error) {
 	if l.left < 0 {
-		return l.readBody(p)
+		return l.readIdle(p, errUpstreamIdle)
 	}
 	if l.left == 0 {
 		return 0, errAnswerHeadTooLong
@@ -70,16 +71,13 @@ func (l *headLimit) Read(p []byte) (int, error) {
 	if int64(len(p)) > l.left {
 		p = p[:l.left]
 	}
-	n, err := l.c.Read(p)
-	if n == 0 && !l.deadline.IsZero() && errors.Is(err, os.ErrDeadlineExceeded) {
-		l.setDeadline(time.Time{})
-		n, err = l.c.Read(p)
-	}
+	n, err := l.readIdle(p, errUpstreamHeadIdle)
 	l.left -= int64(n)
 	return n, err
 }
 
-func (l *headLimit) readBody(p []byte) (int, error) {
+// readIdle reads p, failing with idleErr once the read has waited for the idle timeout.
+func (l *headLimit) readIdle(p []byte, idleErr error) (int, error) {
 	start := time.Now()
 	if l.deadline.Sub(start) < l.idle/2 {
 		l.setDeadline(start.Add(l.idle))
@@ -90,7 +88,7 @@ func (l *headLimit) readBody(p []byte) (int, error) {
 			return n, err
 		}
 		if time.Since(start) >= l.idle {
-			return 0, errUpstreamIdle
+			return 0, idleErr
 		}
 		l.setDeadline(start.Add(l.idle))
 	}
@@ -179,8 +177,9 @@ func (u *upstreamClient) roundTrip(req *http.Request, v *Verdict, allowed func(n
 		}
 		uc.c.Close()
 		// A pooled connection may have been closed by the upstream while idle: the
-		// request is sent again once, on a new connection.
-		if !reused || attempt > 0 || req.Context().Err() != nil {
+		// request is sent again once, on a new connection. One that got no answer
+		// for the idle timeout is not: that would double the bound.
+		if !reused || attempt > 0 || req.Context().Err() != nil || errors.Is(err, errUpstreamHeadIdle) {
 			return nil, err
 		}
 	}
