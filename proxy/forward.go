@@ -96,8 +96,13 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 			// Never written: the front sees the body idle and closes the connection.
 			return &http.Response{StatusCode: http.StatusRequestTimeout, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
 		}
-		if errors.Is(err, errUpstreamHeadIdle) && req.Context().Err() == nil {
-			s.logIdle(st, "answer idle", req.RemoteAddr, "upstream")
+		if req.Context().Err() == nil {
+			switch {
+			case errors.Is(err, errUpstreamHeadIdle):
+				s.logIdle(st, "answer idle", req.RemoteAddr, "upstream")
+			case errors.Is(err, errUpstreamBodyIdle):
+				s.logIdle(st, "request body idle", req.RemoteAddr, "upstream")
+			}
 		}
 		return s.gatewayError(req, v, err), nil
 	}
@@ -118,8 +123,9 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 }
 
 // gatewayError is the answer to an allowed request without a usable upstream answer:
-// a 502, or a 504 when the upstream sent no answer head for the tunnel idle timeout
-// (logged by the caller as "answer idle").
+// a 502, or a 504 when for the tunnel idle timeout the upstream sent no answer head or
+// took none of the request (logged by the caller as "answer idle" or "request body
+// idle").
 func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Response {
 	status, reason, text := http.StatusBadGateway, "upstream-failed", " could not be reached"
 	switch {
@@ -127,6 +133,8 @@ func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Re
 		reason = "dial-failed"
 	case errors.Is(err, errUpstreamHeadIdle):
 		status, reason, text = http.StatusGatewayTimeout, "upstream-timeout", " sent no answer"
+	case errors.Is(err, errUpstreamBodyIdle):
+		status, reason, text = http.StatusGatewayTimeout, "upstream-timeout", " took none of the request"
 	}
 	if status == http.StatusBadGateway && req.Context().Err() == nil { // else cut by a swap or the drain: not the upstream's failure
 		s.log.Warn("upstream failed", "type", typeHTTP, "host", blockedHost(*v), "port", v.Port, "client", req.RemoteAddr, "error", err.Error())
@@ -430,14 +438,18 @@ func (s *Server) decide(ctx context.Context, rs *RuleSet, host string, port uint
 type verdictKey struct{}
 
 // dialChecked is the upstream transport's dialer: it dials only the addresses the
-// request's verdict checked, ignoring the address the transport asks for.
+// request's verdict checked, ignoring the address the transport asks for. Its writes
+// are bounded by the tunnel idle timeout (see idleWriter).
 func (s *Server) dialChecked(ctx context.Context, network, _ string) (net.Conn, error) {
 	v, _ := ctx.Value(verdictKey{}).(*Verdict)
 	if v == nil || !v.Allowed {
 		return nil, errors.New("proxy: dial without an allowed decision")
 	}
 	c, _, err := s.dialVerdict(ctx, v)
-	return c, err
+	if err != nil {
+		return nil, err
+	}
+	return &idleWriter{Conn: c, timeout: s.cfg.TunnelIdleTimeout, stalled: errUpstreamBodyIdle}, nil
 }
 
 // dialVerdict tries each checked address in turn. Upstream connections get no TCP

@@ -192,7 +192,7 @@ type clientConn struct {
 func (f *front) serveConn(c net.Conn) {
 	defer f.untrack(c)
 	cc := &clientConn{c: c, head: &clientReader{c: c, N: math.MaxInt64}, remote: c.RemoteAddr().String(),
-		out: idleWriter{Conn: c, timeout: f.s.cfg.TunnelIdleTimeout}}
+		out: idleWriter{Conn: c, timeout: f.s.cfg.TunnelIdleTimeout, stalled: errClientIdle}}
 	cc.br = frontReaders.Get().(*bufio.Reader)
 	cc.br.Reset(cc.head)
 	owned := false // a tunnel or hijacker took the connection

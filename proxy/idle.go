@@ -126,18 +126,23 @@ var (
 	errUpstreamIdle     = errors.New("proxy: the upstream sent nothing of the answer body for the tunnel idle timeout")
 	errUpstreamHeadIdle = errors.New("proxy: the upstream sent nothing of the answer head for the tunnel idle timeout")
 	errClientBodyIdle   = errors.New("proxy: the client sent nothing of the request body for the tunnel idle timeout")
+	errUpstreamBodyIdle = errors.New("proxy: the upstream took nothing of the request for the tunnel idle timeout")
 )
 
-// idleWriter is a client connection whose writes fail with errClientIdle once the
-// client has read nothing for the timeout: an answer it stopped reading must not hold
-// the request's goroutine, connection slot and upstream connection. A long answer to a
-// client that keeps reading, however slowly, is not cut. The write deadline is set a
+// idleWriter is a connection whose writes fail with stalled once the peer has read
+// nothing for the timeout. On a client connection (errClientIdle): an answer it stopped
+// reading must not hold the request's goroutine, connection slot and upstream
+// connection. On net/http's Transport's upstream connections (errUpstreamBodyIdle):
+// neither must a request body the upstream stopped taking, which no other bound covers,
+// since the Transport starts its wait for the answer head only once the body is
+// written. A long transfer to a peer that keeps reading, however slowly, is not cut. The write deadline is set a
 // timeout ahead and moved only once more than half of it is used, so a connection that
 // keeps writing moves it at most once per half timeout, not once per write; a deadline
 // that passes less than a timeout after the last progress is moved on, not obeyed.
 type idleWriter struct {
 	net.Conn
 	timeout  time.Duration
+	stalled  error     // what a write that made no progress for the timeout fails with
 	deadline time.Time // the write deadline set on Conn; zero: none
 }
 
@@ -157,7 +162,7 @@ func (w *idleWriter) Write(p []byte) (int, error) {
 		if n > 0 {
 			last = now
 		} else if now.Sub(last) >= w.timeout {
-			return written, errClientIdle
+			return written, w.stalled
 		}
 		w.setDeadline(last.Add(w.timeout))
 	}

@@ -48,9 +48,10 @@ type Config struct {
 	IdleTimeout   time.Duration // 0: 90s
 	// TunnelIdleTimeout closes a CONNECT tunnel or websocket relay that carried no byte in
 	// either direction for this long (see idleClock), and ends a forwarded HTTP request
-	// that moved no byte for this long: a request body the client stopped sending, an
-	// answer head (504) or body the upstream stopped sending, an answer the client
-	// stopped reading (see clientReader, headLimit, readWatch, idleWriter). 0: 15m.
+	// that moved no byte for this long: a request body the client stopped sending or the
+	// upstream stopped taking (504), an answer head (504) or body the upstream stopped
+	// sending, an answer the client stopped reading (see clientReader, headLimit,
+	// readWatch, idleWriter). 0: 15m.
 	TunnelIdleTimeout time.Duration
 	// DrainTimeout is the caller's drain budget (0: 10s), as Server.DrainTimeout reports
 	// it: Shutdown itself drains until its context ends.

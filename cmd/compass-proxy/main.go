@@ -142,7 +142,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.DurationVar(&c.DialTimeout, "dial-timeout", 10*time.Second, "time to connect to a destination (and for its TLS handshake on https:// requests)")
 	fs.DurationVar(&c.DNSTimeout, "dns-timeout", 2*time.Second, "time for one upstream DNS exchange")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 90*time.Second, "idle keep-alive connections (client and upstream) are closed after this")
-	fs.DurationVar(&c.TunnelIdleTimeout, "tunnel-idle-timeout", 15*time.Minute, "a CONNECT tunnel or websocket relay with no byte either way for this long is closed; a forwarded HTTP request ends when its client sends nothing of its body, its upstream nothing of its answer head (504) or body, or its client reads nothing of the answer, for this long")
+	fs.DurationVar(&c.TunnelIdleTimeout, "tunnel-idle-timeout", 15*time.Minute, "a CONNECT tunnel or websocket relay with no byte either way for this long is closed; a forwarded HTTP request ends when its client sends nothing of its body, its upstream takes nothing of that body (504) or sends nothing of its answer head (504) or body, or its client reads nothing of the answer, for this long")
 	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "bound on concurrent client connections; further clients wait in the accept queue (0: unbounded)")
 	fs.IntVar(&c.DNSMaxInflight, "dns-max-inflight", 256, "bound on DNS queries being answered at once (at least 1); a query beyond it gets SERVFAIL")
 	fs.IntVar(&c.DNSMaxTCPConns, "dns-max-tcp-connections", 128, "bound on concurrent DNS-over-TCP connections (at least 1); further ones wait in the accept queue")
