@@ -71,8 +71,10 @@ Flags:
 // for a sidecar is a few tens of MB.
 const gcPercentDefault = 400
 
-// Decision lines are batched (jsonlog.BufferedWriter) rather than written one system
-// call each. maxLogFlush bounds what a process killed outright can lose of its log;
+// Allowed-decision lines are batched (jsonlog.BufferedWriter) rather than written one
+// system call each; denied ones and errors are written at once (jsonlog's handler
+// flushes after WARN). maxLogFlush bounds what a process killed outright (a panic, the
+// controller's forced removal at an environment's close) can lose of its INFO lines;
 // logBatchBytes is about 150 lines, so a burst of decisions is written in few calls
 // long before the interval ends.
 const (
@@ -148,7 +150,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.IntVar(&c.DNSMaxTCPConns, "dns-max-tcp-connections", 128, "bound on concurrent DNS-over-TCP connections (at least 1); further ones wait in the accept queue")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM or SIGINT, time for requests and tunnels to finish before they are cut")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info (every decision), warn (blocked attempts only) or error")
-	fs.DurationVar(&o.logFlush, "log-flush-interval", 100*time.Millisecond, "log lines are written in batches at most this long after the first of each batch; 0 writes each line as it is logged")
+	fs.DurationVar(&o.logFlush, "log-flush-interval", 100*time.Millisecond, "INFO log lines (allowed decisions) are written in batches at most this long after the first of each batch; WARN and above (denied decisions, errors) at once; 0 writes each line as it is logged")
 	return fs
 }
 

@@ -15,7 +15,8 @@ import (
 //
 // Lines are never split: a line longer than size is written on its own, after the
 // buffered ones. After Close, writes go straight through, so a last line logged after
-// Close is not lost either.
+// Close is not lost either. This package's handler flushes it after every record at
+// WARN or above, so that denied decisions and errors are never held back.
 type BufferedWriter struct {
 	w     io.Writer
 	delay time.Duration
@@ -37,19 +38,22 @@ func NewBufferedWriter(w io.Writer, delay time.Duration, size int) *BufferedWrit
 }
 
 // Write buffers p, which the caller must not hold past the call (slog handlers reuse
-// it). It reports the error of a write of earlier lines that p's size set off.
+// it). It reports the error of a write of earlier lines that p's size set off; p is
+// kept all the same, for the next write, which may succeed.
 func (b *BufferedWriter) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
 		return b.w.Write(p)
 	}
+	var err error
 	if len(b.buf)+len(p) > b.size {
-		if err := b.flushLocked(); err != nil {
-			return 0, err
-		}
+		err = b.flushLocked()
 		if len(p) > b.size {
-			return b.w.Write(p)
+			if _, werr := b.w.Write(p); err == nil {
+				err = werr
+			}
+			return len(p), err
 		}
 	}
 	b.buf = append(b.buf, p...)
@@ -57,7 +61,7 @@ func (b *BufferedWriter) Write(p []byte) (int, error) {
 		b.armed = true
 		b.timer.Reset(b.delay)
 	}
-	return len(p), nil
+	return len(p), err
 }
 
 // Flush writes the buffered lines now.

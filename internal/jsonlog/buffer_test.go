@@ -167,3 +167,46 @@ func TestBufferedWriterKeepsConcurrentLinesWhole(t *testing.T) {
 		t.Fatalf("%d lines, want %d", len(seen), workers*lines)
 	}
 }
+
+// A flush that fails (a transient error on stderr) loses its batch, as unbuffered writes
+// of those lines would have; the line whose size set it off is kept for the next write.
+func TestBufferedWriterKeepsTheLineAfterAFailedFlush(t *testing.T) {
+	rec := newWriteRecorder()
+	b := NewBufferedWriter(rec, time.Hour, 8)
+	fmt.Fprint(b, "12345\n")
+	rec.err = errors.New("transient")
+	if _, err := b.Write([]byte("678\n")); err == nil {
+		t.Fatal("the failed flush was not reported")
+	}
+	rec.err = nil
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.got(); !slices.Equal(got, []string{"678\n"}) {
+		t.Fatalf("writes %q, want the line that set off the failed flush", got)
+	}
+}
+
+// Through this package's handler, lines at WARN and above (denied decisions, errors)
+// are written at once, with whatever was batched before them and in order; INFO lines
+// wait for the batch. A proxy killed outright so loses only INFO lines.
+func TestBufferedWriterWritesWarningsAtOnce(t *testing.T) {
+	rec := newWriteRecorder()
+	b := NewBufferedWriter(rec, time.Hour, 1<<10)
+	defer b.Close()
+	log := slog.New(NewHandler(b, nil))
+	log.Info("allowed", "n", 1)
+	if got := rec.got(); len(got) != 0 {
+		t.Fatalf("an INFO line was written at once: %q", got)
+	}
+	log.Warn("denied", "n", 2)
+	got := rec.got()
+	if len(got) != 1 || !strings.Contains(got[0], `"msg":"allowed"`) || !strings.HasSuffix(got[0], `"msg":"denied","n":2}`+"\n") {
+		t.Fatalf("writes %q, want the INFO line then the WARN line in one write", got)
+	}
+	// The slow path (an attribute the fast encoder does not take) too.
+	log.Error("failed", "err", errors.New("boom"))
+	if got := rec.got(); len(got) != 2 || !strings.Contains(got[1], `"msg":"failed"`) {
+		t.Fatalf("writes %q, want the ERROR line written at once", got)
+	}
+}

@@ -37,6 +37,9 @@ type handler struct {
 	pre  []byte // pre-encoded WithAttrs attributes, each followed by ','
 	mu   *sync.Mutex
 	w    io.Writer
+	// flusher is w when it batches its writes (BufferedWriter): flushed after every
+	// record at WARN or above.
+	flusher interface{ Flush() error }
 }
 
 // NewHandler returns a handler whose output is byte-for-byte that of
@@ -46,7 +49,7 @@ func NewHandler(w io.Writer, opts *slog.HandlerOptions) slog.Handler {
 		opts = &slog.HandlerOptions{}
 	}
 	mu := &sync.Mutex{}
-	return &handler{
+	h := &handler{
 		// The fallback writes under the same mutex as the fast path, so a
 		// fast line and a delegated line never overlap in w.
 		slow:  slog.NewJSONHandler(&lockedWriter{mu: mu, w: w}, opts),
@@ -55,6 +58,8 @@ func NewHandler(w io.Writer, opts *slog.HandlerOptions) slog.Handler {
 		mu:    mu,
 		w:     w,
 	}
+	h.flusher, _ = w.(interface{ Flush() error })
+	return h
 }
 
 type lockedWriter struct {
@@ -122,11 +127,24 @@ func (h *handler) Handle(ctx context.Context, r slog.Record) error {
 			return ok
 		})
 		if ok {
-			return h.finish(bp, b)
+			return h.flushUrgent(r.Level, h.finish(bp, b))
 		}
 		release(bp, b)
 	}
-	return h.slow.Handle(ctx, r)
+	return h.flushUrgent(r.Level, h.slow.Handle(ctx, r))
+}
+
+// flushUrgent flushes a batching writer after a record at WARN or above, so that denied
+// decisions and errors are written at once rather than with the next batch, and a
+// process killed outright can lose only INFO lines. err is the record's own error.
+func (h *handler) flushUrgent(level slog.Level, err error) error {
+	if h.flusher == nil || level < slog.LevelWarn {
+		return err
+	}
+	if ferr := h.flusher.Flush(); err == nil {
+		err = ferr
+	}
+	return err
 }
 
 // LogAttrs hands h one record of attrs, as Handle(ctx, r) with a record r of t, level,
@@ -141,7 +159,7 @@ func LogAttrs(ctx context.Context, h slog.Handler, t time.Time, level slog.Level
 			}
 		}
 		if ok {
-			return jh.finish(bp, b)
+			return jh.flushUrgent(level, jh.finish(bp, b))
 		}
 		release(bp, b)
 	}
