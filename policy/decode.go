@@ -7,7 +7,6 @@ import (
 	"io"
 	"sort"
 	"strconv"
-	"strings"
 	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
@@ -217,10 +216,12 @@ func yamlToGeneric(n *yaml.Node, depth int) (any, error) {
 }
 
 // DecodeDocument decodes a JSON or YAML document; JSON is recognised by its first
-// non-blank character, so JSON input gets JSON's stricter errors.
+// non-blank character, so JSON input gets JSON's stricter errors (and JSON's bounds,
+// not YAML's). A UTF-8 byte order mark, which some editors write, is skipped.
 func DecodeDocument(data []byte) (any, error) {
-	trimmed := strings.TrimLeft(string(data), " \t\r\n")
-	if trimmed != "" && strings.ContainsRune("{[\"", rune(trimmed[0])) {
+	data = bytes.TrimPrefix(data, []byte("\ufeff"))
+	trimmed := bytes.TrimLeft(data, " \t\r\n")
+	if len(trimmed) > 0 && bytes.IndexByte([]byte("{[\""), trimmed[0]) >= 0 {
 		return DecodeJSON(data)
 	}
 	return DecodeYAML(data)

@@ -295,3 +295,23 @@ func TestDecodeYAMLRefusesLargeDocuments(t *testing.T) {
 		t.Fatalf("DecodeDocument: %v", err)
 	}
 }
+
+// A JSON document with a UTF-8 byte order mark (some editors write one) used to go to
+// the YAML decoder, which read it; past 1 MiB that is refused as YAML. The mark is
+// skipped and the document decoded as the JSON it is.
+func TestDecodeDocumentSkipsAByteOrderMark(t *testing.T) {
+	doc := "\ufeff" + `{"network_mode":"allowlist","allowed_hosts":["` + strings.Repeat(`a.test","`, 130_000) + `b.test"]}`
+	if len(doc) <= maxYAMLBytes {
+		t.Fatalf("the document (%d bytes) must be larger than maxYAMLBytes", len(doc))
+	}
+	v, err := DecodeDocument([]byte(doc))
+	if err != nil {
+		t.Fatalf("a %d-byte JSON document with a BOM: %v", len(doc), err)
+	}
+	if hosts := v.(map[string]any)["allowed_hosts"].([]any); len(hosts) != 130_001 {
+		t.Fatalf("%d hosts", len(hosts))
+	}
+	if _, err := DecodeDocument([]byte("\ufeffnetwork_mode: public\n")); err != nil {
+		t.Fatalf("YAML with a BOM: %v", err)
+	}
+}
