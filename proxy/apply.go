@@ -101,8 +101,9 @@ func (s *Server) Reload() error {
 
 // newTransport is one generation's upstream HTTP client. It never consults proxy
 // environment variables and dials only addresses a decision checked. An upstream that
-// sends no answer head for the tunnel idle timeout after the request was written ends
-// the request (see headTimedOut).
+// sends no byte of the answer head for the tunnel idle timeout after the request was
+// written ends the request (see headWatch: ResponseHeaderTimeout would bound the whole
+// head, interim answers included, by that timeout).
 func (s *Server) newTransport() *http.Transport {
 	return &http.Transport{
 		Proxy:                 nil,
@@ -111,7 +112,6 @@ func (s *Server) newTransport() *http.Transport {
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       s.cfg.IdleTimeout,
 		TLSHandshakeTimeout:   s.cfg.DialTimeout,
-		ResponseHeaderTimeout: s.cfg.TunnelIdleTimeout,
 		ExpectContinueTimeout: time.Second,
 		DisableCompression:    true,
 	}

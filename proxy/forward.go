@@ -36,6 +36,7 @@ type requestState struct {
 	// ignores it, and the front must not end that answer as if it were whole.
 	answerErr error
 	answer    answerBody // the answer's body, held here to save an allocation
+	head      headWatch  // the Transport's wait for the answer head
 	// refusedConn is set when a swap came between the decision and the upstream
 	// connection and the new policy refuses the connection's address.
 	refusedConn atomic.Bool
@@ -96,7 +97,9 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 			// Never written: the front sees the body idle and closes the connection.
 			return &http.Response{StatusCode: http.StatusRequestTimeout, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
 		}
-		if req.Context().Err() == nil {
+		// A request whose context ended was cut by a swap or the drain, not by the
+		// upstream, unless the head watch ended it.
+		if req.Context().Err() == nil || st.head.fired.Load() {
 			switch {
 			case errors.Is(err, errUpstreamHeadIdle):
 				s.logIdle(st, "answer idle", req.RemoteAddr, "upstream")
@@ -148,17 +151,6 @@ func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Re
 func isDialError(err error) bool {
 	op := (*net.OpError)(nil)
 	return errors.As(err, &op) && op.Op == "dial"
-}
-
-// headTimedOut maps the error of the Transport's ResponseHeaderTimeout to
-// errUpstreamHeadIdle. The Transport does not export it; it matches
-// context.DeadlineExceeded, as a dial timeout does, and the request's context has no
-// deadline.
-func headTimedOut(err error) error {
-	if err != nil && errors.Is(err, context.DeadlineExceeded) && !isDialError(err) {
-		return fmt.Errorf("%w (%w)", errUpstreamHeadIdle, err)
-	}
-	return err
 }
 
 // isWebsocketUpgrade reports whether h asks for, or agrees to, a websocket upgrade.
@@ -368,16 +360,31 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		})
 		return r, nil
 	}
-	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
-		if !s.gotUpstreamConn(rs, st.entry, info.Conn) {
-			st.refusedConn.Store(true)
-		}
-	}}
+	st.head.timeout = s.cfg.TunnelIdleTimeout
+	trace := &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			if !s.gotUpstreamConn(rs, st.entry, info.Conn) {
+				st.refusedConn.Store(true)
+			}
+			st.head.gotConn(info.Conn)
+		},
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			if info.Err == nil {
+				st.head.wrote(st.client.cancel)
+			}
+		},
+	}
 	dctx := context.WithValue(r.Context(), verdictKey{}, &v)
 	r = r.WithContext(httptrace.WithClientTrace(dctx, trace))
 	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
 		resp, err := rs.transport.RoundTrip(req)
-		err = headTimedOut(err)
+		st.head.stop()
+		if st.head.fired.Load() {
+			if resp != nil { // the head came as the watch fired: its body's reads would fail
+				resp.Body.Close()
+			}
+			resp, err = nil, errUpstreamHeadIdle
+		}
 		st.answer.watch.timeout = s.cfg.TunnelIdleTimeout
 		return s.upstreamAnswer(req, st, &v, resp, err)
 	})
@@ -439,7 +446,8 @@ type verdictKey struct{}
 
 // dialChecked is the upstream transport's dialer: it dials only the addresses the
 // request's verdict checked, ignoring the address the transport asks for. Its writes
-// are bounded by the tunnel idle timeout (see idleWriter).
+// are bounded by the tunnel idle timeout (see idleWriter), its reads are the progress
+// of the wait for an answer head (see headWatch).
 func (s *Server) dialChecked(ctx context.Context, network, _ string) (net.Conn, error) {
 	v, _ := ctx.Value(verdictKey{}).(*Verdict)
 	if v == nil || !v.Allowed {
@@ -449,7 +457,7 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (net.Conn, 
 	if err != nil {
 		return nil, err
 	}
-	return &idleWriter{Conn: c, timeout: s.cfg.TunnelIdleTimeout, stalled: errUpstreamBodyIdle}, nil
+	return &upstreamConn{idleWriter: idleWriter{Conn: c, timeout: s.cfg.TunnelIdleTimeout, stalled: errUpstreamBodyIdle}}, nil
 }
 
 // dialVerdict tries each checked address in turn. Upstream connections get no TCP

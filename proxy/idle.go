@@ -240,3 +240,111 @@ func (w *readWatch) stop() {
 		w.t.Stop()
 	}
 }
+
+// headWatch bounds the wait for an answer head on net/http's Transport as headLimit
+// does on the upstream client's connections: the wait starts once the request is
+// written (its body included) and ends the request (end cancels it; the Transport then
+// closes the connection) when the upstream sends no byte for the timeout; every byte
+// read meanwhile, interim 1xx answers included, is progress. The Transport's own
+// ResponseHeaderTimeout would be one timer for the whole head, which interim answers
+// do not restart. One timer per request, moved only when it expires, as readWatch's.
+type headWatch struct {
+	timeout time.Duration
+	last    atomic.Int64 // unix nanoseconds of the last progress; 0 until the request is written
+	fired   atomic.Bool  // the request was ended for its idle head, not by a swap or the drain
+	mu      sync.Mutex
+	t       *time.Timer
+	stopped bool
+	conn    *upstreamConn // whose reads are the wait's progress
+}
+
+// gotConn makes c's reads the wait's progress. c is the connection the Transport gave
+// the request (a *tls.Conn over ours for https:// URIs); a retry on another
+// connection starts the wait again once it is written.
+func (w *headWatch) gotConn(c net.Conn) {
+	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
+		c = tc.NetConn()
+	}
+	uc, _ := c.(*upstreamConn)
+	w.last.Store(0)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.release()
+	if uc != nil && !w.stopped {
+		w.conn = uc
+		uc.head.Store(w)
+	}
+}
+
+// wrote starts the wait: the request, body included, is written.
+func (w *headWatch) wrote(end func()) {
+	w.last.Store(time.Now().UnixNano())
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.t == nil && !w.stopped {
+		w.t = time.AfterFunc(w.timeout, func() { w.check(end) })
+	}
+}
+
+// progress records a read of the head; bytes read before the request is written (an
+// early answer, a 100 Continue) do not start the wait.
+func (w *headWatch) progress() {
+	if w.last.Load() != 0 {
+		w.last.Store(time.Now().UnixNano())
+	}
+}
+
+func (w *headWatch) check(end func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	left := w.timeout
+	if last := w.last.Load(); last != 0 { // else a retry's connection, not yet written
+		left -= time.Since(time.Unix(0, last))
+	}
+	if left > 0 {
+		w.t.Reset(left)
+		return
+	}
+	w.stopped = true
+	w.fired.Store(true)
+	end()
+}
+
+// stop ends the watch once the round trip returned.
+func (w *headWatch) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+	if w.t != nil {
+		w.t.Stop()
+	}
+	w.release()
+}
+
+func (w *headWatch) release() {
+	if w.conn != nil {
+		w.conn.head.CompareAndSwap(w, nil)
+		w.conn = nil
+	}
+}
+
+// upstreamConn is a connection of net/http's Transport: its writes are bounded as an
+// idleWriter's, and its reads are the progress of the request waiting for its answer
+// head on it, if any (see headWatch).
+type upstreamConn struct {
+	idleWriter
+	head atomic.Pointer[headWatch]
+}
+
+func (c *upstreamConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		if w := c.head.Load(); w != nil {
+			w.progress()
+		}
+	}
+	return n, err
+}

@@ -1,0 +1,184 @@
+package proxy
+
+import (
+	"bufio"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// finalAnswer reads the answer to a request, past any interim ones.
+func finalAnswer(t *testing.T, br *bufio.Reader) *http.Response {
+	t.Helper()
+	for {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("no answer: %v", err)
+		}
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			return resp
+		}
+	}
+}
+
+// An upstream that keeps a request alive with a 102 Processing every third of the
+// timeout and answers after five thirds of it is served on both paths: each interim
+// answer is progress. Through net/http's Transport (the POST) the wait was one timer
+// for the whole head (ResponseHeaderTimeout), and the client got a 504.
+func TestInterimAnswersKeepTheHeadWaitAlive(t *testing.T) {
+	for _, method := range []string{http.MethodGet, http.MethodPost} {
+		t.Run(method, func(t *testing.T) {
+			h := newHarness(t, func(c *Config) { c.TunnelIdleTimeout = answerIdle })
+			port, _ := quietUpstream(t, h, func(c net.Conn, _ []byte) bool {
+				for range 4 {
+					time.Sleep(answerIdle / 3)
+					if _, err := io.WriteString(c, "HTTP/1.1 102 Processing\r\n\r\n"); err != nil {
+						return false
+					}
+				}
+				time.Sleep(answerIdle / 3)
+				_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				return err == nil
+			})
+			c := h.dialProxy(t)
+			start := time.Now()
+			if _, err := io.WriteString(c, quietRequest(method, port, "Content-Length: 1\r\n", "x")); err != nil {
+				t.Fatal(err)
+			}
+			resp := finalAnswer(t, bufio.NewReader(c))
+			body, err := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK || err != nil || string(body) != "ok" {
+				t.Fatalf("answer %d %q %q (%v) after %v, want 200 \"ok\"", resp.StatusCode, resp.Header.Get("X-Compass-Egress"), body, err,
+					time.Since(start).Round(time.Millisecond))
+			}
+		})
+	}
+}
+
+// A head whose bytes come a third of the timeout apart, for longer than the timeout
+// in all, is served on both paths: every byte is progress.
+func TestHeadTrickledWithinIdleIsServed(t *testing.T) {
+	for _, method := range []string{http.MethodGet, http.MethodPost} {
+		t.Run(method, func(t *testing.T) {
+			h := newHarness(t, func(c *Config) { c.TunnelIdleTimeout = answerIdle })
+			port, _ := quietUpstream(t, h, func(c net.Conn, _ []byte) bool {
+				for _, part := range []string{"H", "TTP/1.1 2", "00 OK\r\n", "Content-", "Length: 2", "\r\n", "\r\n", "ok"} {
+					time.Sleep(answerIdle / 3)
+					if _, err := io.WriteString(c, part); err != nil {
+						return false
+					}
+				}
+				return true
+			})
+			c := h.dialProxy(t)
+			if _, err := io.WriteString(c, quietRequest(method, port, "Content-Length: 1\r\n", "x")); err != nil {
+				t.Fatal(err)
+			}
+			resp := finalAnswer(t, bufio.NewReader(c))
+			body, err := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK || err != nil || string(body) != "ok" {
+				t.Fatalf("answer %d %q %q (%v), want 200 \"ok\"", resp.StatusCode, resp.Header.Get("X-Compass-Egress"), body, err)
+			}
+		})
+	}
+}
+
+// An upstream that sends one 102 Processing and then nothing ends the request once the
+// timeout has passed since the 102 (not since the request was written): a 504
+// upstream-timeout, the upstream connection closed, the "answer idle" line.
+func TestInterimAnswerThenSilenceEnds(t *testing.T) {
+	for _, method := range []string{http.MethodGet, http.MethodPost} {
+		t.Run(method, func(t *testing.T) {
+			h := newHarness(t, func(c *Config) { c.TunnelIdleTimeout = answerIdle })
+			interim := make(chan time.Time, 1)
+			port, closed := quietUpstream(t, h, func(c net.Conn, _ []byte) bool {
+				time.Sleep(answerIdle / 2)
+				if _, err := io.WriteString(c, "HTTP/1.1 102 Processing\r\n\r\n"); err == nil {
+					interim <- time.Now()
+				}
+				return false
+			})
+			c := h.dialProxy(t)
+			if _, err := io.WriteString(c, quietRequest(method, port, "Content-Length: 1\r\n", "x")); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			resp := finalAnswer(t, bufio.NewReader(c))
+			answered := time.Now()
+			if resp.StatusCode != http.StatusGatewayTimeout || resp.Header.Get("X-Compass-Egress") != "error; reason=upstream-timeout" {
+				t.Fatalf("answer %d %q, want 504 with reason upstream-timeout", resp.StatusCode, resp.Header.Get("X-Compass-Egress"))
+			}
+			var sent time.Time
+			select {
+			case sent = <-interim:
+			default:
+				t.Fatal("504 before the upstream sent its 102")
+			}
+			if took := answered.Sub(sent); took < answerIdle {
+				t.Fatalf("504 %v after the 102, before the idle timeout %v", took, answerIdle)
+			} else {
+				t.Logf("504 %v after the 102", took.Round(time.Millisecond))
+			}
+			upstreamClosed(t, closed)
+			idleSettled(t, h, "answer idle", "upstream")
+		})
+	}
+}
+
+// A swap that cuts a request waiting for its head through the Transport ends it as
+// before: the client connection closes unanswered, the upstream's closes, and neither
+// an "answer idle" nor an "upstream failed" line blames the upstream.
+func TestSwapCutOfHeadWaitIsNotIdle(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.TunnelIdleTimeout = 10 * time.Second })
+	written := make(chan struct{})
+	port, closed := quietUpstream(t, h, func(net.Conn, []byte) bool { close(written); return false })
+	c := h.dialProxy(t)
+	if _, err := io.WriteString(c, quietRequest(http.MethodPost, port, "Content-Length: 1\r\n", "x")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-written:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request did not reach the upstream")
+	}
+	if res := h.apply(`{"network_mode":"allowlist","allowed_hosts":["other.test"]}`); res.ClosedConnections != 1 {
+		t.Fatalf("the swap closed %d connections, want 1", res.ClosedConnections)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if b, err := io.ReadAll(c); len(b) != 0 || err != nil {
+		t.Fatalf("the client read %q (%v), want its connection closed unanswered", b, err)
+	}
+	upstreamClosed(t, closed)
+	waitFor(t, func() bool {
+		return testutil.ToFloat64(h.srv.metrics.activeHTTP) == 0 && h.srv.tracker.len() == 0
+	})
+	for _, msg := range []string{`"msg":"answer idle"`, `"msg":"upstream failed"`} {
+		if strings.Contains(h.logs.String(), msg) {
+			t.Fatalf("a swap's cut logged %s:\n%s", msg, h.logs.String())
+		}
+	}
+}
+
+// The reads of an https:// request's connection are under the Transport's TLS client:
+// the watch finds ours beneath it, and lets go of it when it stops.
+func TestHeadWatchFindsTheConnectionUnderTLS(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	uc := &upstreamConn{idleWriter: idleWriter{Conn: a}}
+	var w headWatch
+	w.gotConn(tls.Client(uc, &tls.Config{ServerName: "x.test"}))
+	if uc.head.Load() != &w {
+		t.Fatal("the watch did not find the connection under the TLS client")
+	}
+	w.stop()
+	if uc.head.Load() != nil {
+		t.Fatal("the connection still points at a stopped watch")
+	}
+}
