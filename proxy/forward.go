@@ -453,19 +453,22 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (net.Conn, 
 	if v == nil || !v.Allowed {
 		return nil, errors.New("proxy: dial without an allowed decision")
 	}
-	c, _, err := s.dialVerdict(ctx, v)
+	c, _, err := s.dialVerdict(ctx, v, true)
 	if err != nil {
 		return nil, err
 	}
 	return &upstreamConn{idleWriter: idleWriter{Conn: c, timeout: s.cfg.TunnelIdleTimeout, stalled: errUpstreamBodyIdle}}, nil
 }
 
-// dialVerdict tries each checked address in turn. Upstream connections get no TCP
-// keep-alive: its four setsockopt calls were a tenth of the system calls of a tunnel
-// set-up, and what it would find (a destination that vanished) the tunnel idle timeout
-// and the pool's checks before reuse already end. Clients keep theirs (listenProxy).
-func (s *Server) dialVerdict(ctx context.Context, v *Verdict) (*net.TCPConn, netip.Addr, error) {
+// dialVerdict tries each checked address in turn. keepAlive turns TCP keep-alive on at
+// once (upstreamKeepAlive); a tunnel's dial leaves it off and runTunnel turns it on if
+// the tunnel lives, since its four setsockopt calls were a tenth of the system calls of
+// a tunnel set-up and most tunnels end sooner.
+func (s *Server) dialVerdict(ctx context.Context, v *Verdict, keepAlive bool) (*net.TCPConn, netip.Addr, error) {
 	d := net.Dialer{Timeout: s.cfg.DialTimeout, KeepAlive: -1}
+	if keepAlive {
+		d.KeepAliveConfig = upstreamKeepAlive
+	}
 	var lastErr error
 	for _, a := range v.Addrs {
 		start := time.Now()

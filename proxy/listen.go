@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,6 +19,11 @@ const (
 	keepAliveInterval = 15 // seconds
 	keepAliveCount    = 9
 )
+
+// upstreamKeepAlive is the same keep-alive for upstream connections: HTTP ones from
+// their dial, tunnels once they have lived a while (tunnelKeepAliveAfter).
+var upstreamKeepAlive = net.KeepAliveConfig{Enable: true, Idle: keepAliveIdle * time.Second,
+	Interval: keepAliveInterval * time.Second, Count: keepAliveCount}
 
 // listenProxy binds the proxy listener. Linux copies a listening socket's options to
 // every socket it accepts, so keep-alive is set once here rather than with four

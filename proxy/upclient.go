@@ -197,7 +197,7 @@ func (u *upstreamClient) conn(ctx context.Context, v *Verdict) (*upConn, bool, e
 		}
 		uc.c.Close()
 	}
-	c, addr, err := u.s.dialVerdict(ctx, v)
+	c, addr, err := u.s.dialVerdict(ctx, v, true)
 	if err != nil {
 		return nil, false, err
 	}
