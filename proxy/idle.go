@@ -182,46 +182,35 @@ func (w *idleWriter) handOver() net.Conn {
 	return w.Conn
 }
 
-// readWatch bounds the reads of an answer body whose connection the proxy cannot give a
-// deadline (net/http's Transport reads it and pools it): a timer looks at the read in
-// progress, and once that read has waited for the timeout it calls end, which cancels
-// the request (the Transport then closes the connection); the read fails with
-// errUpstreamIdle. The timer starts with the first read.
-type readWatch struct {
-	timeout time.Duration // 0: no watch
-	since   atomic.Int64  // unix nanoseconds at which the read in progress began; 0 between reads
-	fired   atomic.Bool
+// idleTimer is the one timer per request of readWatch and headWatch. Started once, it
+// is moved only when it expires: then it ends the request (end) if the moment in mark
+// is a whole timeout old, and otherwise waits for what is left; a mark of 0 (no wait in
+// progress) waits a whole timeout again.
+type idleTimer struct {
+	timeout time.Duration
+	mark    atomic.Int64 // unix nanoseconds
+	fired   atomic.Bool  // the timer ended the request
 	mu      sync.Mutex
 	t       *time.Timer
 	stopped bool
 }
 
-func (w *readWatch) read(r io.Reader, p []byte, end func()) (int, error) {
-	w.since.Store(time.Now().UnixNano())
-	if w.t == nil { // only this goroutine sets it
-		w.mu.Lock()
-		if !w.stopped {
-			w.t = time.AfterFunc(w.timeout, func() { w.check(end) })
-		}
-		w.mu.Unlock()
+// startLocked starts the timer, unless it runs or was stopped. w.mu is held.
+func (w *idleTimer) startLocked(end func()) {
+	if w.t == nil && !w.stopped {
+		w.t = time.AfterFunc(w.timeout, func() { w.check(end) })
 	}
-	n, err := r.Read(p)
-	w.since.Store(0)
-	if err != nil && w.fired.Load() {
-		err = errUpstreamIdle
-	}
-	return n, err
 }
 
-func (w *readWatch) check(end func()) {
+func (w *idleTimer) check(end func()) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stopped {
 		return
 	}
 	left := w.timeout
-	if s := w.since.Load(); s != 0 {
-		left -= time.Since(time.Unix(0, s))
+	if m := w.mark.Load(); m != 0 {
+		left -= time.Since(time.Unix(0, m))
 	}
 	if left > 0 {
 		w.t.Reset(left)
@@ -232,13 +221,43 @@ func (w *readWatch) check(end func()) {
 	end()
 }
 
-func (w *readWatch) stop() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+// stopLocked stops the timer for good. w.mu is held.
+func (w *idleTimer) stopLocked() {
 	w.stopped = true
 	if w.t != nil {
 		w.t.Stop()
 	}
+}
+
+// readWatch bounds the reads of an answer body whose connection the proxy cannot give a
+// deadline (net/http's Transport reads it and pools it): its timer looks at the read in
+// progress (mark: when it began; 0 between reads), and once that read has waited for
+// the timeout it calls end, which cancels the request (the Transport then closes the
+// connection); the read fails with errUpstreamIdle. The timer starts with the first
+// read.
+type readWatch struct {
+	idleTimer // timeout 0: no watch
+}
+
+func (w *readWatch) read(r io.Reader, p []byte, end func()) (int, error) {
+	w.mark.Store(time.Now().UnixNano())
+	if w.t == nil { // only this goroutine sets it
+		w.mu.Lock()
+		w.startLocked(end)
+		w.mu.Unlock()
+	}
+	n, err := r.Read(p)
+	w.mark.Store(0)
+	if err != nil && w.fired.Load() {
+		err = errUpstreamIdle
+	}
+	return n, err
+}
+
+func (w *readWatch) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopLocked()
 }
 
 // headWatch bounds the wait for an answer head on net/http's Transport as headLimit
@@ -247,15 +266,11 @@ func (w *readWatch) stop() {
 // closes the connection) when the upstream sends no byte for the timeout; every byte
 // read meanwhile, interim 1xx answers included, is progress. The Transport's own
 // ResponseHeaderTimeout would be one timer for the whole head, which interim answers
-// do not restart. One timer per request, moved only when it expires, as readWatch's.
+// do not restart. Its timer's mark is the last progress, 0 until the request is
+// written; fired tells an idle head's end from a swap's or the drain's.
 type headWatch struct {
-	timeout time.Duration
-	last    atomic.Int64 // unix nanoseconds of the last progress; 0 until the request is written
-	fired   atomic.Bool  // the request was ended for its idle head, not by a swap or the drain
-	mu      sync.Mutex
-	t       *time.Timer
-	stopped bool
-	conn    *upstreamConn // whose reads are the wait's progress
+	idleTimer
+	conn *upstreamConn // whose reads are the wait's progress
 }
 
 // gotConn makes c's reads the wait's progress. c is the connection the Transport gave
@@ -266,7 +281,7 @@ func (w *headWatch) gotConn(c net.Conn) {
 		c = tc.NetConn()
 	}
 	uc, _ := c.(*upstreamConn)
-	w.last.Store(0)
+	w.mark.Store(0)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.release()
@@ -278,49 +293,25 @@ func (w *headWatch) gotConn(c net.Conn) {
 
 // wrote starts the wait: the request, body included, is written.
 func (w *headWatch) wrote(end func()) {
-	w.last.Store(time.Now().UnixNano())
+	w.mark.Store(time.Now().UnixNano())
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.t == nil && !w.stopped {
-		w.t = time.AfterFunc(w.timeout, func() { w.check(end) })
-	}
+	w.startLocked(end)
 }
 
 // progress records a read of the head; bytes read before the request is written (an
 // early answer, a 100 Continue) do not start the wait.
 func (w *headWatch) progress() {
-	if w.last.Load() != 0 {
-		w.last.Store(time.Now().UnixNano())
+	if w.mark.Load() != 0 {
+		w.mark.Store(time.Now().UnixNano())
 	}
-}
-
-func (w *headWatch) check(end func()) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.stopped {
-		return
-	}
-	left := w.timeout
-	if last := w.last.Load(); last != 0 { // else a retry's connection, not yet written
-		left -= time.Since(time.Unix(0, last))
-	}
-	if left > 0 {
-		w.t.Reset(left)
-		return
-	}
-	w.stopped = true
-	w.fired.Store(true)
-	end()
 }
 
 // stop ends the watch once the round trip returned.
 func (w *headWatch) stop() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.stopped = true
-	if w.t != nil {
-		w.t.Stop()
-	}
+	w.stopLocked()
 	w.release()
 }
 
