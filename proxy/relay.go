@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -14,39 +15,89 @@ const relayBufSize = 16 << 10
 
 var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
 
-// pump copies src to dst until EOF (nil error) or an error. Between two *net.TCPConn
-// it starts with plain reads and writes through a pooled buffer that it holds only
-// while bytes move (it waits for input in the poller with no buffer), and moves to
-// splice (TCPConn.ReadFrom, no copy through user space) once a read fills the buffer,
-// remembering that in *bulk. Short exchanges (TLS handshakes, requests and answers,
-// tunnel set-ups) so need no pipe: splice takes a pipe pair per direction, kept while
-// the direction waits, and the pipes' set-up and teardown were a tenth of the proxy's
-// CPU per tunnel set-up.
-func pump(dst, src net.Conn, bulk *bool) (int64, error) {
-	d, dok := dst.(*net.TCPConn)
-	s, sok := src.(*net.TCPConn)
-	if !dok || !sok {
-		return io.Copy(dst, src)
-	}
-	var n int64
-	if !*bulk {
-		m, full, err := copyUntilBulk(d, s)
-		n += m
-		if !full {
-			return n, err
-		}
-		*bulk = true
-	}
-	m, err := d.ReadFrom(s)
-	return n + m, err
+// direction is one direction of a tunnel: it copies src to dst, pre first. Its copy
+// runs on a goroutine of its own for the tunnel's life, and the two goroutines' stacks
+// are most of an idle tunnel's memory. The deepest moment of a copy fits Go's 2 KiB
+// starting stack with about 200 bytes to spare (measured with Go 1.26, docs/bench.md);
+// a goroutine that outgrows it keeps a 4 KiB stack until a garbage collection shrinks
+// it, and a proxy that does little else may not collect for a long time. So the
+// copy's state lives here rather than in its frames, and the calls below copy take
+// few arguments.
+type direction struct {
+	dst, src net.Conn
+	pre      []byte // what the client sent along with the CONNECT, for the upward one
+	n        int64  // bytes written to dst; final once copy returns
+	// Both ends' *net.TCPConn, or nil when either end is another kind of connection.
+	tcpDst, tcpSrc *net.TCPConn
 }
 
-// copyUntilBulk relays with read and write until EOF, an error, or a read that fills
-// the buffer (full).
-func copyUntilBulk(dst, src *net.TCPConn) (n int64, full bool, err error) {
-	rc, err := src.SyscallConn()
+func newDirection(dst, src net.Conn, pre []byte) direction {
+	d := direction{dst: dst, src: src, pre: pre}
+	td, dok := dst.(*net.TCPConn)
+	ts, sok := src.(*net.TCPConn)
+	if dok && sok {
+		d.tcpDst, d.tcpSrc = td, ts
+	}
+	return d
+}
+
+// copy relays until EOF (nil error) or an error; clock ends it when both directions
+// stay idle (see idleClock). Between two *net.TCPConn it starts with plain reads and
+// writes through a pooled buffer that it holds only while bytes move (it waits for
+// input in the poller with no buffer), and moves to splice (TCPConn.ReadFrom, no copy
+// through user space) once a read fills the buffer. Short exchanges (TLS handshakes,
+// requests and answers, tunnel set-ups) so need no pipe: splice takes a pipe pair per
+// direction, kept while the direction waits, and the pipes' set-up and teardown were a
+// tenth of the proxy's CPU per tunnel set-up. Kept out of line so an idle direction's
+// stack stays at its smallest size.
+//
+//go:noinline
+func (d *direction) copy(clock *idleClock) error {
+	var err error
+	if len(d.pre) > 0 {
+		var w int
+		w, err = d.dst.Write(d.pre)
+		d.n += int64(w)
+	}
+	bulk := false
+	for err == nil {
+		clock.arm(d.src)
+		var m int64
+		switch {
+		case d.tcpDst == nil:
+			m, err = io.Copy(d.dst, d.src)
+		case bulk:
+			m, err = d.tcpDst.ReadFrom(d.tcpSrc)
+		default:
+			m, err = d.copyUntilBulk()
+		}
+		d.n += m
+		if m > 0 && err != nil {
+			clock.touch()
+		}
+		if err == errBufferFilled {
+			bulk, err = true, nil
+			continue
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			break
+		}
+		if !clock.idle() {
+			err = nil // a period ended with traffic somewhere: go on
+		}
+	}
+	return err
+}
+
+// errBufferFilled ends copyUntilBulk: a read filled the buffer, bulk data is flowing.
+var errBufferFilled = errors.New("relay buffer filled")
+
+// copyUntilBulk relays with read and write until EOF (nil error), an error, or a read
+// that fills the buffer (errBufferFilled).
+func (d *direction) copyUntilBulk() (n int64, err error) {
+	rc, err := d.tcpSrc.SyscallConn()
 	if err != nil {
-		return 0, false, err
+		return 0, err
 	}
 	for {
 		var (
@@ -69,24 +120,46 @@ func copyUntilBulk(dst, src *net.TCPConn) (n int64, full bool, err error) {
 			return true
 		})
 		if err != nil {
-			return n, false, err // the deadline, or the connection closed
+			return n, err // the deadline, or the connection closed
 		}
 		if rerr != nil {
 			relayBufs.Put(buf)
-			return n, false, os.NewSyscallError("read", rerr)
+			return n, os.NewSyscallError("read", rerr)
 		}
 		if nr <= 0 {
 			relayBufs.Put(buf)
-			return n, false, nil
+			return n, nil
 		}
-		w, werr := dst.Write((*buf)[:nr])
+		w, werr := d.tcpDst.Write((*buf)[:nr])
 		n += int64(w)
 		relayBufs.Put(buf)
 		if werr != nil {
-			return n, false, werr
+			return n, werr
 		}
 		if nr == relayBufSize {
-			return n, true, nil
+			return n, errBufferFilled
 		}
 	}
+}
+
+// halfCloser is what *net.TCPConn offers for a clean one-way EOF.
+type halfCloser interface {
+	CloseWrite() error
+}
+
+// end ends the direction after its copy returned err: on EOF (nil) it passes the EOF
+// on (half-close) so the other direction keeps flowing; on an error it closes both
+// ends, which also stops the other direction's copy. src has already said EOF, so
+// shutting its read side too would only cost a system call per tunnel; and when the
+// other direction has ended too (last), the tunnel closes both sockets next, which
+// passes the EOF on by itself.
+func (d *direction) end(err error, last bool) {
+	if h, ok := d.dst.(halfCloser); ok && err == nil {
+		if !last {
+			_ = h.CloseWrite()
+		}
+		return
+	}
+	d.dst.Close()
+	d.src.Close()
 }

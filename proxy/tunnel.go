@@ -2,13 +2,11 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -117,47 +115,63 @@ func (s *Server) openTunnel(r *http.Request, client net.Conn, buffered []byte, r
 		return false
 	}
 	s.metrics.activeConnect.Inc()
-	// The goroutine keeps only what it logs: not the request, whose memory would
-	// otherwise live as long as the tunnel.
-	t := &tunnelDone{entry: entry, host: blockedHost(v), port: v.Port, addr: addr, client: r.RemoteAddr,
+	// The tunnel keeps only what it logs: not the request, whose memory would otherwise
+	// live as long as the tunnel.
+	t := &tunnel{upward: newDirection(up, client, buffered), downward: newDirection(client, up, nil),
+		entry: entry, host: blockedHost(v), port: v.Port, addr: addr, clientAddr: r.RemoteAddr,
 		gen: rs.Generation, task: rs.Task, phase: rs.Phase}
-	go s.runTunnel(client, up, buffered, t)
+	go s.runTunnel(t)
 	return true
 }
 
-// tunnelDone is what a finished tunnel reports.
-type tunnelDone struct {
-	entry              *liveConn
-	host               string
-	port               uint16
-	addr               netip.Addr
-	client             string
-	gen                uint64
-	task, phase        string
-	upBytes, downBytes int64
-	start              time.Time
+// tunnel is an established tunnel: what its two relay goroutines share, and what it
+// reports when it closes. It lives behind one pointer so that the goroutines' frames
+// stay small (see direction).
+type tunnel struct {
+	upward, downward direction // client to upstream, and back
+	clock            *idleClock
+	keepAlive        *time.Timer
+	ended            atomic.Int32 // directions that have ended
+
+	entry       *liveConn
+	host        string
+	port        uint16
+	addr        netip.Addr
+	clientAddr  string
+	gen         uint64
+	task, phase string
+	start       time.Time
 }
 
-// runTunnel is a tunnel's goroutine. Its frame stays small (the relay is most of its
-// stack while the tunnel idles); the accounting runs after the relay, in finishTunnel.
-func (s *Server) runTunnel(client, up net.Conn, buffered []byte, t *tunnelDone) {
+// runTunnel relays the client's bytes upstream on the goroutine that starts the
+// tunnel, and the upstream's back on a second one. Whichever direction ends last
+// closes the tunnel.
+func (s *Server) runTunnel(t *tunnel) {
+	s.startTunnel(t)
+	go s.relayDirection(t, &t.downward)
+	s.relayDirection(t, &t.upward)
+}
+
+// startTunnel is out of line so that its locals stay out of the relay's stack.
+//
+//go:noinline
+func (s *Server) startTunnel(t *tunnel) {
 	t.start = time.Now()
-	done := make(chan int64, 1)
-	clock := newIdleClock(s.cfg.TunnelIdleTimeout)
-	var keepAlive *time.Timer
-	if tc, ok := up.(*net.TCPConn); ok {
-		keepAlive = time.AfterFunc(tunnelKeepAliveAfter, func() { _ = tc.SetKeepAliveConfig(upstreamKeepAlive) })
+	t.clock = newIdleClock(s.cfg.TunnelIdleTimeout)
+	if tc, ok := t.upward.dst.(*net.TCPConn); ok {
+		t.keepAlive = time.AfterFunc(tunnelKeepAliveAfter, func() { _ = tc.SetKeepAliveConfig(upstreamKeepAlive) })
 	}
-	var ended atomic.Int32
-	go copyDirection(client, up, nil, clock, &ended, done)
-	t.upBytes = copyDirection(up, client, buffered, clock, &ended, nil)
-	t.downBytes = <-done
-	if keepAlive != nil {
-		keepAlive.Stop()
+}
+
+// relayDirection runs direction d of t and, if it is the last to end, closes the
+// tunnel.
+func (s *Server) relayDirection(t *tunnel, d *direction) {
+	err := d.copy(t.clock)
+	last := t.ended.Add(1) == 2 // after d's count is final: the closing one reads it
+	d.end(err, last)
+	if last {
+		s.finishTunnel(t)
 	}
-	client.Close()
-	up.Close()
-	s.finishTunnel(t)
 }
 
 // tunnelKeepAliveAfter is how long a tunnel lives before its upstream side gets TCP
@@ -168,16 +182,21 @@ func (s *Server) runTunnel(client, up net.Conn, buffered []byte, t *tunnelDone) 
 var tunnelKeepAliveAfter = keepAliveIdle * time.Second
 
 //go:noinline
-func (s *Server) finishTunnel(t *tunnelDone) {
+func (s *Server) finishTunnel(t *tunnel) {
 	defer s.tunnels.Done()
+	if t.keepAlive != nil {
+		t.keepAlive.Stop()
+	}
+	t.upward.src.Close()
+	t.upward.dst.Close()
 	s.tracker.remove(t.entry)
 	s.proxyLn.release()
-	s.metrics.bytesUp.Add(float64(t.upBytes))
-	s.metrics.bytesDown.Add(float64(t.downBytes))
+	s.metrics.bytesUp.Add(float64(t.upward.n))
+	s.metrics.bytesDown.Add(float64(t.downward.n))
 	if s.log.Enabled(context.Background(), slog.LevelInfo) {
 		s.logLine(slog.LevelInfo, "tunnel closed", slog.String("type", typeConnect),
 			slog.String("host", t.host), slog.Int("port", int(t.port)), slog.String("addr", t.addr.String()),
-			slog.String("client", t.client), slog.Int64("bytes_up", t.upBytes), slog.Int64("bytes_down", t.downBytes),
+			slog.String("client", t.clientAddr), slog.Int64("bytes_up", t.upward.n), slog.Int64("bytes_down", t.downward.n),
 			slog.Float64("duration_seconds", time.Since(t.start).Seconds()), slog.Uint64("generation", t.gen),
 			slog.String("task", t.task), slog.String("phase", t.phase))
 	}
@@ -193,64 +212,4 @@ func (s *Server) addTunnel() bool {
 	}
 	s.tunnels.Add(1)
 	return true
-}
-
-// halfCloser is what *net.TCPConn offers for a clean one-way EOF.
-type halfCloser interface {
-	CloseWrite() error
-}
-
-// copyDirection relays one direction (pre first), ends it, and reports the count on done
-// when done is not nil. clock ends the relay when both directions stay idle (see
-// idleClock); the copy itself is pump's. Kept out of line so an idle direction's stack
-// stays at its smallest size.
-//
-//go:noinline
-func copyDirection(dst, src net.Conn, pre []byte, clock *idleClock, ended *atomic.Int32, done chan<- int64) int64 {
-	var (
-		n    int64
-		err  error
-		bulk bool
-	)
-	if len(pre) > 0 {
-		var w int
-		w, err = dst.Write(pre)
-		n = int64(w)
-	}
-	for err == nil {
-		clock.arm(src)
-		var m int64
-		m, err = pump(dst, src, &bulk)
-		n += m
-		if !errors.Is(err, os.ErrDeadlineExceeded) {
-			break
-		}
-		if m > 0 {
-			clock.touch()
-		}
-		if !clock.idle() {
-			err = nil // a period ended with traffic somewhere: go on
-		}
-	}
-	endDirection(dst, src, err, ended.Add(1) == 2)
-	if done != nil {
-		done <- n
-	}
-	return n
-}
-
-// endDirection ends one direction: on EOF it passes the EOF on (half-close) so the
-// other direction keeps flowing; on an error it closes both, which also stops the
-// other direction's copy. src has already said EOF, so shutting its read side too
-// would only cost a system call per tunnel; and when the other direction has ended too
-// (last), the tunnel closes both sockets next, which passes the EOF on by itself.
-func endDirection(dst, src net.Conn, err error, last bool) {
-	if d, ok := dst.(halfCloser); ok && err == nil {
-		if !last {
-			_ = d.CloseWrite()
-		}
-		return
-	}
-	dst.Close()
-	src.Close()
 }
