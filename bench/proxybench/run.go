@@ -84,10 +84,14 @@ func Run(cfg Config) (*Report, error) {
 		rep:     &Report{Values: map[string]Values{}, PerRound: map[string]*RoundValues{}, Errors: map[string]int64{}, Direct: NameDirect},
 		targets: []Target{{Name: NameDirect}},
 		samples: map[string][]time.Duration{},
+		idle:    map[string]float64{},
 	}
 	defer b.stopAll()
 	if err := b.startProxies(); err != nil {
 		return nil, err
+	}
+	if cfg.Workloads.Idle {
+		b.measureIdle()
 	}
 	for round := 1; round <= cfg.Rounds; round++ {
 		b.round(round)
@@ -95,7 +99,7 @@ func Run(cfg Config) (*Report, error) {
 	b.summarise()
 	lim := cfg.Limits
 	b.rep.Notes = append(b.rep.Notes, fmt.Sprintf(
-		"Rates are the median of %d rounds of %s each (concurrency %d); latency percentiles pool %d sequential keep-alive requests per round; memory is the VmRSS growth over %d idle CONNECT tunnels.",
+		"Rates are the median of %d rounds of %s each (concurrency %d); latency percentiles pool %d sequential keep-alive requests per round; memory is the VmRSS growth over %d idle CONNECT tunnels, opened first on each freshly started proxy.",
 		cfg.Rounds, lim.Duration, lim.Concurrency, lim.LatencyRequests, lim.IdleTunnels))
 	b.rep.Notes = append(b.rep.Notes, fmt.Sprintf(
 		"Machine: %d CPUs; 1-minute load average %s before the run and %s after it. Anything else running competes with the proxies for CPU and shows up as noise in the rates; the CPU-per-operation figures are much less sensitive to it.",
@@ -112,6 +116,7 @@ type bench struct {
 	procs   []*Process
 
 	samples map[string][]time.Duration // per target, every latency sample
+	idle    map[string]float64         // per proxy, KiB per idle tunnel
 }
 
 func (b *bench) logf(format string, args ...any) {
@@ -288,10 +293,33 @@ func (b *bench) measureRate(round int, t Target, w rateWorkload) {
 	b.logf("%s", line)
 }
 
-// summarise turns the rounds into the report's values and measures idle memory, which
-// needs no rounds: it is a difference of two readings on a quiet proxy.
-func (b *bench) summarise() {
+// measureIdle measures each proxy's memory per idle tunnel before anything else runs
+// through it. It needs no rounds (it is a difference of two readings on a quiet
+// proxy), and a fresh process is the case that costs most: a Go proxy that has done
+// other work first reuses the memory that work freed.
+func (b *bench) measureIdle() {
 	lim := b.cfg.Limits
+	for _, t := range b.targets {
+		if t.Direct() {
+			continue
+		}
+		per, opened, err := IdleMemory(t, b.up.StreamAddr(), lim, b.cfg.Settle)
+		switch {
+		case err != nil:
+			b.logf("%s: %v", t.Name, err)
+			b.rep.Errors[t.Name]++
+		case opened < lim.IdleTunnels:
+			b.rep.Errors[t.Name] += int64(lim.IdleTunnels - opened)
+			fallthrough
+		default:
+			b.idle[t.Name] = per / 1024
+			b.logf("%-26s %d idle tunnels: %.1f KiB each", t.Name, opened, per/1024)
+		}
+	}
+}
+
+// summarise turns the rounds into the report's values.
+func (b *bench) summarise() {
 	for _, t := range b.targets {
 		v := NoValues()
 		for m, vals := range b.rep.PerRound[t.Name] {
@@ -303,19 +331,8 @@ func (b *bench) summarise() {
 			v[MetricP50] = float64(Percentile(s, 50)) / float64(time.Microsecond)
 			v[MetricP99] = float64(Percentile(s, 99)) / float64(time.Microsecond)
 		}
-		if b.cfg.Workloads.Idle && !t.Direct() {
-			per, opened, err := IdleMemory(t, b.up.StreamAddr(), lim, b.cfg.Settle)
-			switch {
-			case err != nil:
-				b.logf("%s: %v", t.Name, err)
-				b.rep.Errors[t.Name]++
-			case opened < lim.IdleTunnels:
-				b.rep.Errors[t.Name] += int64(lim.IdleTunnels - opened)
-				fallthrough
-			default:
-				v[MetricIdleRSS] = per / 1024
-				b.logf("%-26s %d idle tunnels: %.1f KiB each", t.Name, opened, per/1024)
-			}
+		if kib, ok := b.idle[t.Name]; ok {
+			v[MetricIdleRSS] = kib
 		}
 		b.rep.Values[t.Name] = v
 	}
