@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/netip"
+	"net/textproto"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -361,7 +362,16 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		return r, nil
 	}
 	st.head.timeout = s.cfg.TunnelIdleTimeout
+	interim := 0 // the Transport reads a request's answer heads on one goroutine
 	trace := &httptrace.ClientTrace{
+		// Counted as the upstream client counts them. With this hook the Transport bounds
+		// each head by itself, no longer all of them together.
+		Got1xxResponse: func(int, textproto.MIMEHeader) error {
+			if interim++; interim > maxInterimAnswers {
+				return errTooManyInterimAnswers
+			}
+			return nil
+		},
 		GotConn: func(info httptrace.GotConnInfo) {
 			if !s.gotUpstreamConn(rs, st.entry, info.Conn) {
 				st.refusedConn.Store(true)

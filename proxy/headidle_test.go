@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -180,5 +181,43 @@ func TestHeadWatchFindsTheConnectionUnderTLS(t *testing.T) {
 	w.stop()
 	if uc.head.Load() != nil {
 		t.Fatal("the connection still points at a stopped watch")
+	}
+}
+
+// An upstream may send at most maxInterimAnswers interim answers before its final one,
+// on both paths: the proxy answers 502 after one more instead of reading them for as
+// long as they come. Through net/http's Transport (the POST) only the 10 MiB head limit
+// bounded them.
+func TestInterimAnswersAreCounted(t *testing.T) {
+	for _, tc := range []struct {
+		interim int
+		want    int
+	}{
+		{maxInterimAnswers, http.StatusOK},
+		{maxInterimAnswers + 1, http.StatusBadGateway},
+	} {
+		for _, method := range []string{http.MethodGet, http.MethodPost} {
+			t.Run(fmt.Sprintf("%s/%d", method, tc.interim), func(t *testing.T) {
+				h := newHarness(t)
+				port, _ := quietUpstream(t, h, func(c net.Conn, _ []byte) bool {
+					for range tc.interim {
+						if _, err := io.WriteString(c, "HTTP/1.1 102 Processing\r\n\r\n"); err != nil {
+							return false
+						}
+					}
+					_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+					return err == nil
+				})
+				c := h.dialProxy(t)
+				if _, err := io.WriteString(c, quietRequest(method, port, "Content-Length: 1\r\n", "x")); err != nil {
+					t.Fatal(err)
+				}
+				resp := finalAnswer(t, bufio.NewReader(c))
+				resp.Body.Close()
+				if resp.StatusCode != tc.want {
+					t.Fatalf("after %d interim answers: %d %q, want %d", tc.interim, resp.StatusCode, resp.Header.Get("X-Compass-Egress"), tc.want)
+				}
+			})
+		}
 	}
 }

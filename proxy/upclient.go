@@ -134,7 +134,10 @@ const (
 	maxInterimAnswers  = 5
 )
 
-var errAnswerHeadTooLong = errors.New("proxy: upstream answer head too long")
+var (
+	errAnswerHeadTooLong     = errors.New("proxy: upstream answer head too long")
+	errTooManyInterimAnswers = errors.New("proxy: too many interim answers from the upstream")
+)
 
 var upWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
 
@@ -250,7 +253,7 @@ func (u *upstreamClient) exchange(req *http.Request, uc *upConn) (*http.Response
 	uc.limit.left = maxAnswerHeadBytes
 	for interim := 0; err == nil; interim++ {
 		if interim > maxInterimAnswers {
-			err = errors.New("proxy: too many interim answers from the upstream")
+			err = errTooManyInterimAnswers
 			break
 		}
 		resp, err = http.ReadResponse(uc.br, req)
