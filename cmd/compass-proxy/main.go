@@ -308,8 +308,9 @@ func run(args []string) error {
 // serve runs the proxy until SIGTERM or SIGINT, then drains. A SIGHUP re-reads --policy,
 // including one that came during start-up: the file may have changed after New read it.
 func serve(o *options, logOut io.Writer, signals <-chan os.Signal) error {
+	var bw *jsonlog.BufferedWriter
 	if o.logFlush > 0 {
-		bw := jsonlog.NewBufferedWriter(logOut, o.logFlush, logBatchBytes)
+		bw = jsonlog.NewBufferedWriter(logOut, o.logFlush, logBatchBytes)
 		defer bw.Close()
 		logOut = bw
 	}
@@ -330,6 +331,11 @@ func serve(o *options, logOut io.Writer, signals <-chan os.Signal) error {
 		if sig == syscall.SIGHUP {
 			_ = srv.Reload()
 			continue
+		}
+		// From here every line is written at once: whoever sent the signal may kill the
+		// proxy when its grace ends (docker stop), and no batched line may be lost then.
+		if bw != nil {
+			_ = bw.Close()
 		}
 		log.Info("draining", "signal", sig.String(), "drain_timeout", srv.DrainTimeout().String())
 		ctx, cancel := context.WithTimeout(context.Background(), srv.DrainTimeout())

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"flag"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -257,5 +259,90 @@ func TestGCDefaultRespectsGOGC(t *testing.T) {
 	})
 	if got := debug.SetGCPercent(100); got != 100 {
 		t.Errorf("with GOGC set: GC percent changed to %d", got)
+	}
+}
+
+// On SIGTERM the batched log lines are written at once, and so is every line after
+// them, while tunnels still hold the drain: a container runtime kills the proxy when its
+// stop grace ends, and the lines batched by then would be lost.
+func TestDrainWritesLogLinesAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	policyFile := filepath.Join(dir, "policy.json")
+	if err := os.WriteFile(policyFile, []byte(`"public"`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	upstream, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer upstream.Close()
+	held := make(chan net.Conn, 1)
+	go func() {
+		if c, err := upstream.Accept(); err == nil {
+			held <- c
+		}
+	}()
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyAddr := free.Addr().String()
+	free.Close()
+	o, err := parse([]string{"--listen", proxyAddr, "--dns-listen=", "--admin-socket", filepath.Join(dir, "admin.sock"),
+		"--dns-upstream", "127.0.0.1:1", "--require-no-forwarding=false", "--policy", policyFile, "--drain-timeout", "20s",
+		"--allow-internal", "127.0.0.0/8", "--log-flush-interval", "10s"},
+		func(string) (string, bool) { return "", false }, "/nonexistent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	signals := make(chan os.Signal, 1)
+	var logs testutil.SyncBuffer
+	done := make(chan error, 1)
+	go func() { done <- serve(o, &logs, signals) }()
+	var c net.Conn
+	for start := time.Now(); c == nil; {
+		if c, err = net.Dial("tcp", proxyAddr); err != nil && time.Since(start) > 10*time.Second {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	target := upstream.Addr().String()
+	if _, err := io.WriteString(c, "CONNECT "+target+" HTTP/1.1\r\nHost: "+target+"\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("CONNECT: %v %v", resp, err)
+	}
+	up := <-held
+	defer up.Close()
+
+	signals <- syscall.SIGTERM
+	wants := []string{`"msg":"decision","decision":"allowed"`, `"msg":"draining"`}
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		missing := ""
+		for _, want := range wants {
+			if !strings.Contains(logs.String(), want) {
+				missing = want
+			}
+		}
+		if missing == "" {
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("5 s after SIGTERM, with the drain held by a tunnel, the logs lack %s:\n%s", missing, logs.String())
+		}
+	}
+	c.Close()
+	up.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("serve did not stop once the tunnel closed")
 	}
 }
