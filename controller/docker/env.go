@@ -162,9 +162,7 @@ func (e *Env) remove(ctx context.Context) error {
 	}()
 	go func() {
 		defer wg.Done()
-		if err := e.p.api.ContainerRemove(ctx, e.names.Sidecar, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
-			errs[1] = fmt.Errorf("docker: remove sidecar: %w", err)
-		}
+		errs[1] = e.removeSidecar(ctx)
 	}()
 	wg.Wait()
 	if err := e.removeNetwork(ctx); err != nil {
@@ -174,6 +172,26 @@ func (e *Env) remove(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("state: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// sidecarStopGrace is how long the sidecar has to exit on SIGTERM at an environment's
+// close before the engine kills it. The proxy writes its batched log lines as soon as
+// the signal comes, and each later one at once; it exits sooner when its tunnels end,
+// as they do when the agent goes away at the same time.
+const sidecarStopGrace = 1 // seconds, the engine's unit
+
+// removeSidecar stops the sidecar, so that no decision line it has logged is lost,
+// then removes it. A failed stop still removes it.
+func (e *Env) removeSidecar(ctx context.Context) error {
+	grace := sidecarStopGrace
+	err := e.p.api.ContainerStop(ctx, e.names.Sidecar, container.StopOptions{Timeout: &grace})
+	if cerrdefs.IsNotFound(err) {
+		return nil
+	}
+	if err := e.p.api.ContainerRemove(ctx, e.names.Sidecar, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("docker: remove sidecar: %w", err)
+	}
+	return nil
 }
 
 func (e *Env) removeAgent(ctx context.Context) error {

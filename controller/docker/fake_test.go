@@ -179,6 +179,18 @@ func (f *fakeDocker) ContainerList(context.Context, container.ListOptions) ([]co
 	return out, nil
 }
 
+func (f *fakeDocker) ContainerStop(_ context.Context, ref string, _ container.StopOptions) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, name, err := f.get(ref)
+	if err != nil {
+		return err
+	}
+	c.running = false
+	f.ev.add("stop %s", name)
+	return nil
+}
+
 func (f *fakeDocker) ContainerRemove(_ context.Context, ref string, _ container.RemoveOptions) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

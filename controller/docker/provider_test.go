@@ -230,6 +230,20 @@ func TestCloseIsIdempotent(t *testing.T) {
 	}
 }
 
+// Close stops the sidecar (SIGTERM, a short grace) before it removes it: a forced
+// removal kills it at once, and the decision lines it had batched were lost.
+func TestCloseStopsTheSidecarBeforeRemovingIt(t *testing.T) {
+	r := newRig(t, "t6")
+	e := r.open(t, "t6", policy.NoNetwork)
+	if err := e.Close(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	stop, remove := r.ev.index("stop "+e.names.Sidecar), r.ev.index("remove "+e.names.Sidecar)
+	if stop < 0 || remove < stop {
+		t.Fatalf("sidecar stopped at event %d and removed at %d, want a stop first: %v", stop, remove, r.ev.all())
+	}
+}
+
 func TestLookupFromFreshProcess(t *testing.T) {
 	r := newRig(t, "t5")
 	opened := r.open(t, "t5", policy.NoNetwork)
