@@ -471,9 +471,9 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (net.Conn, 
 }
 
 // dialVerdict tries each checked address in turn. keepAlive turns TCP keep-alive on at
-// once (upstreamKeepAlive); a tunnel's dial leaves it off and runTunnel turns it on if
-// the tunnel lives, since its four setsockopt calls were a tenth of the system calls of
-// a tunnel set-up and most tunnels end sooner.
+// once (upstreamKeepAlive); a tunnel's dial leaves it off and a timer of startTunnel's
+// turns it on if the tunnel lives, since its four setsockopt calls were a tenth of the
+// system calls of a tunnel set-up and most tunnels end sooner.
 func (s *Server) dialVerdict(ctx context.Context, v *Verdict, keepAlive bool) (*net.TCPConn, netip.Addr, error) {
 	d := net.Dialer{Timeout: s.cfg.DialTimeout, KeepAlive: -1}
 	if keepAlive {
