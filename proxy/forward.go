@@ -362,13 +362,22 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		return r, nil
 	}
 	st.head.timeout = s.cfg.TunnelIdleTimeout
-	interim := 0 // the Transport reads a request's answer heads on one goroutine
+	// Interim answers are bounded as the upstream client bounds them. With this hook the
+	// Transport bounds each head by itself, no longer all of them together, so their
+	// size is counted here. It reads a request's heads on one goroutine.
+	interim, interimBytes := 0, 0
 	trace := &httptrace.ClientTrace{
-		// Counted as the upstream client counts them. With this hook the Transport bounds
-		// each head by itself, no longer all of them together.
-		Got1xxResponse: func(int, textproto.MIMEHeader) error {
+		Got1xxResponse: func(_ int, h textproto.MIMEHeader) error {
 			if interim++; interim > maxInterimAnswers {
 				return errTooManyInterimAnswers
+			}
+			for k, vs := range h {
+				for _, v := range vs {
+					interimBytes += len(k) + len(v) + len(": \r\n")
+				}
+			}
+			if interimBytes > maxAnswerHeadBytes {
+				return errAnswerHeadTooLong
 			}
 			return nil
 		},

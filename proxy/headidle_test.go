@@ -221,3 +221,33 @@ func TestInterimAnswersAreCounted(t *testing.T) {
 		}
 	}
 }
+
+// Interim answers' heads are bounded all together, on both paths: a few large ones may
+// not add up past maxAnswerHeadBytes. The Transport's own bound starts afresh after
+// each interim answer once the proxy counts them (TestInterimAnswersAreCounted).
+func TestInterimAnswerHeadsAreBoundedTogether(t *testing.T) {
+	link := strings.Repeat("x", maxAnswerHeadBytes/3+1024)
+	for _, method := range []string{http.MethodGet, http.MethodPost} {
+		t.Run(method, func(t *testing.T) {
+			h := newHarness(t)
+			port, _ := quietUpstream(t, h, func(c net.Conn, _ []byte) bool {
+				for range 3 {
+					if _, err := io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: <"+link+">\r\n\r\n"); err != nil {
+						return false
+					}
+				}
+				_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				return err == nil
+			})
+			c := h.dialProxy(t)
+			if _, err := io.WriteString(c, quietRequest(method, port, "Content-Length: 1\r\n", "x")); err != nil {
+				t.Fatal(err)
+			}
+			resp := finalAnswer(t, bufio.NewReader(c))
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadGateway {
+				t.Fatalf("after 3 interim heads of %d KiB: %d, want 502", len(link)>>10, resp.StatusCode)
+			}
+		})
+	}
+}
