@@ -176,8 +176,9 @@ func (e *Env) remove(ctx context.Context) error {
 
 // sidecarStopGrace is how long the sidecar has to exit on SIGTERM at an environment's
 // close before the engine kills it. The proxy writes its batched log lines as soon as
-// the signal comes, and each later one at once; it exits sooner when its tunnels end,
-// as they do when the agent goes away at the same time.
+// the signal comes, and each later one at once. It exits sooner once its tunnels end,
+// as they usually do when the agent is removed at the same time; an attached agent
+// keeps its sockets, and its open tunnels hold the sidecar for the whole grace.
 const sidecarStopGrace = 1 // seconds, the engine's unit
 
 // removeSidecar stops the sidecar, so that no decision line it has logged is lost,
