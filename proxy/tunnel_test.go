@@ -238,3 +238,72 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// Tunnels relaying at the same time, some past the size at which a direction moves to
+// splice, some with early bytes, each ended by the client's half-close: every byte
+// arrives in order, each tunnel is closed exactly once with its own counts, and the
+// gauges and counters come back to what was sent.
+func TestConcurrentTunnelsAccountEveryByte(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	upBefore := testutil.ToFloat64(h.srv.metrics.bytes.WithLabelValues("upstream"))
+	const tunnels = 24
+	type result struct {
+		sent int
+		err  error
+	}
+	results := make(chan result, tunnels)
+	for i := range tunnels {
+		early := strings.Repeat("e", i%3)
+		_, c := h.connect(h.a.echoHostPort("a.test"), early)
+		if c == nil {
+			t.Fatal("CONNECT refused")
+		}
+		payload := strings.Repeat(fmt.Sprintf("%02d", i), i*3000) // 0 to 138 KB
+		go func() {
+			sent := len(early) + len(payload)
+			want := early + payload + fmt.Sprintf("|eof after %d", sent)
+			errc := make(chan error, 1)
+			go func() {
+				_, err := io.WriteString(c, payload)
+				if err == nil {
+					err = c.Conn.(*net.TCPConn).CloseWrite()
+				}
+				errc <- err
+			}()
+			out, err := io.ReadAll(c)
+			if werr := <-errc; err == nil {
+				err = werr
+			}
+			if err == nil && string(out) != want {
+				err = fmt.Errorf("tunnel %d: %d bytes back, want %d", i, len(out), len(want))
+			}
+			c.Close()
+			results <- result{sent, err}
+		}()
+	}
+	total := 0
+	for range tunnels {
+		r := <-results
+		if r.err != nil {
+			t.Error(r.err)
+		}
+		total += r.sent
+	}
+	waitFor(t, func() bool {
+		return testutil.ToFloat64(h.srv.metrics.active.WithLabelValues(typeConnect)) == 0 && h.srv.tracker.len() == 0
+	})
+	if got := testutil.ToFloat64(h.srv.metrics.bytes.WithLabelValues("upstream")) - upBefore; got != float64(total) {
+		t.Errorf("upstream bytes %v, want %d", got, total)
+	}
+	closed := strings.Count(h.logs.String(), `"msg":"tunnel closed"`)
+	if closed != tunnels {
+		t.Errorf("%d tunnel closed lines, want %d", closed, tunnels)
+	}
+	for i := range tunnels {
+		sent := i%3 + 2*i*3000
+		if line := fmt.Sprintf(`"bytes_up":%d,"bytes_down":%d`, sent, sent+len(fmt.Sprintf("|eof after %d", sent))); !strings.Contains(h.logs.String(), line) {
+			t.Errorf("no tunnel closed line with %s", line)
+		}
+	}
+}
