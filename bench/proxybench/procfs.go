@@ -40,6 +40,34 @@ func loadAverage() string {
 	return "?"
 }
 
+// timeWaitSockets is the number of TCP sockets in TIME_WAIT on this host.
+func timeWaitSockets() (int, error) {
+	data, err := os.ReadFile("/proc/net/sockstat")
+	if err != nil {
+		return 0, err
+	}
+	return parseTimeWait(data)
+}
+
+// parseTimeWait returns the tw field of the TCP line of /proc/net/sockstat.
+func parseTimeWait(sockstat []byte) (int, error) {
+	s := bufio.NewScanner(bytes.NewReader(sockstat))
+	for s.Scan() {
+		rest, ok := strings.CutPrefix(s.Text(), "TCP: ")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		for i := 0; i+1 < len(f); i += 2 {
+			if f[i] == "tw" {
+				return strconv.Atoi(f[i+1])
+			}
+		}
+		return 0, fmt.Errorf("no tw field in %q", s.Text())
+	}
+	return 0, fmt.Errorf("no TCP line")
+}
+
 // parseVmRSS returns the VmRSS field of a /proc/<pid>/status file, in kB.
 func parseVmRSS(status []byte) (int64, error) {
 	s := bufio.NewScanner(bytes.NewReader(status))

@@ -88,3 +88,22 @@ func TestCPUTicks(t *testing.T) {
 		t.Errorf("CPUTime(self): %v", err)
 	}
 }
+
+func TestParseTimeWait(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+		err  bool
+	}{
+		{"sockets: used 25\nTCP: inuse 1 orphan 0 tw 38678 alloc 1 mem 0\nUDP: inuse 0 mem 0\n", 38678, false},
+		{"TCP: inuse 1 orphan 0 tw 0 alloc 1 mem 0\n", 0, false},
+		{"TCP: inuse 1 orphan 0 alloc 1 mem 0\n", 0, true},
+		{"TCP: inuse 1 orphan 0 tw many alloc 1\n", 0, true},
+		{"sockets: used 25\n", 0, true},
+	} {
+		got, err := parseTimeWait([]byte(tc.in))
+		if (err != nil) != tc.err || got != tc.want {
+			t.Errorf("parseTimeWait(%q) = %d, %v; want %d, error %v", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+}
