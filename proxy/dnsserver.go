@@ -160,6 +160,7 @@ func (s *Server) answerDNS(rs *RuleSet, req *dns.Msg) dnsAnswer {
 	}
 	if !rules.decision.Allowed {
 		a.reason = string(policy.ReasonAllowlisted)
+		onlyAddresses(up, q)
 	}
 	replaceOPT(up, req)
 	a.resp, a.decision = up, "allowed"
@@ -182,6 +183,23 @@ func filterAnswers(m *dns.Msg, keep func(netip.Addr) bool) (before, after int) {
 	}
 	m.Answer = kept
 	return before, after
+}
+
+// onlyAddresses reduces the answer to a name the policy does not allow (one that
+// resolves into an allowed IP or CIDR rule) to its address records of the asked type,
+// owned by the asked name. The rest (a CNAME chain, authority and additional records)
+// is chosen by whoever serves the name, so it would carry data into the sandbox past
+// the policy; the addresses themselves are what the rule allows.
+func onlyAddresses(m *dns.Msg, q dns.Question) {
+	kept := m.Answer[:0]
+	for _, rr := range m.Answer {
+		if _, ok := rrAddr(rr); ok && rr.Header().Rrtype == q.Qtype {
+			rr.Header().Name = q.Name
+			kept = append(kept, rr)
+		}
+	}
+	m.Answer, m.Ns, m.Extra = kept, nil, nil
+	m.AuthenticatedData = false // rewritten: no longer what a signature covers
 }
 
 func protocolLabel(udp bool) string {

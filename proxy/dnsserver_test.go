@@ -123,17 +123,23 @@ func TestDNSUpstreamBehaviour(t *testing.T) {
 
 // refusingAddr is an upstream that answers REFUSED to everything.
 func refusingAddr(t *testing.T) string {
+	return serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetRcode(r, dns.RcodeRefused)
+		_ = w.WriteMsg(m)
+	})
+}
+
+// serveDNSUpstream runs handle as a DNS server over UDP on loopback until the test
+// ends, and returns its address.
+func serveDNSUpstream(t *testing.T, handle dns.HandlerFunc) string {
 	t.Helper()
 	pc, ln, err := listenDNS("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ln.Close()
-	srv := &dns.Server{PacketConn: pc, Net: "udp", Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetRcode(r, dns.RcodeRefused)
-		_ = w.WriteMsg(m)
-	})}
+	srv := &dns.Server{PacketConn: pc, Net: "udp", Handler: handle}
 	started := make(chan struct{})
 	srv.NotifyStartedFunc = func() { close(started) }
 	done := make(chan struct{})
@@ -141,4 +147,47 @@ func refusingAddr(t *testing.T) string {
 	<-started
 	t.Cleanup(func() { _ = srv.Shutdown(); <-done })
 	return pc.LocalAddr().String()
+}
+
+// A name the allowlist leaves out but that resolves into an allowed CIDR rule gets its
+// addresses only: not the CNAME chain, authority or additional records that whoever
+// serves the name chose, which would carry data into the sandbox.
+func TestDNSAddressRuleAnswerCarriesOnlyAddresses(t *testing.T) {
+	upstream := chattyUpstream(t)
+	h := newHarness(t, func(c *Config) { c.DNSUpstreams = []string{upstream} })
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["10.9.9.0/24"]}`)
+	resp := h.query("leak.test", dns.TypeA, "udp")
+	if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 || len(resp.Ns) != 0 {
+		t.Fatalf("answer, want one A record and nothing else:\n%v", resp)
+	}
+	a, ok := resp.Answer[0].(*dns.A)
+	if !ok || a.Hdr.Name != "leak.test." || a.A.String() != "10.9.9.9" {
+		t.Fatalf("answer %v, want leak.test. A 10.9.9.9", resp.Answer[0])
+	}
+	for _, rr := range resp.Extra {
+		if rr.Header().Rrtype != dns.TypeOPT {
+			t.Fatalf("additional record %v passed", rr)
+		}
+	}
+}
+
+// chattyUpstream answers every query with a CNAME to a name that carries data, an
+// address of 10.9.9.9, and authority and additional records that carry more.
+func chattyUpstream(t *testing.T) string {
+	return serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		q := r.Question[0].Name
+		for _, s := range []string{
+			q + " 60 IN CNAME secret-in-a-name.evil.test.",
+			"secret-in-a-name.evil.test. 60 IN A 10.9.9.9",
+		} {
+			rr, _ := dns.NewRR(s)
+			m.Answer = append(m.Answer, rr)
+		}
+		ns, _ := dns.NewRR("evil.test. 60 IN NS secret-in-authority.evil.test.")
+		txt, _ := dns.NewRR(`evil.test. 60 IN TXT "secret in additional"`)
+		m.Ns, m.Extra = []dns.RR{ns}, []dns.RR{txt}
+		_ = w.WriteMsg(m)
+	})
 }
