@@ -258,7 +258,7 @@ func (f *front) serveConn(c net.Conn) {
 			return
 		}
 		if req.Method == http.MethodConnect {
-			owned = f.connect(cc, req.WithContext(ctx))
+			owned = f.connect(ctx, cc, req)
 			cancel()
 			return
 		}
@@ -351,9 +351,10 @@ func (f *front) closeAnswered(c net.Conn) {
 	f.s.proxyLn.release()
 }
 
-// connect serves a CONNECT: decided, refused or tunnelled. It reports whether the
-// tunnel took the connection.
-func (f *front) connect(cc *clientConn, req *http.Request) bool {
+// connect serves a CONNECT: decided, refused or tunnelled, under ctx (req's own context
+// is not set: a copy of the request per CONNECT only to carry it was garbage). It
+// reports whether the tunnel took the connection.
+func (f *front) connect(ctx context.Context, cc *clientConn, req *http.Request) bool {
 	var buffered []byte
 	if n := cc.br.Buffered(); n > 0 {
 		b, _ := cc.br.Peek(n)
@@ -361,13 +362,13 @@ func (f *front) connect(cc *clientConn, req *http.Request) bool {
 	}
 	s := f.s
 	rs := s.current.Load()
-	v := s.decideTunnel(req.Context(), rs, req.URL.Host, req.RemoteAddr)
+	v := s.decideTunnel(ctx, rs, req.URL.Host, req.RemoteAddr)
 	if !v.Allowed {
 		_ = cc.c.SetWriteDeadline(time.Now().Add(s.cfg.HeaderTimeout))
 		_ = refusalResponse(req, rs, typeConnect, v).Write(cc.c)
 		return false
 	}
-	return s.openTunnel(req, cc.out.handOver(), buffered, rs, v)
+	return s.openTunnel(ctx, req, cc.out.handOver(), buffered, rs, v)
 }
 
 // serveRequest runs goproxy on one request and finishes its response. keep says the

@@ -24,18 +24,18 @@ func (s *Server) decideTunnel(ctx context.Context, rs *RuleSet, target, client s
 	return v
 }
 
-// openTunnel dials the checked address and relays bytes. Both sides stay *net.TCPConn
-// so ReadFrom splices in the kernel; each direction half-closes on EOF; bytes the client
-// sent along with the CONNECT (buffered) are forwarded first. It reports whether the
-// tunnel started; if it did not, it has answered the client and the caller closes the
-// connection.
-func (s *Server) openTunnel(r *http.Request, client net.Conn, buffered []byte, rs *RuleSet, v Verdict) bool {
+// openTunnel dials the checked address (under ctx, which the drain cancels) and relays
+// bytes. Both sides stay *net.TCPConn so ReadFrom splices in the kernel; each direction
+// half-closes on EOF; bytes the client sent along with the CONNECT (buffered) are
+// forwarded first. It reports whether the tunnel started; if it did not, it has
+// answered the client and the caller closes the connection.
+func (s *Server) openTunnel(ctx context.Context, r *http.Request, client net.Conn, buffered []byte, rs *RuleSet, v Verdict) bool {
 	// The answers that end a CONNECT unserved are bounded as the front's last answers are.
 	fail := func(status, reason string) {
 		_ = client.SetWriteDeadline(time.Now().Add(s.cfg.HeaderTimeout))
 		_, _ = io.WriteString(client, errorAnswer(status, reason))
 	}
-	up, addr, err := s.dialVerdict(r.Context(), &v, false)
+	up, addr, err := s.dialVerdict(ctx, &v, false)
 	if err != nil {
 		s.log.Warn("dial failed", "type", typeConnect, "host", blockedHost(v), "port", v.Port, "client", r.RemoteAddr, "error", err.Error())
 		fail("502 Bad Gateway", "dial-failed")
