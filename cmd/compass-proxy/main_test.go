@@ -282,7 +282,10 @@ func TestDrainWritesLogLinesAtOnce(t *testing.T) {
 			held <- c
 		}
 	}()
-	free, err := net.Listen("tcp", "127.0.0.1:0")
+	// serve binds the address itself, so the test picks a free port first: on a loopback
+	// address of its own, where no other test's outgoing connection can take the port
+	// (their source address is 127.0.0.1) before serve binds it.
+	free, err := net.Listen("tcp", "127.77.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
