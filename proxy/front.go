@@ -351,9 +351,9 @@ func (f *front) closeAnswered(c net.Conn) {
 	f.s.proxyLn.release()
 }
 
-// connect serves a CONNECT: decided, refused or tunnelled, under ctx (req's own context
-// is not set: a copy of the request per CONNECT only to carry it was garbage). It
-// reports whether the tunnel took the connection.
+// connect serves a CONNECT: decided, refused or tunnelled. ctx is the request's context,
+// passed on its own because attaching it to req would copy the request. It reports
+// whether the tunnel took the connection.
 func (f *front) connect(ctx context.Context, cc *clientConn, req *http.Request) bool {
 	var buffered []byte
 	if n := cc.br.Buffered(); n > 0 {
