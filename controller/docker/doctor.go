@@ -8,6 +8,7 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/network"
 )
 
 // Finding is one doctor check: what was checked, whether it passed, and the fix.
@@ -76,7 +77,9 @@ func (p *Provider) Doctor(ctx context.Context) []Finding {
 	if b, err := os.ReadFile("/proc/sys/net/bridge/bridge-nf-call-iptables"); err == nil {
 		state = strings.TrimSpace(string(b))
 	}
-	add("br_netfilter", true, "bridge-nf-call-iptables="+state+" (either way works: the design does not route agent traffic through the sidecar)", "")
+	add("br_netfilter", state == "1", "bridge-nf-call-iptables="+state+": traffic between containers of the egress network is refused by an iptables rule, which bridged traffic meets only with this on",
+		"modprobe br_netfilter && sysctl -w net.bridge.bridge-nf-call-iptables=1 (Docker usually does both itself)")
+	p.checkEgressNetwork(ctx, add)
 
 	if err := os.MkdirAll(p.cfg.StateDir, 0o750); err != nil {
 		add("state directory", false, err.Error(), "create "+p.cfg.StateDir+" writable by the controller, or pass --state-dir / COMPASS_STATE_DIR")
@@ -120,4 +123,23 @@ func (p *Provider) checkNamespaceAccess(ctx context.Context, add func(check stri
 		return
 	}
 	add("namespace access", true, "can read routes in "+path+" (container "+cs[0].Names[0]+")", "")
+}
+
+// checkEgressNetwork reports whether the egress network keeps its containers apart, as
+// the controller creates it (bridgeICC off). One created otherwise, by hand or by an
+// older controller, lets one task's agent reach another's through its sidecar.
+func (p *Provider) checkEgressNetwork(ctx context.Context, add func(check string, ok bool, detail, fix string)) {
+	name := p.cfg.EgressNetwork
+	ni, err := p.api.NetworkInspect(ctx, name, network.InspectOptions{})
+	switch {
+	case cerrdefs.IsNotFound(err):
+		add("egress network", true, name+" absent: the first open creates it with traffic between its containers off", "")
+	case err != nil:
+		add("egress network", false, err.Error(), "check the Docker daemon's health (docker network inspect "+name+")")
+	case ni.Options[bridgeICC] != "false":
+		add("egress network", false, name+" lets its containers reach each other: one task's agent can reach another task's through its sidecar",
+			"close every environment on it, then docker network rm "+name+": the next open creates it with "+bridgeICC+"=false")
+	default:
+		add("egress network", true, name+": traffic between its containers is off", "")
+	}
 }

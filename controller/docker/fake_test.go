@@ -74,6 +74,7 @@ type fakeNetwork struct {
 	gateway  string
 	internal bool
 	labels   map[string]string
+	options  map[string]string
 }
 
 // fakeDocker is a tiny in-memory Docker Engine: containers, networks and images by name.
@@ -228,7 +229,7 @@ func (f *fakeDocker) NetworkCreate(_ context.Context, name string, o network.Cre
 	if _, ok := f.networks[name]; ok {
 		return network.CreateResponse{}, cerrdefs.ErrConflict.WithMessage("network with name " + name + " already exists")
 	}
-	n := &fakeNetwork{name: name, internal: o.Internal, labels: o.Labels, subnet: "172.30.0.0/16", gateway: "172.30.0.1"}
+	n := &fakeNetwork{name: name, internal: o.Internal, labels: o.Labels, options: o.Options, subnet: "172.30.0.0/16", gateway: "172.30.0.1"}
 	if o.IPAM != nil && len(o.IPAM.Config) > 0 {
 		if f.overlapOnce {
 			f.overlapOnce = false
@@ -248,7 +249,7 @@ func (f *fakeDocker) NetworkInspect(_ context.Context, name string, _ network.In
 	if !ok {
 		return network.Inspect{}, notFound("network " + name)
 	}
-	return network.Inspect{Name: n.name, Internal: n.internal, Labels: n.labels,
+	return network.Inspect{Name: n.name, Internal: n.internal, Labels: n.labels, Options: n.options,
 		IPAM: network.IPAM{Config: []network.IPAMConfig{{Subnet: n.subnet, Gateway: n.gateway}}}}, nil
 }
 

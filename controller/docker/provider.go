@@ -67,6 +67,13 @@ func (p *Provider) labels(n names, task string, role controller.Role, objRole st
 	}
 }
 
+// bridgeICC is the bridge driver's option for traffic between containers on the same
+// network. The egress network is shared by every task's sidecar and every public-mode
+// agent, and none of them has anything to say to another there (an agent reaches its
+// sidecar on its task network), so it is off: a sidecar cannot be used to reach
+// another task's agent, nor one task's agent another's.
+const bridgeICC = "com.docker.network.bridge.enable_icc"
+
 // ensureEgressNetwork creates the shared egress network unless it exists. Concurrent
 // opens race here: Docker refuses the duplicate name, and the loser uses the winner's.
 func (p *Provider) ensureEgressNetwork(ctx context.Context) (network.Inspect, error) {
@@ -81,8 +88,9 @@ func (p *Provider) ensureEgressNetwork(ctx context.Context) (network.Inspect, er
 		return ni, fmt.Errorf("docker: inspect egress network %s: %w", p.cfg.EgressNetwork, err)
 	}
 	_, cerr := p.api.NetworkCreate(ctx, p.cfg.EgressNetwork, network.CreateOptions{
-		Driver: "bridge",
-		Labels: map[string]string{labelManaged: "true", labelOwner: p.cfg.Owner, labelRole: roleEgress},
+		Driver:  "bridge",
+		Options: map[string]string{bridgeICC: "false"},
+		Labels:  map[string]string{labelManaged: "true", labelOwner: p.cfg.Owner, labelRole: roleEgress},
 	})
 	if cerr != nil && !cerrdefs.IsConflict(cerr) && !isAlreadyExists(cerr) {
 		return ni, fmt.Errorf("docker: create egress network %s: %w", p.cfg.EgressNetwork, cerr)

@@ -244,6 +244,49 @@ func TestCloseStopsTheSidecarBeforeRemovingIt(t *testing.T) {
 	}
 }
 
+// The egress network the controller creates has traffic between its containers off:
+// sidecars and public-mode agents of different tasks share it.
+func TestEgressNetworkKeepsContainersApart(t *testing.T) {
+	r := newRig(t, "t7")
+	delete(r.docker.networks, r.p.cfg.EgressNetwork)
+	if _, err := r.p.ensureEgressNetwork(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	n := r.docker.networks[r.p.cfg.EgressNetwork]
+	if n == nil || n.options[bridgeICC] != "false" {
+		t.Fatalf("egress network %+v, want %s=false", n, bridgeICC)
+	}
+}
+
+// doctor says whether the egress network keeps its containers apart, and how to get
+// there when it does not.
+func TestDoctorChecksTheEgressNetwork(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		options map[string]string // nil: no network
+		ok      bool
+	}{
+		{"absent", nil, true},
+		{"created by the controller", map[string]string{bridgeICC: "false"}, true},
+		{"created by hand", map[string]string{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, "t8")
+			delete(r.docker.networks, r.p.cfg.EgressNetwork)
+			if tc.options != nil {
+				r.docker.networks[r.p.cfg.EgressNetwork] = &fakeNetwork{name: r.p.cfg.EgressNetwork, options: tc.options}
+			}
+			var got []Finding
+			r.p.checkEgressNetwork(context.Background(), func(check string, ok bool, detail, fix string) {
+				got = append(got, Finding{Check: check, OK: ok, Detail: detail, Fix: fix})
+			})
+			if len(got) != 1 || got[0].OK != tc.ok || (!tc.ok && !strings.Contains(got[0].Fix, "docker network rm")) {
+				t.Fatalf("findings %+v, want one with ok %v", got, tc.ok)
+			}
+		})
+	}
+}
+
 func TestLookupFromFreshProcess(t *testing.T) {
 	r := newRig(t, "t5")
 	opened := r.open(t, "t5", policy.NoNetwork)
