@@ -185,22 +185,34 @@ func filterAnswers(m *dns.Msg, keep func(netip.Addr) bool) (before, after int) {
 	return before, after
 }
 
-// onlyAddresses reduces the answer to a name the policy does not allow (one that
-// resolves into an allowed IP or CIDR rule) to its address records of the asked type,
-// owned by the asked name. The rest (a CNAME chain, authority and additional records)
-// is chosen by whoever serves the name, so it would carry data into the sandbox past
-// the policy; the addresses themselves are what the rule allows.
+// onlyAddresses rebuilds the answer to a name the policy does not allow (one that
+// resolves into an allowed IP or CIDR rule) from its addresses alone: each address of
+// the asked type once, owned by the asked name, with a fixed TTL, and a plain NOERROR
+// header. Everything else in the upstream's answer (a CNAME chain, authority and
+// additional records, TTLs, duplicates, the rcode and header bits) is chosen by
+// whoever serves the name and would carry data into the sandbox past the policy. The
+// addresses themselves are what the rule allows; inside a wide CIDR rule their choice
+// still carries a little.
 func onlyAddresses(m *dns.Msg, q dns.Question) {
+	seen := make(map[netip.Addr]bool, len(m.Answer))
 	kept := m.Answer[:0]
 	for _, rr := range m.Answer {
-		if _, ok := rrAddr(rr); ok && rr.Header().Rrtype == q.Qtype {
-			rr.Header().Name = q.Name
-			kept = append(kept, rr)
+		a, ok := rrAddr(rr)
+		if !ok || rr.Header().Rrtype != q.Qtype || seen[a] {
+			continue
 		}
+		seen[a] = true
+		rr.Header().Name, rr.Header().Ttl = q.Name, addressRuleTTL
+		kept = append(kept, rr)
 	}
 	m.Answer, m.Ns, m.Extra = kept, nil, nil
-	m.AuthenticatedData = false // rewritten: no longer what a signature covers
+	m.Rcode = dns.RcodeSuccess
+	m.Authoritative, m.Zero, m.AuthenticatedData = false, false, false
+	m.RecursionAvailable = true
 }
+
+// addressRuleTTL is the TTL of every record onlyAddresses keeps.
+const addressRuleTTL = 60
 
 func protocolLabel(udp bool) string {
 	if udp {

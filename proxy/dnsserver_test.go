@@ -150,19 +150,20 @@ func serveDNSUpstream(t *testing.T, handle dns.HandlerFunc) string {
 }
 
 // A name the allowlist leaves out but that resolves into an allowed CIDR rule gets its
-// addresses only: not the CNAME chain, authority or additional records that whoever
-// serves the name chose, which would carry data into the sandbox.
+// addresses only: not the CNAME chain, authority or additional records, TTLs,
+// duplicates, rcode or header bits that whoever serves the name chose, all of which
+// would carry data into the sandbox.
 func TestDNSAddressRuleAnswerCarriesOnlyAddresses(t *testing.T) {
 	upstream := chattyUpstream(t)
 	h := newHarness(t, func(c *Config) { c.DNSUpstreams = []string{upstream} })
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["10.9.9.0/24"]}`)
 	resp := h.query("leak.test", dns.TypeA, "udp")
-	if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 || len(resp.Ns) != 0 {
-		t.Fatalf("answer, want one A record and nothing else:\n%v", resp)
+	if resp.Rcode != dns.RcodeSuccess || resp.Authoritative || resp.Zero || len(resp.Answer) != 1 || len(resp.Ns) != 0 {
+		t.Fatalf("answer, want NOERROR, no AA or Z bit, one A record and nothing else:\n%v", resp)
 	}
 	a, ok := resp.Answer[0].(*dns.A)
-	if !ok || a.Hdr.Name != "leak.test." || a.A.String() != "10.9.9.9" {
-		t.Fatalf("answer %v, want leak.test. A 10.9.9.9", resp.Answer[0])
+	if !ok || a.Hdr.Name != "leak.test." || a.A.String() != "10.9.9.9" || a.Hdr.Ttl != addressRuleTTL {
+		t.Fatalf("answer %v, want leak.test. %d A 10.9.9.9", resp.Answer[0], addressRuleTTL)
 	}
 	for _, rr := range resp.Extra {
 		if rr.Header().Rrtype != dns.TypeOPT {
@@ -171,16 +172,20 @@ func TestDNSAddressRuleAnswerCarriesOnlyAddresses(t *testing.T) {
 	}
 }
 
-// chattyUpstream answers every query with a CNAME to a name that carries data, an
-// address of 10.9.9.9, and authority and additional records that carry more.
+// chattyUpstream answers every query with data in every part of the answer it can
+// choose: an NXDOMAIN rcode and the AA and Z bits over a CNAME to a name, the address
+// 10.9.9.9 three times with TTLs that spell text, and authority and additional records.
 func chattyUpstream(t *testing.T) string {
 	return serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
-		m.SetReply(r)
+		m.SetRcode(r, dns.RcodeNameError)
+		m.Authoritative, m.Zero = true, true
 		q := r.Question[0].Name
 		for _, s := range []string{
 			q + " 60 IN CNAME secret-in-a-name.evil.test.",
-			"secret-in-a-name.evil.test. 60 IN A 10.9.9.9",
+			"secret-in-a-name.evil.test. 1869573999 IN A 10.9.9.9",
+			"secret-in-a-name.evil.test. 1702125924 IN A 10.9.9.9",
+			"secret-in-a-name.evil.test. 1936287860 IN A 10.9.9.9",
 		} {
 			rr, _ := dns.NewRR(s)
 			m.Answer = append(m.Answer, rr)
