@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -73,13 +74,7 @@ func (p *Provider) Doctor(ctx context.Context) []Finding {
 			"close unused environments (compassctl env ls), or give a wider --pool; make sure no other network uses the range")
 	}
 
-	state := "absent"
-	if b, err := os.ReadFile("/proc/sys/net/bridge/bridge-nf-call-iptables"); err == nil {
-		state = strings.TrimSpace(string(b))
-	}
-	add("br_netfilter", state == "1", "bridge-nf-call-iptables="+state+": traffic between containers of the egress network is refused by an iptables rule, which bridged traffic meets only with this on",
-		"modprobe br_netfilter && sysctl -w net.bridge.bridge-nf-call-iptables=1 (Docker usually does both itself)")
-	p.checkEgressNetwork(ctx, add)
+	p.checkEgressNetwork(ctx, bridgeNetFilter(), add)
 
 	if err := os.MkdirAll(p.cfg.StateDir, 0o750); err != nil {
 		add("state directory", false, err.Error(), "create "+p.cfg.StateDir+" writable by the controller, or pass --state-dir / COMPASS_STATE_DIR")
@@ -125,10 +120,23 @@ func (p *Provider) checkNamespaceAccess(ctx context.Context, add func(check stri
 	add("namespace access", true, "can read routes in "+path+" (container "+cs[0].Names[0]+")", "")
 }
 
+// bridgeNetFilter is net.bridge.bridge-nf-call-iptables as this process sees it (the
+// setting is per network namespace), or "absent" before br_netfilter is loaded.
+func bridgeNetFilter() string {
+	b, err := os.ReadFile("/proc/sys/net/bridge/bridge-nf-call-iptables")
+	if err != nil {
+		return "absent"
+	}
+	return strings.TrimSpace(string(b))
+}
+
 // checkEgressNetwork reports whether the egress network keeps its containers apart, as
 // the controller creates it (bridgeICC off). One created otherwise, by hand or by an
-// older controller, lets one task's agent reach another's through its sidecar.
-func (p *Provider) checkEgressNetwork(ctx context.Context, add func(check string, ok bool, detail, fix string)) {
+// older controller, lets one task's agent reach another's through its sidecar. The
+// rule that keeps them apart is an iptables rule, which bridged traffic meets only
+// with bridge-nf-call-iptables on (netFilter); Docker turns it on when it creates such
+// a network, so it is checked only once the network exists.
+func (p *Provider) checkEgressNetwork(ctx context.Context, netFilter string, add func(check string, ok bool, detail, fix string)) {
 	name := p.cfg.EgressNetwork
 	ni, err := p.api.NetworkInspect(ctx, name, network.InspectOptions{})
 	switch {
@@ -136,10 +144,24 @@ func (p *Provider) checkEgressNetwork(ctx context.Context, add func(check string
 		add("egress network", true, name+" absent: the first open creates it with traffic between its containers off", "")
 	case err != nil:
 		add("egress network", false, err.Error(), "check the Docker daemon's health (docker network inspect "+name+")")
-	case ni.Options[bridgeICC] != "false":
+	case iccOn(ni.Options):
 		add("egress network", false, name+" lets its containers reach each other: one task's agent can reach another task's through its sidecar",
 			"close every environment on it, then docker network rm "+name+": the next open creates it with "+bridgeICC+"=false")
+	case netFilter != "1":
+		add("egress network", false, name+" keeps its containers apart only with bridge-nf-call-iptables=1, and it is "+netFilter,
+			"modprobe br_netfilter && sysctl -w net.bridge.bridge-nf-call-iptables=1")
 	default:
 		add("egress network", true, name+": traffic between its containers is off", "")
 	}
+}
+
+// iccOn reports whether a bridge network's options leave traffic between its
+// containers on, as Docker reads them (on unless the option parses as false).
+func iccOn(options map[string]string) bool {
+	v, ok := options[bridgeICC]
+	if !ok {
+		return true
+	}
+	on, err := strconv.ParseBool(v)
+	return err != nil || on
 }

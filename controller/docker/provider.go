@@ -82,6 +82,9 @@ func (p *Provider) ensureEgressNetwork(ctx context.Context) (network.Inspect, er
 		if ni.Internal {
 			return ni, fmt.Errorf("docker: egress network %s is internal: it has no way out", p.cfg.EgressNetwork)
 		}
+		if iccOn(ni.Options) {
+			p.log.Warn("egress network lets its containers reach each other; see compassctl env doctor", "network", p.cfg.EgressNetwork)
+		}
 		return ni, nil
 	}
 	if !cerrdefs.IsNotFound(err) {

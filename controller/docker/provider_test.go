@@ -262,13 +262,17 @@ func TestEgressNetworkKeepsContainersApart(t *testing.T) {
 // there when it does not.
 func TestDoctorChecksTheEgressNetwork(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		options map[string]string // nil: no network
-		ok      bool
+		name      string
+		options   map[string]string // nil: no network
+		netFilter string
+		ok        bool
 	}{
-		{"absent", nil, true},
-		{"created by the controller", map[string]string{bridgeICC: "false"}, true},
-		{"created by hand", map[string]string{}, false},
+		{"absent", nil, "absent", true},
+		{"created by the controller", map[string]string{bridgeICC: "false"}, "1", true},
+		{"created by hand, icc off as 0", map[string]string{bridgeICC: "0"}, "1", true},
+		{"created by hand", map[string]string{}, "1", false},
+		{"icc on", map[string]string{bridgeICC: "true"}, "1", false},
+		{"icc off, br_netfilter off", map[string]string{bridgeICC: "false"}, "0", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t, "t8")
@@ -277,10 +281,10 @@ func TestDoctorChecksTheEgressNetwork(t *testing.T) {
 				r.docker.networks[r.p.cfg.EgressNetwork] = &fakeNetwork{name: r.p.cfg.EgressNetwork, options: tc.options}
 			}
 			var got []Finding
-			r.p.checkEgressNetwork(context.Background(), func(check string, ok bool, detail, fix string) {
+			r.p.checkEgressNetwork(context.Background(), tc.netFilter, func(check string, ok bool, detail, fix string) {
 				got = append(got, Finding{Check: check, OK: ok, Detail: detail, Fix: fix})
 			})
-			if len(got) != 1 || got[0].OK != tc.ok || (!tc.ok && !strings.Contains(got[0].Fix, "docker network rm")) {
+			if len(got) != 1 || got[0].OK != tc.ok || (!tc.ok && got[0].Fix == "") {
 				t.Fatalf("findings %+v, want one with ok %v", got, tc.ok)
 			}
 		})
