@@ -29,7 +29,16 @@ var upstreamKeepAlive = net.KeepAliveConfig{Enable: true, Idle: keepAliveIdle * 
 // every socket it accepts, so keep-alive is set once here rather than with four
 // setsockopt calls per connection as net.ListenConfig would.
 func listenProxy(addr string) (net.Listener, error) {
-	lc := net.ListenConfig{KeepAlive: -1, Control: controlProxyListener}
+	return listenTCP(addr, net.ListenConfig{KeepAlive: -1, Control: controlProxyListener})
+}
+
+// listenTCP binds every TCP listener of the sidecar (proxy, DNS, metrics) as a plain
+// TCP socket. Since Go 1.24 net listens with Multipath TCP where the kernel has it,
+// which would let a client of the sandbox open further subflows to the sidecar and
+// put every accepted connection behind the kernel's MPTCP layer (in fallback for plain
+// clients): surface the sidecar has no use for, facing the untrusted side.
+func listenTCP(addr string, lc net.ListenConfig) (net.Listener, error) {
+	lc.SetMultipathTCP(false)
 	return lc.Listen(context.Background(), "tcp", addr)
 }
 

@@ -51,3 +51,55 @@ func TestAcceptedClientInheritsKeepAlive(t *testing.T) {
 		}
 	}
 }
+
+// Every TCP socket the sidecar listens on faces the sandbox, and none may speak Multipath
+// TCP (Go's default for listeners since 1.24): the kernel names the protocol of each.
+func TestListenersArePlainTCP(t *testing.T) {
+	if ctl, err := net.Listen("tcp", "127.0.0.1:0"); err == nil {
+		rc, _ := ctl.(*net.TCPListener).SyscallConn()
+		if socketProtocol(t, rc) != unix.IPPROTO_MPTCP {
+			t.Log("this kernel gives Go's default listener no MPTCP, so plain TCP is all it could find here")
+		}
+		ctl.Close()
+	}
+	h := newHarness(t)
+	listeners := map[string]net.Listener{"proxy": h.srv.proxyLn.Listener, "metrics": h.srv.metricsLn}
+	for _, d := range h.srv.dnsServers {
+		if c, ok := d.Listener.(capListener); ok {
+			listeners["dns"] = c.Listener
+		}
+	}
+	if len(listeners) != 3 {
+		t.Fatalf("found the listeners %v, want proxy, metrics and dns", listeners)
+	}
+	for name, ln := range listeners {
+		tl, ok := ln.(*net.TCPListener)
+		if !ok {
+			t.Fatalf("%s listener is a %T, not a *net.TCPListener", name, ln)
+		}
+		rc, err := tl.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if proto := socketProtocol(t, rc); proto != unix.IPPROTO_TCP {
+			t.Errorf("%s listener: SO_PROTOCOL = %d, want IPPROTO_TCP (%d); IPPROTO_MPTCP is %d", name, proto, unix.IPPROTO_TCP, unix.IPPROTO_MPTCP)
+		}
+	}
+}
+
+func socketProtocol(t *testing.T, rc interface {
+	Control(func(uintptr)) error
+}) int {
+	t.Helper()
+	var (
+		proto int
+		perr  error
+	)
+	if err := rc.Control(func(fd uintptr) { proto, perr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PROTOCOL) }); err != nil {
+		t.Fatal(err)
+	}
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	return proto
+}

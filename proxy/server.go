@@ -267,7 +267,7 @@ func (s *Server) Start() (err error) {
 	s.adminLn = adminLn
 
 	if s.cfg.MetricsListen != "" {
-		ml, err := net.Listen("tcp", s.cfg.MetricsListen)
+		ml, err := listenTCP(s.cfg.MetricsListen, net.ListenConfig{})
 		if err != nil {
 			return fmt.Errorf("proxy: metrics listen %s: %w", s.cfg.MetricsListen, err)
 		}
@@ -320,7 +320,7 @@ func listenDNS(addr string) (net.PacketConn, net.Listener, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("proxy: dns listen udp %s: %w", addr, err)
 		}
-		tl, err := net.Listen("tcp", pc.LocalAddr().String())
+		tl, err := listenTCP(pc.LocalAddr().String(), net.ListenConfig{})
 		if err == nil {
 			return pc, tl, nil
 		}
