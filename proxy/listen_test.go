@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -56,7 +57,10 @@ func TestAcceptedClientInheritsKeepAlive(t *testing.T) {
 // TCP (Go's default for listeners since 1.24): the kernel names the protocol of each.
 func TestListenersArePlainTCP(t *testing.T) {
 	if ctl, err := net.Listen("tcp", "127.0.0.1:0"); err == nil {
-		rc, _ := ctl.(*net.TCPListener).SyscallConn()
+		rc, err := ctl.(*net.TCPListener).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if socketProtocol(t, rc) != unix.IPPROTO_MPTCP {
 			t.Log("this kernel gives Go's default listener no MPTCP, so plain TCP is all it could find here")
 		}
@@ -87,9 +91,7 @@ func TestListenersArePlainTCP(t *testing.T) {
 	}
 }
 
-func socketProtocol(t *testing.T, rc interface {
-	Control(func(uintptr)) error
-}) int {
+func socketProtocol(t *testing.T, rc syscall.RawConn) int {
 	t.Helper()
 	var (
 		proto int
