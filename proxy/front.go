@@ -14,6 +14,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -32,6 +33,10 @@ type front struct {
 	mu    sync.Mutex
 	conns map[net.Conn]*connState // open client connections
 	wg    sync.WaitGroup          // their goroutines
+
+	work    chan net.Conn  // a new connection, to a worker that waits for one
+	idle    atomic.Int32   // workers waiting on work
+	workers sync.WaitGroup // every worker
 }
 
 // connState is what the drain needs of a connection.
@@ -41,7 +46,7 @@ type connState struct {
 }
 
 func newFront(s *Server) *front {
-	return &front{s: s, done: make(chan struct{}), conns: make(map[net.Conn]*connState)}
+	return &front{s: s, done: make(chan struct{}), conns: make(map[net.Conn]*connState), work: make(chan net.Conn)}
 }
 
 // maxHeadBytes bounds a request head (what net/http's server allows with our
@@ -66,6 +71,7 @@ const (
 
 // serve accepts until the listener closes.
 func (f *front) serve() error {
+	defer close(f.work) // serve alone sends on it; its end lets the waiting workers end
 	var retry time.Duration
 	for {
 		c, err := f.s.proxyLn.Accept()
@@ -91,7 +97,43 @@ func (f *front) serve() error {
 			f.s.proxyLn.release()
 			continue
 		}
-		go f.serveConn(c)
+		f.dispatch(c)
+	}
+}
+
+// maxIdleWorkers bounds the workers that wait for a connection; the others end with
+// theirs.
+const maxIdleWorkers = 16
+
+// dispatch hands c to a worker that waits for one, or to a new worker.
+func (f *front) dispatch(c net.Conn) {
+	select {
+	case f.work <- c:
+	default:
+		f.workers.Add(1)
+		go f.worker(c)
+	}
+}
+
+// worker serves c, then whatever connection dispatch hands it while it is one of the
+// few waiting. A goroutine per connection grew its stack from the starting size to
+// 8 KiB on every tunnel set-up, and the runtime's copy of the stack, a walk of every
+// frame, was the largest user-space cost of a set-up after the system calls
+// (docs/bench.md); a worker keeps its grown stack from one connection to the next.
+func (f *front) worker(c net.Conn) {
+	defer f.workers.Done()
+	for {
+		f.serveConn(c)
+		if f.idle.Add(1) > maxIdleWorkers {
+			f.idle.Add(-1)
+			return
+		}
+		var ok bool
+		c, ok = <-f.work
+		f.idle.Add(-1)
+		if !ok {
+			return
+		}
 	}
 }
 

@@ -132,3 +132,34 @@ func TestDrainClosesIdleConnectionSilently(t *testing.T) {
 		t.Fatalf("idle connection got %q at the drain", rest)
 	}
 }
+
+// TestWorkersAreReusedAndBounded: connections one after another are served by the
+// one worker that waits between them, and after a burst no more than maxIdleWorkers
+// stay to wait; the drain ends every worker (goleak, TestMain).
+func TestWorkersAreReusedAndBounded(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	idle := func() int32 { return h.srv.front.idle.Load() }
+	for range 5 {
+		c, _ := keepAliveGET(t, h)
+		c.Close()
+		// A worker per connection would leave one more waiting each time.
+		waitFor(t, func() bool { return idle() == 1 })
+	}
+	const burst = maxIdleWorkers + 8
+	conns := make([]net.Conn, burst)
+	for i := range conns {
+		conns[i], _ = keepAliveGET(t, h) // each holds a worker while it stays open
+	}
+	if n := idle(); n != 0 {
+		t.Fatalf("%d idle workers with %d connections open, want 0", n, burst)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	waitFor(t, func() bool { return idle() == maxIdleWorkers })
+	time.Sleep(50 * time.Millisecond) // a worker beyond the bound would show by now
+	if n := idle(); n != maxIdleWorkers {
+		t.Fatalf("%d idle workers after the burst, want %d", n, maxIdleWorkers)
+	}
+}

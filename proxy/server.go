@@ -508,6 +508,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		_ = s.metricsSrv.Close()
 	}
 	s.serving.Wait()
+	s.front.workers.Wait()
 	_ = os.Remove(s.cfg.AdminSocket)
 	return nil
 }
