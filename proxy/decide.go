@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -138,6 +139,9 @@ func (d *Decider) Decide(ctx context.Context, rs *RuleSet, host string, port uin
 			}
 		}
 		addrs, err := d.Resolver.LookupNetIP(ctx, name)
+		if errors.Is(err, errPolicyChanged) { // a swap stopped the lookup
+			return refuse(ReasonPolicyChanged)
+		}
 		if err != nil || len(addrs) == 0 {
 			return refuse(ReasonResolveFailed)
 		}

@@ -94,6 +94,12 @@ func decideDNS(m *policy.Matcher, name string, qtype uint16) dnsRules {
 	return r
 }
 
+// resolvable reports whether the rule set in force lets name be looked up: what the
+// sandbox's DNS would forward an A query for.
+func (s *Server) resolvable(name string) bool {
+	return !decideDNS(s.current.Load().Matcher, name, dns.TypeA).refused
+}
+
 // errPolicyChanged stops an upstream exchange whose name a newer rule set refuses.
 var errPolicyChanged = errors.New("proxy: the policy changed and refuses the name")
 

@@ -1,7 +1,10 @@
 package proxy
 
 import (
+	"fmt"
 	"net"
+	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -94,5 +97,45 @@ func TestDNSQueryRecheckedAfterSwap(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLookupRecheckedAfterSwap: the proxy's own lookup for a CONNECT decided under an
+// allowlist, still waiting for an upstream when no-network comes into force, sends
+// nothing more: the next upstream never sees the name, and the client is refused.
+func TestLookupRecheckedAfterSwap(t *testing.T) {
+	gate := startGateDNS(t, dns.RcodeServerFailure)
+	h := newHarness(t, func(c *Config) {
+		c.DNSUpstreams = append([]string{gate.addr}, c.DNSUpstreams...)
+		c.DNSTimeout = 5 * time.Second
+	})
+	const name = "lookup-after-swap.test"
+	h.dns.set(name, netip.MustParseAddr("127.0.0.2"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["` + name + `"]}`)
+	type answer struct {
+		code   int
+		header string
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		code, header := h.connectStatus(net.JoinHostPort(name, fmt.Sprint(h.a.echoPort)))
+		answered <- answer{code, header}
+	}()
+	<-gate.got
+	h.apply(`"no-network"`)
+	close(gate.release)
+	if a := <-answered; a.code != http.StatusForbidden || a.header != "denied; reason="+ReasonPolicyChanged {
+		t.Fatalf("CONNECT after the swap: status %d %q, want 403 for %s", a.code, a.header, ReasonPolicyChanged)
+	}
+	waitFor(t, func() bool {
+		r := h.srv.ownResolver
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.inflight) == 0
+	})
+	for _, m := range h.dns.seenMsgs() {
+		if strings.EqualFold(m.Question[0].Name, name+".") {
+			t.Fatalf("the next upstream saw %s after no-network was in force", m.Question[0].Name)
+		}
 	}
 }

@@ -86,7 +86,7 @@ func (b *answerBody) Close() error {
 // have no deadline on that side.
 func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict, resp *http.Response, err error) (*http.Response, error) {
 	if err != nil {
-		if errors.Is(err, errRecheckFailed) || st.refusedConn.Load() {
+		if errors.Is(err, errRecheckFailed) || errors.Is(err, errPolicyChanged) || st.refusedConn.Load() {
 			// A refusal, not an upstream failure: answered and counted as a CONNECT
 			// cut the same way is.
 			cur := s.current.Load()
@@ -472,7 +472,8 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (net.Conn, 
 	if v == nil || !v.Allowed {
 		return nil, errors.New("proxy: dial without an allowed decision")
 	}
-	c, _, err := s.dialVerdict(ctx, v, true)
+	rs, entry := liveEntry(ctx)
+	c, _, err := s.dialVerdict(ctx, v, true, rs, entry)
 	if err != nil {
 		return nil, err
 	}
@@ -482,14 +483,22 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (net.Conn, 
 // dialVerdict tries each checked address in turn. keepAlive turns TCP keep-alive on at
 // once (upstreamKeepAlive); a tunnel's dial leaves it off and a timer of startTunnel's
 // turns it on if the tunnel lives, since its four setsockopt calls were a tenth of the
-// system calls of a tunnel set-up and most tunnels end sooner.
-func (s *Server) dialVerdict(ctx context.Context, v *Verdict, keepAlive bool) (*net.TCPConn, netip.Addr, error) {
+// system calls of a tunnel set-up and most tunnels end sooner. entry, when not nil, is
+// the live connection the dial is for, decided under rs: each address is admitted
+// first (see admitAddr), and when the rule set in force refused one and no other
+// could be dialled the error is errPolicyChanged.
+func (s *Server) dialVerdict(ctx context.Context, v *Verdict, keepAlive bool, rs *RuleSet, entry *liveConn) (*net.TCPConn, netip.Addr, error) {
 	d := net.Dialer{Timeout: s.cfg.DialTimeout, KeepAlive: -1}
 	if keepAlive {
 		d.KeepAliveConfig = upstreamKeepAlive
 	}
 	var lastErr error
+	refused := false
 	for _, a := range v.Addrs {
+		if entry != nil && !s.admitAddr(rs, entry, a) {
+			refused = true
+			continue
+		}
 		start := time.Now()
 		c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(a, v.Port).String())
 		s.metrics.dialDuration.Observe(time.Since(start).Seconds())
@@ -499,7 +508,30 @@ func (s *Server) dialVerdict(ctx context.Context, v *Verdict, keepAlive bool) (*
 		}
 		return c.(*net.TCPConn), a, nil
 	}
+	if refused { // what is left to try, the rule set in force refuses
+		lastErr = errPolicyChanged
+	}
 	return nil, netip.Addr{}, fmt.Errorf("proxy: dial %s: %w", v.Host, lastErr)
+}
+
+// admitAddr records a as the address entry's connection is about to go to and, when a
+// swap came after rs decided it, re-checks a under the rule set in force. The address
+// is recorded first, so a sweep that starts later sees it and cuts the dial (see
+// tracker.closeIf): either way nothing is dialled that a swap which has returned
+// refuses.
+func (s *Server) admitAddr(rs *RuleSet, entry *liveConn, a netip.Addr) bool {
+	s.tracker.setAddr(entry, a)
+	cur := s.current.Load()
+	return cur == rs || s.decider.Recheck(cur, entry.name, a, entry.port)
+}
+
+// liveEntry is the decision's rule set and the live connection of the HTTP request
+// whose context is ctx, if it has one.
+func liveEntry(ctx context.Context) (*RuleSet, *liveConn) {
+	if st, _ := ctx.Value(stateKey{}).(*requestState); st != nil {
+		return st.rs, st.entry
+	}
+	return nil, nil
 }
 
 // record logs one decision and counts it.

@@ -300,7 +300,7 @@ func (f *front) serveConn(c net.Conn) {
 			return
 		}
 		if req.Method == http.MethodConnect {
-			owned = f.connect(ctx, cc, req)
+			owned = f.connect(ctx, cancel, cc, req)
 			cancel()
 			return
 		}
@@ -393,10 +393,10 @@ func (f *front) closeAnswered(c net.Conn) {
 	f.s.proxyLn.release()
 }
 
-// connect serves a CONNECT: decided, refused or tunnelled. ctx is the request's context,
-// passed on its own because attaching it to req would copy the request. It reports
-// whether the tunnel took the connection.
-func (f *front) connect(ctx context.Context, cc *clientConn, req *http.Request) bool {
+// connect serves a CONNECT: decided, refused or tunnelled. ctx is the request's context
+// (cancel ends it), passed on its own because attaching it to req would copy the
+// request. It reports whether the tunnel took the connection.
+func (f *front) connect(ctx context.Context, cancel context.CancelFunc, cc *clientConn, req *http.Request) bool {
 	var buffered []byte
 	if n := cc.br.Buffered(); n > 0 {
 		b, _ := cc.br.Peek(n)
@@ -410,7 +410,7 @@ func (f *front) connect(ctx context.Context, cc *clientConn, req *http.Request) 
 		_ = refusalResponse(req, rs, typeConnect, v).Write(cc.c)
 		return false
 	}
-	return s.openTunnel(ctx, req, cc.out.handOver(), buffered, rs, v)
+	return s.openTunnel(ctx, cancel, req, cc.out.handOver(), buffered, rs, v)
 }
 
 // serveRequest runs goproxy on one request and finishes its response. keep says the

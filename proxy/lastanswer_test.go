@@ -49,7 +49,7 @@ func TestConnectLastAnswersAreBounded(t *testing.T) {
 	t.Run("refused", func(t *testing.T) {
 		lastAnswerBounded(t, func(client net.Conn) {
 			cc := &clientConn{c: client, br: bufio.NewReader(client)}
-			if h.srv.front.connect(context.Background(), cc, connectRequest("b.test:443")) {
+			if h.srv.front.connect(context.Background(), func() {}, cc, connectRequest("b.test:443")) {
 				t.Error("a refused CONNECT was tunnelled")
 			}
 		})
@@ -65,7 +65,7 @@ func TestConnectLastAnswersAreBounded(t *testing.T) {
 		v := Verdict{Allowed: true, Host: "a.test", Name: "a.test", Port: port, Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.2")}}
 		lastAnswerBounded(t, func(client net.Conn) {
 			req := connectRequest(v.Host)
-			if h.srv.openTunnel(req.Context(), req, client, nil, h.srv.current.Load(), v) {
+			if h.srv.openTunnel(req.Context(), func() {}, req, client, nil, h.srv.current.Load(), v) {
 				t.Error("a CONNECT whose dial failed was tunnelled")
 			}
 		})
@@ -77,7 +77,7 @@ func TestConnectLastAnswersAreBounded(t *testing.T) {
 		defer h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
 		v := Verdict{Allowed: true, Host: "a.test", Name: "a.test", Port: h.a.echoPort, Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.2")}}
 		lastAnswerBounded(t, func(client net.Conn) {
-			if h.srv.openTunnel(context.Background(), connectRequest(h.a.echoHostPort("a.test")), client, nil, old, v) {
+			if h.srv.openTunnel(context.Background(), func() {}, connectRequest(h.a.echoHostPort("a.test")), client, nil, old, v) {
 				t.Error("a CONNECT refused by the policy in force was tunnelled")
 			}
 		})

@@ -170,6 +170,7 @@ func New(cfg Config) (*Server, error) {
 	resolver := cfg.Resolver
 	if resolver == nil {
 		s.ownResolver = NewUpstreamResolver(s.upstreams)
+		s.ownResolver.admit = s.resolvable
 		resolver = s.ownResolver
 	}
 	s.decider = &Decider{Resolver: resolver}

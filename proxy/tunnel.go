@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -24,43 +25,46 @@ func (s *Server) decideTunnel(ctx context.Context, rs *RuleSet, target, client s
 	return v
 }
 
-// openTunnel dials the checked address (under ctx, which the drain cancels) and relays
-// bytes. Both sides stay *net.TCPConn so ReadFrom splices in the kernel; each direction
-// half-closes on EOF; bytes the client sent along with the CONNECT (buffered) are
-// forwarded first. It reports whether the tunnel started; if it did not, it has
-// answered the client and the caller closes the connection.
-func (s *Server) openTunnel(ctx context.Context, r *http.Request, client net.Conn, buffered []byte, rs *RuleSet, v Verdict) bool {
+// openTunnel dials the checked address (under ctx, which cancel ends: the drain and a
+// swap that refuses the tunnel while it is dialled) and relays bytes. Both sides stay
+// *net.TCPConn so ReadFrom splices in the kernel; each direction half-closes on EOF;
+// bytes the client sent along with the CONNECT (buffered) are forwarded first. It
+// reports whether the tunnel started; if it did not, it has answered the client and the
+// caller closes the connection.
+func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *http.Request, client net.Conn, buffered []byte, rs *RuleSet, v Verdict) bool {
 	// The answers that end a CONNECT unserved are bounded as the front's last answers are.
 	fail := func(status, reason string) {
 		_ = client.SetWriteDeadline(time.Now().Add(s.cfg.HeaderTimeout))
 		_, _ = io.WriteString(client, errorAnswer(status, reason))
 	}
-	up, addr, err := s.dialVerdict(ctx, &v, false)
-	if err != nil {
-		s.log.Warn("dial failed", "type", typeConnect, "host", blockedHost(v), "port", v.Port, "client", r.RemoteAddr, "error", err.Error())
-		fail("502 Bad Gateway", "dial-failed")
-		return false
-	}
-	// A swap that cuts the tunnel while it is set up closes the upstream side and leaves
-	// the client a clean answer rather than a bare EOF: a 403 if the 200 is not on its
-	// way yet, else the 200 and then the close. The 200 is written without the lock, so
-	// that a client that reads nothing cannot hold the swap; a cut bounds that write
-	// instead. Once the tunnel is established, a cut closes both sides.
+	// The tunnel is live from its dial on, so a swap that refuses it while it is dialled
+	// stops the dial (nothing opens to the destination once the swap has returned); one
+	// that cuts it while it is set up closes the upstream side and leaves the client a
+	// clean answer rather than a bare EOF: a 403 if the 200 is not on its way yet, else
+	// the 200 and then the close. The 200 is written without the lock, so that a client
+	// that reads nothing cannot hold the swap; a cut bounds that write instead. Once the
+	// tunnel is established, a cut closes both sides.
 	const (
-		settingUp = iota
+		dialling = iota
+		settingUp
 		confirming
 		established
 	)
 	var (
 		mu    sync.Mutex
-		state = settingUp
+		state = dialling
 		cut   bool
+		up    *net.TCPConn
 	)
-	entry := &liveConn{typ: typeConnect, name: v.Name, addr: addr, port: v.Port}
+	entry := &liveConn{typ: typeConnect, name: v.Name, addr: v.Addrs[0], port: v.Port}
 	entry.close = func() {
 		mu.Lock()
 		defer mu.Unlock()
-		up.Close()
+		if state == dialling {
+			cancel()
+		} else if up != nil { // nil: the dial failed, the tunnel is being dropped
+			up.Close()
+		}
 		switch state {
 		case confirming:
 			_ = client.SetWriteDeadline(time.Now().Add(lingerTime))
@@ -72,7 +76,9 @@ func (s *Server) openTunnel(ctx context.Context, r *http.Request, client net.Con
 	s.tracker.add(entry)
 	refuse := func() {
 		s.tracker.remove(entry)
-		up.Close()
+		if up != nil {
+			up.Close()
+		}
 		cur := s.current.Load()
 		v = s.redecide(cur, v)
 		if v.Allowed { // cut by a swap that has since been swapped back
@@ -82,8 +88,19 @@ func (s *Server) openTunnel(ctx context.Context, r *http.Request, client net.Con
 		_ = client.SetWriteDeadline(time.Now().Add(s.cfg.HeaderTimeout))
 		_ = refusalResponse(r, cur, typeConnect, v).Write(client)
 	}
-	if cur := s.current.Load(); cur != rs && !s.decider.Recheck(cur, v.Name, addr, v.Port) {
+	c, addr, err := s.dialVerdict(ctx, &v, false, rs, entry)
+	mu.Lock()
+	up, state = c, settingUp
+	cutWhileDialling := cut
+	mu.Unlock()
+	if cutWhileDialling || errors.Is(err, errPolicyChanged) {
 		refuse()
+		return false
+	}
+	if err != nil {
+		s.tracker.remove(entry)
+		s.log.Warn("dial failed", "type", typeConnect, "host", blockedHost(v), "port", v.Port, "client", r.RemoteAddr, "error", err.Error())
+		fail("502 Bad Gateway", "dial-failed")
 		return false
 	}
 	// Counted for the drain before the client hears 200: a drain that starts now waits

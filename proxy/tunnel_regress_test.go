@@ -35,7 +35,7 @@ func TestSwapIsNotHeldByAStuckEstablishedWrite(t *testing.T) {
 		t.Fatal("a.test refused")
 	}
 	opened := make(chan bool, 1)
-	go func() { opened <- h.srv.openTunnel(req.Context(), req, client, nil, rs, v) }()
+	go func() { opened <- h.srv.openTunnel(req.Context(), func() {}, req, client, nil, rs, v) }()
 	waitFor(t, func() bool { return h.srv.tracker.len() == 9 })
 
 	applied := make(chan ApplyResult, 1)

@@ -200,7 +200,8 @@ func (u *upstreamClient) conn(ctx context.Context, v *Verdict) (*upConn, bool, e
 		}
 		uc.c.Close()
 	}
-	c, addr, err := u.s.dialVerdict(ctx, v, true)
+	rs, entry := liveEntry(ctx)
+	c, addr, err := u.s.dialVerdict(ctx, v, true, rs, entry)
 	if err != nil {
 		return nil, false, err
 	}

@@ -153,12 +153,16 @@ type Resolver interface {
 // CONNECTs to one host costs one lookup, not one each.
 type UpstreamResolver struct {
 	upstreams *Upstreams
-	ctx       context.Context // cancelled by Close: ends the lookups in flight
-	cancel    context.CancelFunc
-	lookups   sync.WaitGroup
-	mu        sync.Mutex
-	cache     map[string]cachedAnswer
-	inflight  map[string]*lookup
+	// admit, when set, is asked before every query a lookup sends: a lookup shared by
+	// decisions made under an earlier rule set sends nothing more once the rule set in
+	// force refuses the name.
+	admit    func(name string) bool
+	ctx      context.Context // cancelled by Close: ends the lookups in flight
+	cancel   context.CancelFunc
+	lookups  sync.WaitGroup
+	mu       sync.Mutex
+	cache    map[string]cachedAnswer
+	inflight map[string]*lookup
 }
 
 type cachedAnswer struct {
@@ -252,7 +256,7 @@ func (r *UpstreamResolver) query(ctx context.Context, name string) ([]netip.Addr
 			q := new(dns.Msg)
 			q.SetQuestion(fqdn, qtype)
 			q.RecursionDesired = true
-			resp, err := r.upstreams.Exchange(ctx, q, nil)
+			resp, err := r.upstreams.Exchange(ctx, q, r.proceed(name))
 			if err != nil {
 				errs[i] = err
 				return
@@ -281,6 +285,19 @@ func (r *UpstreamResolver) query(ctx context.Context, name string) ([]netip.Addr
 		ttl = ttls[1]
 	}
 	return addrs, ttl, nil
+}
+
+// proceed is Exchange's check before each send of a lookup of name (nil: none).
+func (r *UpstreamResolver) proceed(name string) func() error {
+	if r.admit == nil {
+		return nil
+	}
+	return func() error {
+		if !r.admit(name) {
+			return errPolicyChanged
+		}
+		return nil
+	}
 }
 
 // answerAddrs collects the A and AAAA records of an answer section.

@@ -1,0 +1,97 @@
+package proxy
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// stalledListener listens on ip:port with a backlog of 0 and fills its accept queue, so
+// that the kernel drops the SYNs of a further connect, which then waits until its
+// dialer gives up.
+func stalledListener(t *testing.T, ip string, port int) {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Port: port, Addr: netip.MustParseAddr(ip).As4()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort(ip, fmt.Sprint(port))
+	for {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err != nil {
+			return // the queue is full
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+}
+
+// TestSwapStopsADialInProgress: a request decided under a policy that allows its name,
+// whose dial waits on a first address that does not answer when a swap refuses it,
+// opens no connection to its next address once the swap has returned: the tunnel or
+// request is live from its dial on, and each address is admitted under the rule set in
+// force before it is dialled. The policies after the swap refuse the dial either
+// through the sweep (no-network) or only at the next address (an IP rule that keeps
+// the first one).
+func TestSwapStopsADialInProgress(t *testing.T) {
+	for _, tc := range []struct {
+		name, after string
+		request     func(port int) string
+		answer      string // the start of the client's answer
+	}{
+		{"CONNECT/no-network", `"no-network"`, func(port int) string {
+			return fmt.Sprintf("CONNECT slow.test:%d HTTP/1.1\r\n\r\n", port)
+		}, "HTTP/1.1 403"},
+		{"CONNECT/first address only", `{"network_mode":"allowlist","allowed_hosts":["127.0.0.5"]}`, func(port int) string {
+			return fmt.Sprintf("CONNECT slow.test:%d HTTP/1.1\r\n\r\n", port)
+		}, "HTTP/1.1 403"},
+		{"GET/no-network", `"no-network"`, func(port int) string {
+			return fmt.Sprintf("GET http://slow.test:%d/ HTTP/1.1\r\nHost: slow.test:%d\r\n\r\n", port, port)
+		}, ""},
+		{"GET/first address only", `{"network_mode":"allowlist","allowed_hosts":["127.0.0.5"]}`, func(port int) string {
+			return fmt.Sprintf("GET http://slow.test:%d/ HTTP/1.1\r\nHost: slow.test:%d\r\n\r\n", port, port)
+		}, "HTTP/1.1 403"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var accepted atomic.Int32
+			target := serveTCP(t, "127.0.0.2", func(c net.Conn, done <-chan struct{}) {
+				accepted.Add(1)
+				<-done
+			})
+			stalledListener(t, "127.0.0.5", target.Port)
+			h := newHarness(t, func(c *Config) { c.DialTimeout = time.Second })
+			h.dns.set("slow.test", netip.MustParseAddr("127.0.0.5"), netip.MustParseAddr("127.0.0.2"))
+			h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
+
+			c := h.dialProxy(t)
+			if _, err := c.Write([]byte(tc.request(target.Port))); err != nil {
+				t.Fatal(err)
+			}
+			// Decided (and logged) before the dial, which then waits on the first
+			// address for a second.
+			waitFor(t, func() bool { return strings.Contains(h.logs.String(), `"host":"slow.test"`) })
+			h.apply(tc.after)
+			before := accepted.Load()
+			buf := make([]byte, 512)
+			n, _ := c.Read(buf)
+			time.Sleep(100 * time.Millisecond) // a connection opened late shows by now
+			if opened := accepted.Load() - before; opened != 0 {
+				t.Fatalf("%d connection(s) opened to 127.0.0.2 after the swap returned", opened)
+			}
+			if got := string(buf[:n]); !strings.HasPrefix(got, tc.answer) {
+				t.Fatalf("the client got %q, want an answer starting %q", firstLine(got), tc.answer)
+			}
+		})
+	}
+}
