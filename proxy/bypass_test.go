@@ -38,6 +38,7 @@ func TestBypassVectors(t *testing.T) {
 		{"Host header only (origin-form)", fmt.Sprintf("GET / HTTP/1.1\r\nHost: b.test:%d\r\n\r\n", bp), "reason=not-proxy-request", "local="},
 		{"userinfo in authority", fmt.Sprintf("GET http://a.test:%d@b.test:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", ap, bp), "reason=userinfo", "local="},
 		{"userinfo with allowed name last", fmt.Sprintf("GET http://b.test@a.test:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", ap), "reason=userinfo", "local="},
+		{"CONNECT with userinfo, allowed name last", fmt.Sprintf("CONNECT b.test:%d@a.test:%d HTTP/1.1\r\n\r\n", bp, h.a.echoPort), "reason=userinfo", ""},
 		{"absolute URI with another port", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test:%d\r\n\r\n", bp, ap), "", ""},
 		{"trailing dot and case of a denied name", fmt.Sprintf("GET http://B.TEST.:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", bp), "reason=not-allowlisted", "local="},
 		{"double trailing dot", fmt.Sprintf("GET http://a.test..:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", ap), "reason=invalid-host", "local="},

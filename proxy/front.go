@@ -404,7 +404,15 @@ func (f *front) connect(ctx context.Context, cancel context.CancelFunc, cc *clie
 	}
 	s := f.s
 	rs := s.current.Load()
-	v := s.decideTunnel(ctx, rs, req.URL.Host, req.RemoteAddr)
+	var v Verdict
+	if req.URL.User != nil {
+		// net/http reads "CONNECT u@host:port" as host:port with userinfo; the
+		// authority form has none (RFC 9110, 9.3.6).
+		v = Verdict{Host: req.URL.Host, Reason: ReasonUserinfo}
+		s.record(rs, typeConnect, v, req.RemoteAddr)
+	} else {
+		v = s.decideTunnel(ctx, rs, req.URL.Host, req.RemoteAddr)
+	}
 	if !v.Allowed {
 		_ = cc.c.SetWriteDeadline(time.Now().Add(s.cfg.HeaderTimeout))
 		_ = refusalResponse(req, rs, typeConnect, v).Write(cc.c)
