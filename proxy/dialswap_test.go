@@ -95,3 +95,59 @@ func TestSwapStopsADialInProgress(t *testing.T) {
 		})
 	}
 }
+
+// TestCutStopsATransportDial: net/http's Transport (requests with a body, https://
+// URIs, upgrades) dials under a context detached from the request's, so cutting the
+// request alone would leave its dial running, to open once the destination answers;
+// the request's end is joined back into the dial. The cut here is the sweep's alone,
+// without the idle-pool close a swap also does.
+func TestCutStopsATransportDial(t *testing.T) {
+	target := serveTCP(t, "127.0.0.2", func(net.Conn, <-chan struct{}) {})
+	port := target.Port // a port free on 127.0.0.5 too, as far as the test can tell
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC|syscall.SOCK_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 5}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort("127.0.0.5", fmt.Sprint(port))
+	fillers := 0
+	for ; ; fillers++ {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err != nil {
+			break
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	h := newHarness(t, func(c *Config) { c.DialTimeout = 5 * time.Second })
+	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.5"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
+	c := h.dialProxy(t)
+	if _, err := fmt.Fprintf(c, "POST http://slow.test:%d/ HTTP/1.1\r\nHost: slow.test:%d\r\nContent-Length: 1\r\n\r\nx", port, port); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return strings.Contains(h.logs.String(), `"host":"slow.test"`) })
+	time.Sleep(100 * time.Millisecond) // the dial's first SYN is dropped
+	if n := h.srv.tracker.closeIf(func(*liveConn) bool { return true }); n != 1 {
+		t.Fatalf("the cut found %d live requests, want 1", n)
+	}
+	// Room in the accept queue: a dial still running gets through on its next SYN,
+	// about a second after its first.
+	opened := -fillers
+	for deadline := time.Now().Add(2500 * time.Millisecond); time.Now().Before(deadline); {
+		if nfd, _, err := syscall.Accept(fd); err == nil {
+			opened++
+			syscall.Close(nfd)
+			continue
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if opened > 0 {
+		t.Fatalf("%d connection(s) opened to 127.0.0.5 after the request was cut", opened)
+	}
+}

@@ -27,6 +27,9 @@ type requestState struct {
 	host   hostField // the request's raw Host field
 	// entry is the tracked in-flight HTTP request, if one was allowed.
 	entry *liveConn
+	// ctx is the request's own context, which a swap's cut and the drain end; the
+	// Transport dials under one detached from it (see dialChecked).
+	ctx context.Context
 	// relay is set when goproxy took the connection over (a websocket), at
 	// relayStart; relayIdle stops the watch that ends the relay once it idles.
 	relay      *idleConn
@@ -472,7 +475,21 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (net.Conn, 
 	if v == nil || !v.Allowed {
 		return nil, errors.New("proxy: dial without an allowed decision")
 	}
-	rs, entry := liveEntry(ctx)
+	var (
+		rs    *RuleSet
+		entry *liveConn
+	)
+	if st, _ := ctx.Value(stateKey{}).(*requestState); st != nil {
+		rs, entry = st.rs, st.entry
+		// The Transport dials under a context without the request's cancellation (a
+		// request that gives up leaves the connection to the pool): the end of the
+		// request, a swap's cut included, must end its dial too.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		stop := context.AfterFunc(st.ctx, cancel)
+		defer stop()
+	}
 	c, _, err := s.dialVerdict(ctx, v, true, rs, entry)
 	if err != nil {
 		return nil, err

@@ -439,7 +439,7 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 		}
 		req.Body = body
 	}
-	st := &requestState{client: &requestClient{conn: cc.c, cancel: cancel}}
+	st := &requestState{client: &requestClient{conn: cc.c, cancel: cancel}, ctx: ctx}
 	if len(hosts) > 0 {
 		st.host = hostField{value: hosts[0], present: true}
 	}
