@@ -13,10 +13,11 @@ import (
 
 // stalledListener listens on ip:port with a backlog of 0 and fills its accept queue, so
 // that the kernel drops the SYNs of a further connect, which then waits until its
-// dialer gives up.
-func stalledListener(t *testing.T, ip string, port int) {
+// dialer gives up. It returns the non-blocking listening socket and how many
+// connections fill the queue.
+func stalledListener(t *testing.T, ip string, port int) (fd, queued int) {
 	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC|syscall.SOCK_NONBLOCK, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,10 +29,10 @@ func stalledListener(t *testing.T, ip string, port int) {
 		t.Fatal(err)
 	}
 	addr := net.JoinHostPort(ip, fmt.Sprint(port))
-	for {
+	for ; ; queued++ {
 		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 		if err != nil {
-			return // the queue is full
+			return fd, queued // the queue is full
 		}
 		t.Cleanup(func() { c.Close() })
 	}
@@ -104,26 +105,7 @@ func TestSwapStopsADialInProgress(t *testing.T) {
 func TestCutStopsATransportDial(t *testing.T) {
 	target := serveTCP(t, "127.0.0.2", func(net.Conn, <-chan struct{}) {})
 	port := target.Port // a port free on 127.0.0.5 too, as far as the test can tell
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC|syscall.SOCK_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 5}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	addr := net.JoinHostPort("127.0.0.5", fmt.Sprint(port))
-	fillers := 0
-	for ; ; fillers++ {
-		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-		if err != nil {
-			break
-		}
-		t.Cleanup(func() { c.Close() })
-	}
+	fd, queued := stalledListener(t, "127.0.0.5", port)
 	h := newHarness(t, func(c *Config) { c.DialTimeout = 5 * time.Second })
 	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.5"))
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
@@ -138,7 +120,7 @@ func TestCutStopsATransportDial(t *testing.T) {
 	}
 	// Room in the accept queue: a dial still running gets through on its next SYN,
 	// about a second after its first.
-	opened := -fillers
+	opened := -queued
 	for deadline := time.Now().Add(2500 * time.Millisecond); time.Now().Before(deadline); {
 		if nfd, _, err := syscall.Accept(fd); err == nil {
 			opened++
