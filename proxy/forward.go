@@ -215,9 +215,20 @@ func withState(ctx context.Context, st *requestState) context.Context {
 	return context.WithValue(ctx, stateKey{}, st)
 }
 
-func stateOf(r *http.Request) *requestState {
-	st, _ := r.Context().Value(stateKey{}).(*requestState)
+// stateIn is the state of the request whose context (or a context derived from it) is
+// ctx, or nil.
+func stateIn(ctx context.Context) *requestState {
+	st, _ := ctx.Value(stateKey{}).(*requestState)
 	return st
+}
+
+// live is the rule set that decided st's request and its tracked entry; nil for a
+// request without state.
+func (st *requestState) live() (*RuleSet, *liveConn) {
+	if st == nil {
+		return nil, nil
+	}
+	return st.rs, st.entry
 }
 
 // newGoproxy wires the decision hooks into goproxy: a request handler for absolute-URI
@@ -306,7 +317,7 @@ func (s *Server) logIdle(st *requestState, msg, client, side string) {
 // names another destination is refused all the same: a client that says two things
 // is not one to guess for.
 func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
-	st := stateOf(r)
+	st := stateIn(r.Context())
 	rs := s.current.Load()
 	st.rs = rs
 	v := Verdict{Host: r.URL.Host}
@@ -475,12 +486,9 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (net.Conn, 
 	if v == nil || !v.Allowed {
 		return nil, errors.New("proxy: dial without an allowed decision")
 	}
-	var (
-		rs    *RuleSet
-		entry *liveConn
-	)
-	if st, _ := ctx.Value(stateKey{}).(*requestState); st != nil {
-		rs, entry = st.rs, st.entry
+	st := stateIn(ctx)
+	rs, entry := st.live()
+	if st != nil {
 		// The Transport dials under a context without the request's cancellation (a
 		// request that gives up leaves the connection to the pool): the end of the
 		// request, a swap's cut included, must end its dial too.
@@ -540,15 +548,6 @@ func (s *Server) admitAddr(rs *RuleSet, entry *liveConn, a netip.Addr) bool {
 	s.tracker.setAddr(entry, a)
 	cur := s.current.Load()
 	return cur == rs || s.decider.Recheck(cur, entry.name, a, entry.port)
-}
-
-// liveEntry is the decision's rule set and the live connection of the HTTP request
-// whose context is ctx, if it has one.
-func liveEntry(ctx context.Context) (*RuleSet, *liveConn) {
-	if st, _ := ctx.Value(stateKey{}).(*requestState); st != nil {
-		return st.rs, st.entry
-	}
-	return nil, nil
 }
 
 // record logs one decision and counts it.

@@ -200,7 +200,7 @@ func (u *upstreamClient) conn(ctx context.Context, v *Verdict) (*upConn, bool, e
 		}
 		uc.c.Close()
 	}
-	rs, entry := liveEntry(ctx)
+	rs, entry := stateIn(ctx).live()
 	c, addr, err := u.s.dialVerdict(ctx, v, true, rs, entry)
 	if err != nil {
 		return nil, false, err
