@@ -52,8 +52,12 @@ func TestBypassVectors(t *testing.T) {
 		{"request pipelined behind an allowed one", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test\r\n\r\nGET http://b.test:%d/ HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n", ap, bp), "reason=not-allowlisted", "local=127.0.0.3"},
 		{"CONNECT port 0", "CONNECT a.test:0 HTTP/1.1\r\n\r\n", "reason=invalid-port", ""},
 		{"CONNECT port out of range", "CONNECT a.test:70000 HTTP/1.1\r\n\r\n", "reason=invalid-port", ""},
+		{"CONNECT port with a leading zero", fmt.Sprintf("CONNECT a.test:0%d HTTP/1.1\r\n\r\n", h.a.echoPort), "reason=invalid-port", ""},
+		{"port with a leading zero", fmt.Sprintf("GET http://a.test:0%d/ HTTP/1.1\r\nHost: a.test:0%d\r\n\r\n", ap, ap), "reason=invalid-port", "local="},
 		{"unsupported scheme", fmt.Sprintf("GET ftp://a.test:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", ap), "reason=unsupported-scheme", ""},
 		{"h2c upgrade", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n", ap), "reason=unsupported-upgrade", "local="},
+		{"h2c upgrade in a second Upgrade field", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nUpgrade: h2c\r\n\r\n", ap), "reason=unsupported-upgrade", "local="},
+		{"h2c upgrade listed after websocket", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket, h2c\r\n\r\n", ap), "reason=unsupported-upgrade", "local="},
 		{"HTTP/2 prior knowledge", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "HTTP/1.1 ", "local="},
 		{"garbage", "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n", "HTTP/1.1 400", "local="},
 	}

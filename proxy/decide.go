@@ -89,8 +89,11 @@ func splitAuthority(authority string, defaultPort uint16) (string, uint16, strin
 			return "", 0, ReasonInvalidPort
 		}
 	}
+	// A port is written without leading zeros: the Host field goes upstream as the
+	// client wrote it, and a parser there that read "0443" otherwise than as 443 would
+	// reach a port this decision never saw.
 	p, err := strconv.ParseUint(portStr, 10, 16)
-	if err != nil || p == 0 {
+	if err != nil || p == 0 || portStr[0] == '0' {
 		return "", 0, ReasonInvalidPort
 	}
 	return host, uint16(p), ""

@@ -167,7 +167,15 @@ func isWebsocketUpgrade(h http.Header) bool {
 		}
 		return false
 	}
-	return hasToken("Connection", "upgrade") && hasToken("Upgrade", "websocket")
+	return hasToken("Connection", "upgrade") && upgradesToWebsocket(h)
+}
+
+// upgradesToWebsocket reports whether h's Upgrade fields name exactly one protocol,
+// websocket. A list ("websocket, h2c") or a second field would let the upstream pick a
+// protocol the proxy does not relay as a websocket.
+func upgradesToWebsocket(h http.Header) bool {
+	v := h.Values("Upgrade")
+	return len(v) == 1 && strings.EqualFold(textproto.TrimString(v[0]), "websocket")
 }
 
 type stateKey struct{}
@@ -332,7 +340,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	default:
 		v.Reason = ReasonBadScheme
 	}
-	if v.Reason == "" && r.Header.Get("Upgrade") != "" && !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+	if v.Reason == "" && len(r.Header.Values("Upgrade")) > 0 && !upgradesToWebsocket(r.Header) {
 		v.Reason = ReasonUnsupported
 	}
 	if v.Reason == "" {

@@ -83,6 +83,8 @@ func TestSplitAuthority(t *testing.T) {
 		{"a.test:0", 0, "", 0, ReasonInvalidPort},
 		{"a.test:65536", 0, "", 0, ReasonInvalidPort},
 		{"a.test:+80", 0, "", 0, ReasonInvalidPort},
+		{"a.test:080", 0, "", 0, ReasonInvalidPort},
+		{"[2001:db8::1]:0443", 0, "", 0, ReasonInvalidPort},
 		{"[2001:db8::1]:443", 0, "2001:db8::1", 443, ""},
 		{"[2001:db8::1]", 80, "2001:db8::1", 80, ""},
 		{"2001:db8::1", 80, "", 0, ReasonInvalidHost},
