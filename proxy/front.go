@@ -229,6 +229,7 @@ type clientConn struct {
 	br     *bufio.Reader
 	remote string
 	out    idleWriter // c, for answers to forwarded requests
+	gone   goneWatch  // c, while a request without a body is served
 }
 
 func (f *front) serveConn(c net.Conn) {
@@ -439,6 +440,11 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 		}
 		req.Body = body
 	}
+	// The watch reads the connection, so not while a body or an upgrade may.
+	watch := body == nil && req.Header.Get("Upgrade") == ""
+	if watch {
+		cc.gone.arm(cc.c, f.s.cfg.clientWatchDelay, cancel)
+	}
 	st := &requestState{client: &requestClient{conn: cc.c, cancel: cancel}, ctx: ctx}
 	if len(hosts) > 0 {
 		st.host = hostField{value: hosts[0], present: true}
@@ -454,6 +460,13 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 		f.s.serveProxy(w, req, st)
 		panicked = false
 	}()
+	left := false
+	if watch {
+		cc.head.pre, left = cc.gone.stop()
+		if left && st.entry != nil {
+			f.s.log.Info("client gone", "type", typeHTTP, "host", st.entry.name, "port", st.entry.port, "client", cc.remote)
+		}
+	}
 	if w.hijacked {
 		return false, true
 	}
@@ -461,7 +474,7 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	// the framing of a whole one (a last chunk, a kept connection); so does a request
 	// whose client stopped sending its body, unanswered.
 	bodyIdle := body != nil && cc.head.bodyIdle()
-	keep = !panicked && st.answerErr == nil && !bodyIdle && w.finish()
+	keep = !panicked && !left && st.answerErr == nil && !bodyIdle && w.finish()
 	if !keep {
 		switch {
 		case bodyIdle:

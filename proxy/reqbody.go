@@ -89,8 +89,9 @@ func (b *requestBody) end(max int64) bool {
 // the front set it to end the body (stopBody). A request without a body costs nothing
 // more than the limit.
 type clientReader struct {
-	c net.Conn
-	N int64 // bytes a head may still take; math.MaxInt64 while none is read
+	c   net.Conn
+	N   int64  // bytes a head may still take; math.MaxInt64 while none is read
+	pre []byte // read from c by the front's watch (goneWatch): the next bytes
 	// idle is the bound of the body being read, 0 while none is. The front sets it and
 	// the fields below before the body's first read and resets them after the body's end.
 	idle     time.Duration
@@ -109,7 +110,10 @@ func (r *clientReader) Read(p []byte) (int, error) {
 	}
 	var n int
 	var err error
-	if r.idle > 0 {
+	if len(r.pre) > 0 {
+		n = copy(p, r.pre)
+		r.pre = r.pre[n:]
+	} else if r.idle > 0 {
 		n, err = r.readBody(p)
 	} else {
 		n, err = r.c.Read(p)

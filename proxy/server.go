@@ -73,6 +73,8 @@ type Config struct {
 
 	// wrapRelay lets tests wrap the goproxy handler (to inject failures).
 	wrapRelay func(http.Handler) http.Handler
+	// clientWatchDelay overrides clientWatchDelay (tests).
+	clientWatchDelay time.Duration
 }
 
 // Connection types, as they appear in logs and metric labels.
@@ -133,6 +135,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.ProcRoot == "" {
 		cfg.ProcRoot = "/proc"
+	}
+	if cfg.clientWatchDelay == 0 {
+		cfg.clientWatchDelay = clientWatchDelay
 	}
 	defaults := []struct {
 		name string

@@ -1,0 +1,95 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"sync"
+	"time"
+)
+
+// clientWatchDelay is how long a request without a body waits for the end of its answer
+// before the front starts watching its client: a request answered sooner never pays the
+// watch's system calls.
+const clientWatchDelay = time.Second
+
+// goneWatch notices a client that leaves while its request waits for the upstream's
+// answer, or while the answer streams. A model call can take minutes before its answer
+// head, and nothing else reads the client's connection meanwhile: without the watch the
+// upstream would work on for a client long gone, until the answer came or idled out.
+// The watch reads one byte. An end or an error of the connection (a close, a reset, a
+// half-close, which squid's default and net/http's server also take for a client that
+// left) cancels the request; a byte (the start of a pipelined request) is kept for the
+// next head and ends the watch. Each client connection has one, armed per request.
+type goneWatch struct {
+	c      net.Conn
+	timer  *time.Timer
+	cancel context.CancelFunc // the request's, while armed
+	wg     sync.WaitGroup     // the armed watch, until it is stopped or its read returns
+
+	mu      sync.Mutex
+	stopped bool // stop has begun: a read not yet started must not start
+
+	b    [1]byte
+	got  bool // b holds a byte the client sent
+	left bool // the client left: the request was cancelled
+}
+
+// arm starts the watch of one request after delay; stop must follow.
+func (w *goneWatch) arm(c net.Conn, delay time.Duration, cancel context.CancelFunc) {
+	w.c, w.cancel, w.stopped, w.got, w.left = c, cancel, false, false, false
+	w.wg.Add(1)
+	if w.timer == nil {
+		w.timer = time.AfterFunc(delay, w.watch)
+	} else {
+		w.timer.Reset(delay)
+	}
+}
+
+func (w *goneWatch) watch() {
+	defer w.wg.Done()
+	w.mu.Lock()
+	if w.stopped {
+		w.mu.Unlock()
+		return
+	}
+	// The head's deadline is still on the connection: the watch reads without one, and
+	// stop wakes it with one in the past. The lock orders the two.
+	_ = w.c.SetReadDeadline(time.Time{})
+	w.mu.Unlock()
+	n, err := w.c.Read(w.b[:])
+	switch {
+	case n == 1:
+		w.got = true
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, net.ErrClosed):
+		// stopped, the drain's wake-up, or the proxy's own close (a swap's cut)
+	default:
+		w.left = true
+		w.cancel()
+	}
+}
+
+// stop ends the watch and waits for its read. It reports the byte the client sent
+// meanwhile, if any, and whether the client left. The connection's read deadline is then
+// in the past when the watch had begun: the next reader sets its own.
+func (w *goneWatch) stop() (pending []byte, left bool) {
+	if w.timer.Stop() {
+		w.wg.Done()
+		w.cancel = nil
+		return nil, false
+	}
+	w.mu.Lock()
+	w.stopped = true
+	_ = w.c.SetReadDeadline(aLongTimeAgo)
+	w.mu.Unlock()
+	w.wg.Wait()
+	w.cancel = nil
+	if w.got {
+		return w.b[:], false
+	}
+	return nil, w.left
+}
+
+// aLongTimeAgo is a deadline that has passed: it wakes a read in progress at once.
+var aLongTimeAgo = time.Unix(1, 0)

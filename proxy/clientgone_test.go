@@ -1,0 +1,102 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+const testWatchDelay = 50 * time.Millisecond
+
+// A client that leaves while its request waits for an answer head that does not come
+// ends the request: the upstream connection closes at once (not after the tunnel idle
+// timeout of 15 minutes), the request's slot and gauge are given back, and one INFO line
+// says the client left. A half-close counts as leaving, as in squid's default and
+// net/http's server.
+func TestClientGoneEndsTheRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		leave func(*net.TCPConn) error
+	}{
+		{"close", (*net.TCPConn).Close},
+		{"half-close", (*net.TCPConn).CloseWrite},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(c *Config) { c.clientWatchDelay = testWatchDelay })
+			port, closed := quietUpstream(t, h, func(net.Conn, []byte) bool { return false })
+			c := h.dialProxy(t)
+			if _, err := io.WriteString(c, quietRequest(http.MethodGet, port, "", "")); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(4 * testWatchDelay)
+			if err := tc.leave(c.(*net.TCPConn)); err != nil {
+				t.Fatal(err)
+			}
+			upstreamClosed(t, closed)
+			waitFor(t, func() bool {
+				return testutil.ToFloat64(h.srv.metrics.activeHTTP) == 0 && h.srv.tracker.len() == 0 &&
+					strings.Contains(h.logs.String(), `"msg":"client gone"`)
+			})
+		})
+	}
+}
+
+// The watch reads the first byte of a request the client pipelines behind one that
+// waits past the delay; the byte is the next head's, and both requests reach the
+// upstream as sent and are answered in order on the connection.
+func TestWatchKeepsAPipelinedRequest(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.clientWatchDelay = testWatchDelay })
+	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.23"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
+	seen := make(chan string, 2)
+	port := serveTCP(t, "127.0.0.23", func(c net.Conn, _ <-chan struct{}) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			seen <- req.Method + " " + req.URL.Path
+			time.Sleep(6 * testWatchDelay)
+			if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(req.URL.Path))+"\r\n\r\n"+req.URL.Path); err != nil {
+				return
+			}
+		}
+	}).Port
+	c := h.dialProxy(t)
+	for i, path := range []string{"/first", "/second"} {
+		if _, err := fmt.Fprintf(c, "GET http://slow.test:%d%s HTTP/1.1\r\nHost: slow.test:%d\r\n\r\n", port, path, port); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			time.Sleep(3 * testWatchDelay) // the watch is reading
+		}
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	for _, want := range []string{"/first", "/second"} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("answer for %s: %v", want, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || string(body) != want {
+			t.Fatalf("answer for %s: %d %q", want, resp.StatusCode, body)
+		}
+		if got := <-seen; got != "GET "+want {
+			t.Fatalf("the upstream got %q, want GET %s", got, want)
+		}
+	}
+	if strings.Contains(h.logs.String(), `"msg":"client gone"`) {
+		t.Fatal("a pipelined request was taken for a client that left")
+	}
+}
