@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -39,6 +40,9 @@ func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	a := s.answerDNS(s.current.Load(), req)
 	resp := a.resp
+	// An upstream's answer arrives compressed and unpacks without compression: packed
+	// as it came, an answer under 64 KiB could outgrow a TCP message.
+	resp.Compress = true
 	if udp {
 		size := dns.MinMsgSize
 		if opt := req.IsEdns0(); opt != nil {
@@ -46,13 +50,35 @@ func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		}
 		resp.Truncate(size)
 	}
+	if err := w.WriteMsg(resp); err != nil && a.decision == "allowed" {
+		// Not even compressed does it fit: the client gets SERVFAIL, not silence.
+		s.log.Warn("dns answer not sent", "name", a.name, "error", err.Error())
+		a.decision, a.reason = "denied", ReasonUpstreamFailed
+		_ = w.WriteMsg(refusal(req, dns.RcodeServerFailure, ReasonUpstreamFailed))
+	}
 	s.metrics.dnsQueries.WithLabelValues(a.decision, dnsTypeLabel(a.qtype)).Inc()
 	if a.decision == "denied" {
 		a.rs.blocked.add(a.name, 0, typeDNS, a.reason)
 	}
-	_ = w.WriteMsg(resp)
 	s.logDecision(a.rs, typeDNS, a.decision, a.reason, a.rule, a.name, 0, netip.Addr{}, client, slog.String("qtype", dns.TypeToString[a.qtype]))
 }
+
+// acceptDNS hands every message but a response to serveDNS, which refuses what it does
+// not serve (no single question, a class other than IN, an opcode other than QUERY)
+// with REFUSED and, for an EDNS client, Extended DNS Error 15, as for any refusal. The
+// library's default would answer those itself with FORMERR or NOTIMP. A response is
+// dropped: answering one could start a loop.
+func acceptDNS(h dns.Header) dns.MsgAcceptAction {
+	const qr = 1 << 15
+	if h.Bits&qr != 0 {
+		return dns.MsgIgnore
+	}
+	return dns.MsgAccept
+}
+
+// maxUDPQuery is the longest UDP query read whole: the library's default is 512 bytes,
+// which cuts a query with EDNS padding (RFC 8467) or cookies.
+const maxUDPQuery = 4096
 
 // dnsAnswer is the outcome of one query, with the rule set that decided it.
 type dnsAnswer struct {
@@ -166,18 +192,26 @@ func (s *Server) answerDNS(rs *RuleSet, req *dns.Msg) dnsAnswer {
 	}
 	if !rules.decision.Allowed {
 		a.reason = string(policy.ReasonAllowlisted)
-		onlyAddresses(up, q)
+		up = onlyAddresses(up, req)
 	}
 	replaceOPT(up, req)
 	a.resp, a.decision = up, "allowed"
 	return a
 }
 
-// filterAnswers drops the A and AAAA records keep refuses and returns how many address
-// records there were before and after.
+// filterAnswers drops the A and AAAA records keep refuses, from every section (glue in
+// the authority and additional sections names addresses too), and returns how many
+// address records the answer section had before and after.
 func filterAnswers(m *dns.Msg, keep func(netip.Addr) bool) (before, after int) {
-	kept := m.Answer[:0]
-	for _, rr := range m.Answer {
+	m.Answer, before, after = filterAddrs(m.Answer, keep)
+	m.Ns, _, _ = filterAddrs(m.Ns, keep)
+	m.Extra, _, _ = filterAddrs(m.Extra, keep)
+	return before, after
+}
+
+func filterAddrs(rrs []dns.RR, keep func(netip.Addr) bool) (kept []dns.RR, before, after int) {
+	kept = rrs[:0]
+	for _, rr := range rrs {
 		if a, ok := rrAddr(rr); ok {
 			before++
 			if !keep(a) {
@@ -187,21 +221,24 @@ func filterAnswers(m *dns.Msg, keep func(netip.Addr) bool) (before, after int) {
 		}
 		kept = append(kept, rr)
 	}
-	m.Answer = kept
-	return before, after
+	return kept, before, after
 }
 
-// onlyAddresses rebuilds the answer to a name the policy does not allow (one that
-// resolves into an allowed IP or CIDR rule) from its addresses alone: each address of
-// the asked type once, owned by the asked name, with a fixed TTL, and a plain NOERROR
-// header. Everything else in the upstream's answer (a CNAME chain, authority and
-// additional records, TTLs, duplicates, the rcode and header bits) is chosen by
-// whoever serves the name and would carry data into the sandbox past the policy. The
-// addresses themselves are what the rule allows; inside a wide CIDR rule their choice
-// still carries a little.
-func onlyAddresses(m *dns.Msg, q dns.Question) {
+// onlyAddresses builds the answer to req, for a name the policy does not allow (one
+// that resolves into an allowed IP or CIDR rule), from the addresses of the upstream's
+// answer m alone: each address of the asked type once, owned by the asked name, with a
+// fixed TTL, under a header of the proxy's own (a reply to req: NOERROR, RA, req's RD
+// and CD). Everything else in the upstream's answer (a CNAME chain, authority and
+// additional records, TTLs, duplicates, their order, the rcode and header bits) is
+// chosen by whoever serves the name and would carry data into the sandbox past the
+// policy. The addresses themselves are what the rule allows; inside a wide CIDR rule
+// which of them come back (at most maxAddressRuleAnswers) still carries some.
+func onlyAddresses(m, req *dns.Msg) *dns.Msg {
+	q := req.Question[0]
+	out := new(dns.Msg)
+	out.SetReply(req)
+	out.RecursionAvailable = true
 	seen := make(map[netip.Addr]bool, len(m.Answer))
-	kept := m.Answer[:0]
 	for _, rr := range m.Answer {
 		a, ok := rrAddr(rr)
 		if !ok || rr.Header().Rrtype != q.Qtype || seen[a] {
@@ -209,13 +246,22 @@ func onlyAddresses(m *dns.Msg, q dns.Question) {
 		}
 		seen[a] = true
 		rr.Header().Name, rr.Header().Ttl = q.Name, addressRuleTTL
-		kept = append(kept, rr)
+		out.Answer = append(out.Answer, rr)
 	}
-	m.Answer, m.Ns, m.Extra = kept, nil, nil
-	m.Rcode = dns.RcodeSuccess
-	m.Authoritative, m.Zero, m.AuthenticatedData = false, false, false
-	m.RecursionAvailable = true
+	slices.SortFunc(out.Answer, func(x, y dns.RR) int {
+		ax, _ := rrAddr(x)
+		ay, _ := rrAddr(y)
+		return ax.Compare(ay)
+	})
+	if len(out.Answer) > maxAddressRuleAnswers {
+		out.Answer = out.Answer[:maxAddressRuleAnswers]
+	}
+	return out
 }
+
+// maxAddressRuleAnswers bounds the addresses of an answer onlyAddresses builds; they are
+// sorted, so the upstream's order carries nothing either.
+const maxAddressRuleAnswers = 16
 
 // addressRuleTTL is the TTL of every record onlyAddresses keeps.
 const addressRuleTTL = 60

@@ -96,11 +96,25 @@ func (u *Upstreams) Exchange(ctx context.Context, q *dns.Msg, proceed func() err
 			lastErr = fmt.Errorf("%s answered %s", server, dns.RcodeToString[resp.Rcode])
 			continue
 		}
+		if !answers(resp, out) {
+			// RFC 5452 §9.1: an answer to another question is not this one's.
+			lastErr = fmt.Errorf("%s answered another question than the one asked", server)
+			continue
+		}
 		resp.Id = q.Id
 		resp.Question = q.Question
 		return resp, nil
 	}
 	return nil, fmt.Errorf("proxy: dns upstream: %w", lastErr)
+}
+
+// answers reports whether resp is a response to q's one question.
+func answers(resp, q *dns.Msg) bool {
+	if !resp.Response || resp.Opcode != q.Opcode || len(resp.Question) != 1 {
+		return false
+	}
+	a, b := resp.Question[0], q.Question[0]
+	return a.Qtype == b.Qtype && a.Qclass == b.Qclass && strings.EqualFold(a.Name, b.Name)
 }
 
 // upstreamUDPSize is the EDNS0 UDP size the proxy advertises upstream (DNS flag day 2020).
