@@ -7,48 +7,35 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
 )
 
-// serveDNSUpstreamBoth runs handle over UDP and TCP on one loopback port until the test
-// ends, and returns its address.
-func serveDNSUpstreamBoth(t *testing.T, handle dns.HandlerFunc) string {
-	t.Helper()
-	pc, ln, err := listenDNS("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var srvs []*dns.Server
-	for _, srv := range []*dns.Server{{PacketConn: pc, Net: "udp"}, {Listener: ln, Net: "tcp"}} {
-		srv.Handler = handle
-		started := make(chan struct{})
-		srv.NotifyStartedFunc = func() { close(started) }
-		srvs = append(srvs, srv)
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = srv.ActivateAndServe() }()
-		<-started
-	}
-	t.Cleanup(func() {
-		for _, s := range srvs {
-			_ = s.Shutdown()
-		}
-		wg.Wait()
-	})
-	return pc.LocalAddr().String()
-}
-
 func isUDP(w dns.ResponseWriter) bool { _, ok := w.RemoteAddr().(*net.UDPAddr); return ok }
+
+// tcpAnswerUpstream answers over UDP with TC set and nothing else, so the proxy asks
+// again over TCP, and there with answers(the asked name), compressed.
+func tcpAnswerUpstream(t *testing.T, answers func(name string) []dns.RR) string {
+	return serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		if isUDP(w) {
+			m.Truncated = true
+		} else {
+			m.Compress = true
+			m.Answer = answers(r.Question[0].Name)
+		}
+		_ = w.WriteMsg(m)
+	})
+}
 
 // A name allowed only through an IP/CIDR rule gets its answer under a header of the
 // proxy's own: the bits whoever serves the name chose must not reach the sandbox (once
 // CD, RD, TC and the opcode did).
 func TestDNSAddressRuleAnswerHasTheProxysHeader(t *testing.T) {
-	upstream := serveDNSUpstreamBoth(t, func(w dns.ResponseWriter, r *dns.Msg) {
+	upstream := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
 		// Bits an upstream chooses: AA, AD, Z, CD, RD (client asked RD=1), and TC on the
@@ -79,7 +66,7 @@ func TestDNSAddressRuleAnswerHasTheProxysHeader(t *testing.T) {
 // truncated: the one-record answer reaches the UDP client without TC (Truncate sets TC
 // when it cuts, and never cleared the upstream's).
 func TestDNSAddressRuleAnswerDropsTheUpstreamsTC(t *testing.T) {
-	upstream := serveDNSUpstreamBoth(t, func(w dns.ResponseWriter, r *dns.Msg) {
+	upstream := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
 		m.Truncated = true
@@ -104,7 +91,7 @@ func TestDNSAddressRuleAnswerDropsTheUpstreamsTC(t *testing.T) {
 // glue in the authority and additional sections included (once only the answer section
 // was filtered).
 func TestDNSDenylistFiltersEverySection(t *testing.T) {
-	upstream := serveDNSUpstreamBoth(t, func(w dns.ResponseWriter, r *dns.Msg) {
+	upstream := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
 		q := r.Question[0]
@@ -189,7 +176,7 @@ func TestDNSAnswerToAnotherQuestionIsNotRelayed(t *testing.T) {
 		"opcode": func(m *dns.Msg) { m.Opcode = dns.OpcodeStatus },
 	} {
 		t.Run(name, func(t *testing.T) {
-			upstream := serveDNSUpstreamBoth(t, func(w dns.ResponseWriter, r *dns.Msg) {
+			upstream := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
 				m := new(dns.Msg)
 				m.SetReply(r)
 				rr, _ := dns.NewRR(r.Question[0].Name + " 60 IN A 127.0.0.9")
@@ -211,20 +198,11 @@ func TestDNSAnswerToAnotherQuestionIsNotRelayed(t *testing.T) {
 // nothing at all (the pack failed) and logged the query as allowed.
 func TestDNSLargeTCPAnswerIsSent(t *testing.T) {
 	long := strings.Repeat("a", 60) + "." + strings.Repeat("b", 60) + "." + strings.Repeat("c", 60) + ".big.test."
-	upstream := serveDNSUpstreamBoth(t, func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		if isUDP(w) {
-			m.Truncated = true
-			_ = w.WriteMsg(m)
-			return
-		}
-		m.Compress = true
+	upstream := tcpAnswerUpstream(t, func(string) (rrs []dns.RR) {
 		for i := range 3000 {
-			rr := &dns.A{Hdr: dns.RR_Header{Name: long, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(127, 1, byte(i>>8), byte(i))}
-			m.Answer = append(m.Answer, rr)
+			rrs = append(rrs, &dns.A{Hdr: dns.RR_Header{Name: long, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(127, 1, byte(i>>8), byte(i))})
 		}
-		_ = w.WriteMsg(m)
+		return rrs
 	})
 	h := newHarness(t, func(c *Config) { c.DNSUpstreams = []string{upstream}; c.DNSTimeout = 2 * time.Second })
 	h.apply(`"public"`)
@@ -263,21 +241,12 @@ func TestDNSUDPQueryOver512Bytes(t *testing.T) {
 // the rule come back: the answer keeps at most maxAddressRuleAnswers of them, sorted, so
 // neither their number nor their order is the upstream's.
 func TestDNSAddressRuleAnswerIsBounded(t *testing.T) {
-	upstream := serveDNSUpstreamBoth(t, func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		if isUDP(w) {
-			m.Truncated = true
-			_ = w.WriteMsg(m)
-			return
-		}
-		m.Compress = true
+	upstream := tcpAnswerUpstream(t, func(name string) (rrs []dns.RR) {
 		for i := range 2000 {
-			// descending order: the order itself is data
-			j := 1999 - i
-			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(10, 9, byte(j>>8), byte(j))})
+			j := 1999 - i // descending: the order itself is data
+			rrs = append(rrs, &dns.A{Hdr: dns.RR_Header{Name: name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(10, 9, byte(j>>8), byte(j))})
 		}
-		_ = w.WriteMsg(m)
+		return rrs
 	})
 	h := newHarness(t, func(c *Config) { c.DNSUpstreams = []string{upstream} })
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["10.9.0.0/16"]}`)
@@ -299,7 +268,7 @@ func TestDNSAddressRuleAnswerIsBounded(t *testing.T) {
 func TestDNSSwapToAddressRuleMidFlight(t *testing.T) {
 	got := make(chan struct{}, 4)
 	release := make(chan struct{})
-	upstream := serveDNSUpstreamBoth(t, func(w dns.ResponseWriter, r *dns.Msg) {
+	upstream := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
 		got <- struct{}{}
 		<-release
 		m := new(dns.Msg)
@@ -315,16 +284,7 @@ func TestDNSSwapToAddressRuleMidFlight(t *testing.T) {
 	})
 	h := newHarness(t, func(c *Config) { c.DNSUpstreams = []string{upstream}; c.DNSTimeout = 5 * time.Second })
 	h.apply(`"public"`)
-	answer := make(chan *dns.Msg, 1)
-	go func() {
-		q := new(dns.Msg)
-		q.SetQuestion("leak.test.", dns.TypeA)
-		r, _, err := (&dns.Client{Timeout: 10 * time.Second}).Exchange(q, h.srv.DNSAddr().String())
-		if err != nil {
-			t.Error(err)
-		}
-		answer <- r
-	}()
+	answer := h.queryLater(t, "leak.test")
 	<-got
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["10.9.9.0/24"]}`)
 	close(release)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/miekg/dns"
@@ -130,7 +131,7 @@ func refusingAddr(t *testing.T) string {
 	})
 }
 
-// serveDNSUpstream runs handle as a DNS server over UDP on loopback until the test
+// serveDNSUpstream runs handle over UDP and TCP on one loopback port until the test
 // ends, and returns its address.
 func serveDNSUpstream(t *testing.T, handle dns.HandlerFunc) string {
 	t.Helper()
@@ -138,14 +139,23 @@ func serveDNSUpstream(t *testing.T, handle dns.HandlerFunc) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln.Close()
-	srv := &dns.Server{PacketConn: pc, Net: "udp", Handler: handle}
-	started := make(chan struct{})
-	srv.NotifyStartedFunc = func() { close(started) }
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.ActivateAndServe() }()
-	<-started
-	t.Cleanup(func() { _ = srv.Shutdown(); <-done })
+	var wg sync.WaitGroup
+	var srvs []*dns.Server
+	for _, srv := range []*dns.Server{{PacketConn: pc, Net: "udp"}, {Listener: ln, Net: "tcp"}} {
+		srv.Handler = handle
+		started := make(chan struct{})
+		srv.NotifyStartedFunc = func() { close(started) }
+		srvs = append(srvs, srv)
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = srv.ActivateAndServe() }()
+		<-started
+	}
+	t.Cleanup(func() {
+		for _, s := range srvs {
+			_ = s.Shutdown()
+		}
+		wg.Wait()
+	})
 	return pc.LocalAddr().String()
 }
 

@@ -74,16 +74,7 @@ func TestDNSQueryRecheckedAfterSwap(t *testing.T) {
 				c.DNSTimeout = 5 * time.Second
 			})
 			h.apply(`"public"`)
-			answer := make(chan *dns.Msg, 1)
-			go func() {
-				q := new(dns.Msg)
-				q.SetQuestion("leak-after-swap.a.test.", dns.TypeA)
-				r, _, err := (&dns.Client{Timeout: 10 * time.Second}).Exchange(q, h.srv.DNSAddr().String())
-				if err != nil {
-					t.Error(err)
-				}
-				answer <- r
-			}()
+			answer := h.queryLater(t, "leak-after-swap.a.test")
 			<-gate.got
 			h.apply(`"no-network"`)
 			close(gate.release)

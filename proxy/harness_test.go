@@ -429,6 +429,23 @@ func (h *harness) query(name string, qtype uint16, network string) *dns.Msg {
 	return resp
 }
 
+// queryLater asks the proxy's DNS server for name's A records on a goroutine of its
+// own (10 s timeout), for tests that change things while the query is in flight; the
+// channel gets the answer, nil on an error (reported with t.Error).
+func (h *harness) queryLater(t *testing.T, name string) <-chan *dns.Msg {
+	answer := make(chan *dns.Msg, 1)
+	go func() {
+		q := new(dns.Msg)
+		q.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		r, _, err := (&dns.Client{Timeout: 10 * time.Second}).Exchange(q, h.srv.DNSAddr().String())
+		if err != nil {
+			t.Error(err)
+		}
+		answer <- r
+	}()
+	return answer
+}
+
 func ede(m *dns.Msg) (uint16, bool) {
 	opt := m.IsEdns0()
 	if opt == nil {
