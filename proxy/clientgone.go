@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -26,19 +27,20 @@ type goneWatch struct {
 	c      net.Conn
 	timer  *time.Timer
 	cancel context.CancelFunc // the request's, while armed
+	left   *atomic.Bool       // the request's clientLeft, while armed
 	wg     sync.WaitGroup     // the armed watch, until it is stopped or its read returns
 
 	mu      sync.Mutex
 	stopped bool // stop has begun: a read not yet started must not start
 
-	b    [1]byte
-	got  bool // b holds a byte the client sent
-	left bool // the client left: the request was cancelled
+	b   [1]byte
+	got bool // b holds a byte the client sent
 }
 
-// arm starts the watch of one request after delay; stop must follow.
-func (w *goneWatch) arm(c net.Conn, delay time.Duration, cancel context.CancelFunc) {
-	w.c, w.cancel, w.stopped, w.got, w.left = c, cancel, false, false, false
+// arm starts the watch of one request after delay; stop must follow. A client that
+// leaves sets left, then cancels.
+func (w *goneWatch) arm(c net.Conn, delay time.Duration, cancel context.CancelFunc, left *atomic.Bool) {
+	w.c, w.cancel, w.left, w.stopped, w.got = c, cancel, left, false, false
 	w.wg.Add(1)
 	if w.timer == nil {
 		w.timer = time.AfterFunc(delay, w.watch)
@@ -65,7 +67,7 @@ func (w *goneWatch) watch() {
 	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, net.ErrClosed):
 		// stopped, the drain's wake-up, or the proxy's own close (a swap's cut)
 	default:
-		w.left = true
+		w.left.Store(true)
 		w.cancel()
 	}
 }
@@ -76,7 +78,7 @@ func (w *goneWatch) watch() {
 func (w *goneWatch) stop() (pending []byte, left bool) {
 	if w.timer.Stop() {
 		w.wg.Done()
-		w.cancel = nil
+		w.cancel, w.left = nil, nil
 		return nil, false
 	}
 	w.mu.Lock()
@@ -84,11 +86,12 @@ func (w *goneWatch) stop() (pending []byte, left bool) {
 	_ = w.c.SetReadDeadline(aLongTimeAgo)
 	w.mu.Unlock()
 	w.wg.Wait()
-	w.cancel = nil
+	left = w.left.Load()
+	w.cancel, w.left = nil, nil
 	if w.got {
 		return w.b[:], false
 	}
-	return nil, w.left
+	return nil, left
 }
 
 // aLongTimeAgo is a deadline that has passed: it wakes a read in progress at once.

@@ -100,3 +100,53 @@ func TestWatchKeepsAPipelinedRequest(t *testing.T) {
 		t.Fatal("a pipelined request was taken for a client that left")
 	}
 }
+
+// A client that pipelines two requests in one write and then half-closes: the first is
+// answered (a next request already read says the client is there, so it is not
+// watched), and the second, watched, ends with the connection's end: its 502 names the
+// client, not the upstream.
+func TestHalfCloseAfterPipelinedRequests(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.clientWatchDelay = testWatchDelay })
+	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.23"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
+	port := serveTCP(t, "127.0.0.23", func(c net.Conn, _ <-chan struct{}) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			time.Sleep(6 * testWatchDelay)
+			if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(req.URL.Path))+"\r\n\r\n"+req.URL.Path); err != nil {
+				return
+			}
+		}
+	}).Port
+	c := h.dialProxy(t)
+	reqs := ""
+	for _, path := range []string{"/first", "/second"} {
+		reqs += fmt.Sprintf("GET http://slow.test:%d%s HTTP/1.1\r\nHost: slow.test:%d\r\n\r\n", port, path, port)
+	}
+	if _, err := io.WriteString(c, reqs); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	for _, want := range []struct {
+		status int
+		body   string
+		header string
+	}{{http.StatusOK, "/first", ""}, {http.StatusBadGateway, "", "error; reason=client-gone"}} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("answer %d: %v", want.status, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != want.status || resp.Header.Get("X-Compass-Egress") != want.header || want.body != "" && string(body) != want.body {
+			t.Fatalf("answer %d %q %q, want %d %q", resp.StatusCode, resp.Header.Get("X-Compass-Egress"), body, want.status, want.header)
+		}
+	}
+}

@@ -168,12 +168,14 @@ func TestDNSUnsupportedQueriesAreRefused(t *testing.T) {
 }
 
 // An upstream's answer must be a response to the question the proxy asked (RFC 5452
-// §9.1): one for another name, type or opcode is not relayed under the client's question.
+// §9.1): one for another name, type or opcode, or with no question, is not relayed under
+// the client's question.
 func TestDNSAnswerToAnotherQuestionIsNotRelayed(t *testing.T) {
 	for name, twist := range map[string]func(*dns.Msg){
 		"name":   func(m *dns.Msg) { m.Question[0].Name = "other.test." },
 		"type":   func(m *dns.Msg) { m.Question[0].Qtype = dns.TypeAAAA },
 		"opcode": func(m *dns.Msg) { m.Opcode = dns.OpcodeStatus },
+		"none":   func(m *dns.Msg) { m.Question = nil },
 	} {
 		t.Run(name, func(t *testing.T) {
 			upstream := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {

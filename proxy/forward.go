@@ -44,6 +44,9 @@ type requestState struct {
 	// refusedConn is set when a swap came between the decision and the upstream
 	// connection and the new policy refuses the connection's address.
 	refusedConn atomic.Bool
+	// clientLeft is set when the client's connection ended while the request was
+	// served (goneWatch), before the request is cancelled.
+	clientLeft atomic.Bool
 }
 
 // answerBody records in st the error that ends an upstream answer's body early. An
@@ -135,6 +138,7 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 // idle").
 func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Response {
 	status, reason, text := http.StatusBadGateway, "upstream-failed", " could not be reached"
+	st := stateIn(req.Context())
 	switch {
 	case isDialError(err):
 		reason = "dial-failed"
@@ -142,6 +146,9 @@ func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Re
 		status, reason, text = http.StatusGatewayTimeout, "upstream-timeout", " sent no answer"
 	case errors.Is(err, errUpstreamBodyIdle):
 		status, reason, text = http.StatusGatewayTimeout, "upstream-timeout", " took none of the request"
+	case st != nil && st.clientLeft.Load():
+		// A half-closed client may still read: the answer says whose end it was.
+		reason, text = "client-gone", " was not waited for: the client closed its connection"
 	}
 	if status == http.StatusBadGateway && req.Context().Err() == nil { // else cut by a swap or the drain: not the upstream's failure
 		s.log.Warn("upstream failed", "type", typeHTTP, "host", blockedHost(*v), "port", v.Port, "client", req.RemoteAddr, "error", err.Error())

@@ -440,12 +440,14 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 		}
 		req.Body = body
 	}
-	// The watch reads the connection, so not while a body or an upgrade may.
-	watch := body == nil && req.Header.Get("Upgrade") == ""
-	if watch {
-		cc.gone.arm(cc.c, f.s.cfg.clientWatchDelay, cancel)
-	}
 	st := &requestState{client: &requestClient{conn: cc.c, cancel: cancel}, ctx: ctx}
+	// The watch reads the connection, so not while a body or an upgrade may; nor
+	// behind a next request already read, which says the client is there and whose
+	// connection's end belongs to that request.
+	watch := body == nil && req.Header.Get("Upgrade") == "" && cc.br.Buffered() == 0
+	if watch {
+		cc.gone.arm(cc.c, f.s.cfg.clientWatchDelay, cancel, &st.clientLeft)
+	}
 	if len(hosts) > 0 {
 		st.host = hostField{value: hosts[0], present: true}
 	}
