@@ -72,26 +72,26 @@ func (w *goneWatch) watch() {
 	}
 }
 
-// stop ends the watch and waits for its read. It reports the byte the client sent
-// meanwhile, if any, and whether the client left. The connection's read deadline is then
+// stop ends the watch and waits for its read. It returns the byte the client sent
+// meanwhile, if any; whether the client left is in the flag arm was given. The
+// connection's read deadline is then
 // in the past when the watch had begun: the next reader sets its own.
-func (w *goneWatch) stop() (pending []byte, left bool) {
+func (w *goneWatch) stop() (pending []byte) {
 	if w.timer.Stop() {
 		w.wg.Done()
 		w.cancel, w.left = nil, nil
-		return nil, false
+		return nil
 	}
 	w.mu.Lock()
 	w.stopped = true
 	_ = w.c.SetReadDeadline(aLongTimeAgo)
 	w.mu.Unlock()
 	w.wg.Wait()
-	left = w.left.Load()
 	w.cancel, w.left = nil, nil
 	if w.got {
-		return w.b[:], false
+		return w.b[:]
 	}
-	return nil, left
+	return nil
 }
 
 // aLongTimeAgo is a deadline that has passed: it wakes a read in progress at once.

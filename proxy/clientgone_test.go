@@ -54,27 +54,10 @@ func TestClientGoneEndsTheRequest(t *testing.T) {
 // waits past the delay; the byte is the next head's, and both requests reach the
 // upstream as sent and are answered in order on the connection.
 func TestWatchKeepsAPipelinedRequest(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.clientWatchDelay = testWatchDelay })
-	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.23"))
-	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
-	seen := make(chan string, 2)
-	port := serveTCP(t, "127.0.0.23", func(c net.Conn, _ <-chan struct{}) {
-		br := bufio.NewReader(c)
-		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
-				return
-			}
-			seen <- req.Method + " " + req.URL.Path
-			time.Sleep(6 * testWatchDelay)
-			if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(req.URL.Path))+"\r\n\r\n"+req.URL.Path); err != nil {
-				return
-			}
-		}
-	}).Port
+	h, port, seen := slowEchoUpstream(t)
 	c := h.dialProxy(t)
 	for i, path := range []string{"/first", "/second"} {
-		if _, err := fmt.Fprintf(c, "GET http://slow.test:%d%s HTTP/1.1\r\nHost: slow.test:%d\r\n\r\n", port, path, port); err != nil {
+		if _, err := io.WriteString(c, slowRequest(port, path)); err != nil {
 			t.Fatal(err)
 		}
 		if i == 0 {
@@ -106,26 +89,11 @@ func TestWatchKeepsAPipelinedRequest(t *testing.T) {
 // watched), and the second, watched, ends with the connection's end: its 502 names the
 // client, not the upstream.
 func TestHalfCloseAfterPipelinedRequests(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.clientWatchDelay = testWatchDelay })
-	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.23"))
-	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
-	port := serveTCP(t, "127.0.0.23", func(c net.Conn, _ <-chan struct{}) {
-		br := bufio.NewReader(c)
-		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
-				return
-			}
-			time.Sleep(6 * testWatchDelay)
-			if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(req.URL.Path))+"\r\n\r\n"+req.URL.Path); err != nil {
-				return
-			}
-		}
-	}).Port
+	h, port, _ := slowEchoUpstream(t)
 	c := h.dialProxy(t)
 	reqs := ""
 	for _, path := range []string{"/first", "/second"} {
-		reqs += fmt.Sprintf("GET http://slow.test:%d%s HTTP/1.1\r\nHost: slow.test:%d\r\n\r\n", port, path, port)
+		reqs += slowRequest(port, path)
 	}
 	if _, err := io.WriteString(c, reqs); err != nil {
 		t.Fatal(err)
@@ -149,4 +117,36 @@ func TestHalfCloseAfterPipelinedRequests(t *testing.T) {
 			t.Fatalf("answer %d %q %q, want %d %q", resp.StatusCode, resp.Header.Get("X-Compass-Egress"), body, want.status, want.header)
 		}
 	}
+}
+
+// slowEchoUpstream serves slow.test (allowed, with the watch's delay lowered to
+// testWatchDelay): each request is answered after six delays with its path as the
+// body, and its method and path go to seen (two fit unread).
+func slowEchoUpstream(t *testing.T) (h *harness, port int, seen <-chan string) {
+	h = newHarness(t, func(c *Config) { c.clientWatchDelay = testWatchDelay })
+	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.23"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
+	got := make(chan string, 2)
+	port = serveTCP(t, "127.0.0.23", func(c net.Conn, _ <-chan struct{}) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			select {
+			case got <- req.Method + " " + req.URL.Path:
+			default:
+			}
+			time.Sleep(6 * testWatchDelay)
+			if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(req.URL.Path))+"\r\n\r\n"+req.URL.Path); err != nil {
+				return
+			}
+		}
+	}).Port
+	return h, port, got
+}
+
+func slowRequest(port int, path string) string {
+	return fmt.Sprintf("GET http://slow.test:%d%s HTTP/1.1\r\nHost: slow.test:%d\r\n\r\n", port, path, port)
 }

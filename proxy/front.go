@@ -462,12 +462,12 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 		f.s.serveProxy(w, req, st)
 		panicked = false
 	}()
-	left := false
 	if watch {
-		cc.head.pre, left = cc.gone.stop()
-		if left && st.entry != nil {
-			f.s.log.Info("client gone", "type", typeHTTP, "host", st.entry.name, "port", st.entry.port, "client", cc.remote)
-		}
+		cc.head.pre = cc.gone.stop()
+	}
+	left := st.clientLeft.Load()
+	if left && st.entry != nil {
+		f.s.log.Info("client gone", "type", typeHTTP, "host", st.entry.name, "port", st.entry.port, "client", cc.remote)
 	}
 	if w.hijacked {
 		return false, true
