@@ -6,6 +6,7 @@ package proxy
 import (
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -329,5 +330,52 @@ func TestDNSMutatedQueriesDoNotStopTheServer(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	if r := h.query("a.test", dns.TypeA, "udp"); r.Rcode != dns.RcodeSuccess {
 		t.Fatalf("after mutated packets: %v", r)
+	}
+}
+
+// In a denylist, the address hints of HTTPS and SVCB records (RFC 9460 §7.3) lose the
+// addresses the IP/CIDR rules deny, as A/AAAA records do: a client may connect to a hint
+// before it looks the name up. A hint left empty is dropped, from the record's mandatory
+// keys too; the record and its other keys stay.
+func TestDNSDenylistFiltersAddressHints(t *testing.T) {
+	upstream := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		q := r.Question[0]
+		if q.Qtype == dns.TypeHTTPS {
+			for _, s := range []string{
+				q.Name + " 60 IN HTTPS 1 . alpn=h2 ipv4hint=127.0.0.2,10.1.2.3 ipv6hint=fd00::1",
+				q.Name + " 60 IN HTTPS 2 . mandatory=ipv6hint ipv6hint=fd00::2",
+			} {
+				rr, err := dns.NewRR(s)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				m.Answer = append(m.Answer, rr)
+			}
+			extra, _ := dns.NewRR("svc.ok.test. 60 IN SVCB 1 . ipv4hint=10.9.9.9,127.0.0.3")
+			m.Extra = []dns.RR{extra}
+		}
+		_ = w.WriteMsg(m)
+	})
+	h := newHarness(t, func(c *Config) { c.DNSUpstreams = []string{upstream} })
+	h.apply(`{"network_mode":"denylist","denied_hosts":["10.0.0.0/8","fd00::/8"]}`)
+	resp := h.query("ok.test", dns.TypeHTTPS, "udp")
+	var got []string
+	for _, sec := range [][]dns.RR{resp.Answer, resp.Extra} {
+		for _, rr := range sec {
+			if rr.Header().Rrtype != dns.TypeOPT {
+				got = append(got, strings.TrimPrefix(rr.String(), rr.Header().String()))
+			}
+		}
+	}
+	want := []string{
+		`1 . alpn="h2" ipv4hint="127.0.0.2"`,
+		`2 .`,
+		`1 . ipv4hint="127.0.0.3"`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("records\n%q\nwant\n%q", got, want)
 	}
 }

@@ -212,6 +212,7 @@ func filterAnswers(m *dns.Msg, keep func(netip.Addr) bool) (before, after int) {
 func filterAddrs(rrs []dns.RR, keep func(netip.Addr) bool) (kept []dns.RR, before, after int) {
 	kept = rrs[:0]
 	for _, rr := range rrs {
+		filterHints(rr, keep)
 		if a, ok := rrAddr(rr); ok {
 			before++
 			if !keep(a) {
@@ -222,6 +223,56 @@ func filterAddrs(rrs []dns.RR, keep func(netip.Addr) bool) (kept []dns.RR, befor
 		kept = append(kept, rr)
 	}
 	return kept, before, after
+}
+
+// filterHints drops the addresses keep refuses from the ipv4hint and ipv6hint of an
+// SVCB or HTTPS record (RFC 9460 §7.3), since a client may connect to a hint before it
+// looks the name up. A hint left empty goes, and out of the mandatory keys too (an
+// empty hint, or a mandatory key that is absent, makes the whole record malformed).
+func filterHints(rr dns.RR, keep func(netip.Addr) bool) {
+	var svcb *dns.SVCB
+	switch v := rr.(type) {
+	case *dns.SVCB:
+		svcb = v
+	case *dns.HTTPS:
+		svcb = &v.SVCB
+	default:
+		return
+	}
+	var emptied []dns.SVCBKey
+	params := svcb.Value[:0]
+	for _, kv := range svcb.Value {
+		var hint *[]net.IP
+		switch h := kv.(type) {
+		case *dns.SVCBIPv4Hint:
+			hint = &h.Hint
+		case *dns.SVCBIPv6Hint:
+			hint = &h.Hint
+		}
+		if hint != nil {
+			*hint = slices.DeleteFunc(*hint, func(ip net.IP) bool {
+				a, ok := netip.AddrFromSlice(ip)
+				return !ok || !keep(a.Unmap())
+			})
+			if len(*hint) == 0 {
+				emptied = append(emptied, kv.Key())
+				continue
+			}
+		}
+		params = append(params, kv)
+	}
+	svcb.Value = params
+	if len(emptied) == 0 {
+		return
+	}
+	svcb.Value = slices.DeleteFunc(svcb.Value, func(kv dns.SVCBKeyValue) bool {
+		m, ok := kv.(*dns.SVCBMandatory)
+		if !ok {
+			return false
+		}
+		m.Code = slices.DeleteFunc(m.Code, func(k dns.SVCBKey) bool { return slices.Contains(emptied, k) })
+		return len(m.Code) == 0
+	})
 }
 
 // onlyAddresses builds the answer to req, for a name the policy does not allow (one
