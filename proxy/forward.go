@@ -47,6 +47,7 @@ type requestState struct {
 	// clientLeft is set when the client's connection ended while the request was
 	// served (goneWatch), before the request is cancelled.
 	clientLeft atomic.Bool
+	body       *requestBody // nil for a request without one
 }
 
 // answerBody records in st the error that ends an upstream answer's body early. An
@@ -139,7 +140,17 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Response {
 	status, reason, text := http.StatusBadGateway, "upstream-failed", " could not be reached"
 	st := stateIn(req.Context())
+	var malformed error
+	var cutShort bool
+	if st != nil && st.body != nil {
+		malformed, cutShort = st.body.clientFault()
+	}
 	switch {
+	case malformed != nil:
+		status, reason, text = http.StatusBadRequest, "bad-request-body", " was not sent the rest of a malformed request body"
+		s.log.Info("request body malformed", "type", typeHTTP, "host", blockedHost(*v), "port", v.Port, "client", req.RemoteAddr, "error", malformed.Error())
+	case cutShort:
+		reason, text = "client-gone", " was not sent the whole request: the client closed its connection before the body's end"
 	case isDialError(err):
 		reason = "dial-failed"
 	case errors.Is(err, errUpstreamHeadIdle):
@@ -150,7 +161,8 @@ func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Re
 		// A half-closed client may still read: the answer says whose end it was.
 		reason, text = "client-gone", " was not waited for: the client closed its connection"
 	}
-	if status == http.StatusBadGateway && req.Context().Err() == nil { // else cut by a swap or the drain: not the upstream's failure
+	upstreamsFault := reason == "upstream-failed" || reason == "dial-failed"
+	if upstreamsFault && req.Context().Err() == nil { // else cut by a swap or the drain: not the upstream's failure
 		s.log.Warn("upstream failed", "type", typeHTTP, "host", blockedHost(*v), "port", v.Port, "client", req.RemoteAddr, "error", err.Error())
 	}
 	resp := goproxy.NewResponse(req, goproxy.ContentTypeText, status,
@@ -162,6 +174,29 @@ func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Re
 func isDialError(err error) bool {
 	op := (*net.OpError)(nil)
 	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// dropConnectionFields removes the fields a request's Connection field lists: they are
+// for this hop alone (RFC 9110, 7.6.1), and a server behind the proxy that honoured the
+// list would drop fields the decision read (Host) or that frame the request. A
+// websocket handshake keeps its Upgrade and goes on with Connection: Upgrade alone;
+// goproxy removes the Connection field of every other request.
+func dropConnectionFields(h http.Header) {
+	listed := h["Connection"]
+	if len(listed) == 0 {
+		return
+	}
+	websocket := isWebsocketUpgrade(h)
+	for _, v := range listed {
+		for _, name := range strings.Split(v, ",") {
+			if name = textproto.TrimString(name); name != "" && !(websocket && strings.EqualFold(name, "upgrade")) {
+				h.Del(name)
+			}
+		}
+	}
+	if websocket {
+		h.Set("Connection", "Upgrade")
+	}
 }
 
 // isWebsocketUpgrade reports whether h asks for, or agrees to, a websocket upgrade.
@@ -383,6 +418,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	if !v.Allowed {
 		return r, refusalResponse(r, rs, typeHTTP, v)
 	}
+	dropConnectionFields(r.Header)
 	if rs.upstream.handles(r) {
 		ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
 			resp, err := rs.upstream.roundTrip(req, &v, func(c net.Conn) bool { return s.gotUpstreamConn(rs, st.entry, c) })

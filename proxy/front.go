@@ -12,10 +12,13 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // front serves the proxy's client connections: it reads each request head with
@@ -271,7 +274,7 @@ func (f *front) serveConn(c net.Conn) {
 			_ = c.SetReadDeadline(time.Now().Add(f.s.cfg.HeaderTimeout))
 		}
 		cc.head.N = maxHeadBytes - int64(cc.br.Buffered())
-		hosts, err := cc.hostFields()
+		fields, err := cc.headFields()
 		var req *http.Request
 		if err == nil {
 			req, err = http.ReadRequest(cc.br)
@@ -295,7 +298,7 @@ func (f *front) serveConn(c net.Conn) {
 			_ = c.SetReadDeadline(time.Time{})
 		}
 		req.RemoteAddr = cc.remote
-		if answer := checkRequest(req, hosts); answer != "" {
+		if answer := checkRequest(req, fields); answer != "" {
 			cancel()
 			f.answer(c, answer)
 			return
@@ -305,7 +308,7 @@ func (f *front) serveConn(c net.Conn) {
 			cancel()
 			return
 		}
-		keep, hijacked := f.serveRequest(ctx, cc, req, cancel, hosts)
+		keep, hijacked := f.serveRequest(ctx, cc, req, cancel, fields.hosts)
 		cancel()
 		if hijacked {
 			owned, cc.br = true, nil
@@ -356,13 +359,34 @@ func plainAnswer(status string) string {
 		fmt.Sprint(len(status)) + "\r\n\r\n" + status
 }
 
-// checkRequest refuses what net/http's server refuses in a parsed request; "" passes.
-func checkRequest(r *http.Request, hosts []string) string {
+// checkRequest refuses what net/http's server refuses in a parsed request, and heads a
+// server behind the proxy could frame or route otherwise than the proxy does; ""
+// passes.
+func checkRequest(r *http.Request, raw rawFields) string {
 	if r.ProtoMajor != 1 {
 		return plainAnswer("505 HTTP Version Not Supported")
 	}
-	if r.ProtoAtLeast(1, 1) && len(hosts) == 0 && r.Method != http.MethodConnect {
+	if r.ProtoAtLeast(1, 1) && len(raw.hosts) == 0 && r.Method != http.MethodConnect {
 		return plainAnswer("400 Bad Request: missing required Host header")
+	}
+	for name, values := range r.Header {
+		if !httpguts.ValidHeaderFieldName(name) {
+			return plainAnswer("400 Bad Request: header field name " + quoteField(name) + " is not a token (RFC 9110, 5.1)")
+		}
+		if strings.Contains(name, "_") && framingField(strings.ReplaceAll(name, "_", "-")) {
+			// Servers that map header names to CGI-style variables read _ as -.
+			return plainAnswer("400 Bad Request: header field name " + quoteField(name) + " reads as " +
+				http.CanonicalHeaderKey(strings.ReplaceAll(name, "_", "-")) + " to a server that takes _ for -")
+		}
+		for _, v := range values {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return plainAnswer("400 Bad Request: header field " + quoteField(name) + " has a control character in its value")
+			}
+		}
+	}
+	if len(r.TransferEncoding) > 0 && raw.contentLength {
+		// net/http's parser drops the Content-Length; a server behind the proxy may not.
+		return plainAnswer("400 Bad Request: Content-Length with Transfer-Encoding (RFC 9112, 6.1)")
 	}
 	if r.Header.Get("Upgrade") != "" && r.ContentLength != 0 {
 		// The connection changes hands at the 101: a body still being copied upstream
@@ -370,6 +394,26 @@ func checkRequest(r *http.Request, hosts []string) string {
 		return plainAnswer("400 Bad Request: an upgrade request carries no body")
 	}
 	return ""
+}
+
+// framingField reports whether name (any case) is a field that frames a request,
+// routes it or changes its connection.
+func framingField(name string) bool {
+	switch strings.ToLower(name) {
+	case "host", "content-length", "transfer-encoding", "connection", "upgrade", "trailer", "te":
+		return true
+	}
+	return false
+}
+
+// quoteField quotes a client's field name for an answer, cut to a length that keeps
+// the status line short.
+func quoteField(name string) string {
+	const max = 64
+	if len(name) > max {
+		return strconv.Quote(name[:max]) + "..."
+	}
+	return strconv.Quote(name)
 }
 
 // answer writes a last answer; the connection closes after it.
@@ -434,13 +478,13 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	var body *requestBody
 	if req.Body != http.NoBody {
 		cc.head.startBody(f.s.cfg.TunnelIdleTimeout)
-		body = &requestBody{rc: req.Body}
+		body = newRequestBody(req)
 		if req.ProtoAtLeast(1, 1) && hasToken(req.Header.Get("Expect"), "100-continue") {
 			body.beforeRead = w.sendContinue
 		}
 		req.Body = body
 	}
-	st := &requestState{client: &requestClient{conn: cc.c, cancel: cancel}, ctx: ctx}
+	st := &requestState{client: &requestClient{conn: cc.c, cancel: cancel}, ctx: ctx, body: body}
 	// The watch reads the connection, so not while a body or an upgrade may; nor
 	// behind a next request already read, which says the client is there and whose
 	// connection's end belongs to that request.
@@ -523,19 +567,28 @@ type hostField struct {
 
 var errHeadTooLong = errors.New("proxy: request head too long")
 
-// hostFields returns the values of the Host field of the head about to be read, which
-// net/http's parser drops for absolute-form requests. It peeks without consuming; a
-// head longer than the connection's reader moves the connection to a reader that fits
-// the longest head allowed.
-func (cc *clientConn) hostFields() ([]string, error) {
+// rawFields are the fields of the head about to be read that net/http's parser drops:
+// Host for absolute-form requests, Content-Length beside Transfer-Encoding.
+type rawFields struct {
+	hosts         []string
+	contentLength bool
+}
+
+// headFields returns the rawFields of the head about to be read. It peeks without
+// consuming; a head longer than the connection's reader moves the connection to a
+// reader that fits the longest head allowed.
+func (cc *clientConn) headFields() (rawFields, error) {
 	for {
 		buf, _ := cc.br.Peek(cc.br.Buffered())
 		if end := headEnd(buf); end >= 0 {
-			return scanHostFields(buf[:end]), nil
+			return rawFields{
+				hosts:         scanField(buf[:end], "host"),
+				contentLength: scanField(buf[:end], "content-length") != nil,
+			}, nil
 		}
 		if len(buf) == cc.br.Size() {
 			if cc.br.Size() >= maxHeadBytes {
-				return nil, errHeadTooLong
+				return rawFields{}, errHeadTooLong
 			}
 			rest := append([]byte(nil), buf...)
 			old := cc.br
@@ -546,7 +599,7 @@ func (cc *clientConn) hostFields() ([]string, error) {
 		}
 		if _, err := cc.br.Peek(len(buf) + 1); err != nil {
 			// The parser meets the same end and reports it.
-			return nil, nil
+			return rawFields{}, nil
 		}
 	}
 }
@@ -566,26 +619,31 @@ func headEnd(buf []byte) int {
 	}
 }
 
-// scanHostFields returns the values of the Host fields of a head, read as net/textproto
-// reads them: a line that starts with a space or a tab continues the field before it
-// (obsolete line folding), joined with one space.
-func scanHostFields(head []byte) []string {
-	var hosts []string
+// scanField returns the values of the fields of a head named name (in lower case),
+// read as net/textproto reads them: a line that starts with a space or a tab continues
+// the field before it (obsolete line folding), each line trimmed and joined with one
+// space.
+func scanField(head []byte, name string) []string {
+	var values []string
 	_, rest, _ := bytes.Cut(head, []byte("\n")) // the request line
 	for len(rest) > 0 {
 		var line []byte
 		line, rest, _ = bytes.Cut(rest, []byte("\n"))
-		if len(line) < 5 || !bytes.EqualFold(line[:5], []byte("host:")) {
+		if len(line) <= len(name) || line[len(name)] != ':' || !bytes.EqualFold(line[:len(name)], []byte(name)) {
 			continue
 		}
-		value := strings.Trim(string(line[5:]), " \t\r")
+		value := string(trimLine(line)[len(name)+1:])
 		for len(rest) > 0 && (rest[0] == ' ' || rest[0] == '\t') {
 			line, rest, _ = bytes.Cut(rest, []byte("\n"))
-			if more := strings.Trim(string(line), " \t\r"); more != "" || value != "" {
-				value = strings.TrimLeft(value+" "+more, " ")
-			}
+			value += " " + string(trimLine(line))
 		}
-		hosts = append(hosts, strings.TrimRight(value, " "))
+		values = append(values, strings.TrimLeft(value, " \t"))
 	}
-	return hosts
+	return values
+}
+
+// trimLine is a head's line as net/textproto trims it: without its CR, then without
+// the spaces and tabs at either end.
+func trimLine(line []byte) []byte {
+	return bytes.Trim(bytes.TrimSuffix(line, []byte("\r")), " \t")
 }

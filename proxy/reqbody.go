@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,23 @@ type requestBody struct {
 	eof    bool
 	// beforeRead runs before the first read (the 100-continue answer).
 	beforeRead func()
+	// trailer is the request's trailer, which net/http's reader fills at the body's
+	// end with every field the client sent there; declared lists the fields the
+	// client's Trailer field announced.
+	trailer  http.Header
+	declared []string
+	// readErr is the first error a read met other than the body's end: a broken
+	// framing or the connection's end is the client's doing, not the upstream's.
+	readErr error
+}
+
+// newRequestBody wraps req's body for the front.
+func newRequestBody(req *http.Request) *requestBody {
+	b := &requestBody{rc: req.Body, trailer: req.Trailer}
+	for k := range req.Trailer {
+		b.declared = append(b.declared, k)
+	}
+	return b
 }
 
 func (b *requestBody) Read(p []byte) (int, error) {
@@ -39,10 +57,48 @@ func (b *requestBody) Read(p []byte) (int, error) {
 		f()
 	}
 	n, err := b.rc.Read(p)
-	if errors.Is(err, io.EOF) {
+	switch {
+	case errors.Is(err, io.EOF):
 		b.eof = true
+		b.dropTrailerFields()
+	case err != nil && b.readErr == nil:
+		b.readErr = err
 	}
 	return n, err
+}
+
+// dropTrailerFields keeps of the trailer only the fields the client announced, and
+// none that frames or routes a request (RFC 9110, 6.5.1): the transport writes the
+// trailer upstream once the body ends, and a server there that merged it into the
+// head would read a Host or a Content-Length the decision never saw.
+func (b *requestBody) dropTrailerFields() {
+	for k := range b.trailer {
+		if framingField(k) || !slices.Contains(b.declared, k) {
+			delete(b.trailer, k)
+		}
+	}
+}
+
+// bodyFramingError reports whether err, from net/http's reader of a request body, is
+// the body's framing (a malformed chunk), not the connection ending, failing or
+// idling.
+func bodyFramingError(err error) bool {
+	var opErr *net.OpError
+	return err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) &&
+		!errors.As(err, &opErr) && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, net.ErrClosed) &&
+		!errors.Is(err, errClientBodyIdle) && !errors.Is(err, http.ErrBodyReadAfterClose)
+}
+
+// clientFault says why the body failed through the client's doing: it was malformed
+// (with the framing error), or the client ended the connection before its end. It is
+// false for a body read whole or stopped by anything else.
+func (b *requestBody) clientFault() (malformed error, cutShort bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if bodyFramingError(b.readErr) {
+		return b.readErr, false
+	}
+	return nil, errors.Is(b.readErr, io.ErrUnexpectedEOF)
 }
 
 func (b *requestBody) Close() error {
