@@ -1,0 +1,109 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A client that sends half a head, or nothing, is cut at --header-timeout: the half
+// head gets a 400, the silent client a close.
+func TestHeaderTimeoutCutsSlowHeads(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.HeaderTimeout = 200 * time.Millisecond })
+	h.apply(`"public"`)
+	for _, tc := range []struct{ send, want string }{
+		{"GET http://a.test/ HTTP/1.1\r\nHo", "HTTP/1.1 400"},
+		{"", ""},
+	} {
+		c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprint(c, tc.send)
+		start := time.Now()
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 512)
+		n, err := c.Read(buf)
+		c.Close()
+		if time.Since(start) > 2*time.Second || (err != nil && n == 0 && tc.want != "") {
+			t.Errorf("%q: not cut by the header timeout (%v after %v)", tc.send, err, time.Since(start))
+		}
+		if !strings.HasPrefix(string(buf[:n]), tc.want) {
+			t.Errorf("%q: got %q, want %q", tc.send, buf[:n], tc.want)
+		}
+	}
+}
+
+// Every decision line carries the fields the issue names, with the decision's values,
+// for CONNECT and DNS alike.
+func TestDecisionLineFields(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Task, c.Phase = "t1", "p1" })
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+	h.connectStatus("b.test:443")
+	h.connectStatus(h.a.echoHostPort("a.test"))
+	h.query("b.test", 1, "udp")
+	var lines []map[string]any
+	for _, l := range strings.Split(h.logs.String(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "decision" {
+			lines = append(lines, m)
+		}
+	}
+	if len(lines) != 3 {
+		t.Fatalf("%d decision lines, want 3:\n%s", len(lines), h.logs.String())
+	}
+	for _, m := range lines {
+		for _, k := range []string{"time", "decision", "reason", "rule", "host", "port", "addr", "client", "type", "mode", "generation", "task", "phase"} {
+			if _, ok := m[k]; !ok {
+				t.Errorf("decision line lacks %s: %v", k, m)
+			}
+		}
+	}
+	want := []map[string]any{
+		{"decision": "denied", "reason": "not-allowlisted", "host": "b.test", "port": 443.0, "type": "connect", "mode": "allowlist", "task": "t1", "phase": "p1"},
+		{"decision": "allowed", "host": "a.test", "port": float64(h.a.echoPort), "addr": "127.0.0.2", "type": "connect", "rule": "a.test"},
+		{"decision": "denied", "host": "b.test", "type": "dns", "qtype": "A"},
+	}
+	for i, w := range want {
+		for k, v := range w {
+			if lines[i][k] != v {
+				t.Errorf("line %d: %s = %v, want %v", i, k, lines[i][k], v)
+			}
+		}
+	}
+}
+
+// A rejected policy, the connection bound and a dial show in the metrics.
+func TestMetricsRecordWhatHappened(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MaxConnections = 7 })
+	h.apply(`"public"`)
+	h.admin("PUT", "/v1/policy", `nope`)
+	h.connectStatus(h.a.echoHostPort("a.test"))
+	m := h.metricsText()
+	for _, want := range []string{
+		`compass_proxy_policy_reloads_total{result="failure"} 1`,
+		`compass_proxy_config_last_reload_successful 0`,
+		`compass_proxy_max_connections 7`,
+		`compass_proxy_dial_duration_seconds_count 1`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+// Unicode and punycode spellings of a name match the same rule through the proxy.
+func TestIDNThroughTheProxy(t *testing.T) {
+	h := newHarness(t)
+	h.dns.set("xn--bcher-kva.test", netip.MustParseAddr("127.0.0.2"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["bücher.test"]}`)
+	for _, host := range []string{"xn--bcher-kva.test", "XN--BCHER-KVA.test.", "bücher.test", "BÜCHER.test"} {
+		if s, hd := h.connectStatus(fmt.Sprintf("%s:%d", host, h.a.echoPort)); s != 200 {
+			t.Errorf("%s: %d %s", host, s, hd)
+		}
+	}
+}
