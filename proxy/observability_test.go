@@ -47,12 +47,18 @@ func TestDecisionLineFields(t *testing.T) {
 	h.connectStatus(h.a.echoHostPort("a.test"))
 	h.query("b.test", 1, "udp")
 	var lines []map[string]any
-	for _, l := range strings.Split(h.logs.String(), "\n") {
-		var m map[string]any
-		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "decision" {
-			lines = append(lines, m)
+	decisions := func() bool {
+		lines = nil
+		for _, l := range strings.Split(h.logs.String(), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "decision" {
+				lines = append(lines, m)
+			}
 		}
+		return len(lines) >= 3
 	}
+	// The DNS server logs its decision after it has answered.
+	waitFor(t, decisions)
 	if len(lines) != 3 {
 		t.Fatalf("%d decision lines, want 3:\n%s", len(lines), h.logs.String())
 	}
