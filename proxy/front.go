@@ -373,10 +373,10 @@ func checkRequest(r *http.Request, raw rawFields) string {
 		if !httpguts.ValidHeaderFieldName(name) {
 			return plainAnswer("400 Bad Request: header field name " + quoteField(name) + " is not a token (RFC 9110, 5.1)")
 		}
-		if strings.Contains(name, "_") && framingField(strings.ReplaceAll(name, "_", "-")) {
-			// Servers that map header names to CGI-style variables read _ as -.
+		// Servers that map header names to CGI-style variables read _ as -.
+		if dashed := strings.ReplaceAll(name, "_", "-"); dashed != name && framingField(dashed) {
 			return plainAnswer("400 Bad Request: header field name " + quoteField(name) + " reads as " +
-				http.CanonicalHeaderKey(strings.ReplaceAll(name, "_", "-")) + " to a server that takes _ for -")
+				http.CanonicalHeaderKey(dashed) + " to a server that takes _ for -")
 		}
 		for _, v := range values {
 			if !httpguts.ValidHeaderFieldValue(v) {

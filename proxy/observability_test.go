@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/miekg/dns"
 )
 
 // A client that sends half a head, or nothing, is cut at --header-timeout: the half
@@ -29,7 +31,7 @@ func TestHeaderTimeoutCutsSlowHeads(t *testing.T) {
 		buf := make([]byte, 512)
 		n, err := c.Read(buf)
 		c.Close()
-		if time.Since(start) > 2*time.Second || (err != nil && n == 0 && tc.want != "") {
+		if time.Since(start) > 2*time.Second {
 			t.Errorf("%q: not cut by the header timeout (%v after %v)", tc.send, err, time.Since(start))
 		}
 		if !strings.HasPrefix(string(buf[:n]), tc.want) {
@@ -45,7 +47,7 @@ func TestDecisionLineFields(t *testing.T) {
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
 	h.connectStatus("b.test:443")
 	h.connectStatus(h.a.echoHostPort("a.test"))
-	h.query("b.test", 1, "udp")
+	h.query("b.test", dns.TypeA, "udp")
 	var lines []map[string]any
 	decisions := func() bool {
 		lines = nil
