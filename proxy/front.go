@@ -485,6 +485,13 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 		req.Body = body
 	}
 	st := &requestState{client: &requestClient{conn: cc.c, cancel: cancel}, ctx: ctx, body: body}
+	if body != nil {
+		st.head.endBody = func() {
+			if !body.done() {
+				cc.head.stopBody(time.Now())
+			}
+		}
+	}
 	// The watch reads the connection, so not while a body or an upgrade may; nor
 	// behind a next request already read, which says the client is there and whose
 	// connection's end belongs to that request.

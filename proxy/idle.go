@@ -271,6 +271,8 @@ func (w *readWatch) stop() {
 type headWatch struct {
 	idleTimer
 	conn *upstreamConn // whose reads are the wait's progress
+	// endBody, when set, stops the reads of the request's body (see ended).
+	endBody func()
 }
 
 // gotConn makes c's reads the wait's progress. c is the connection the Transport gave
@@ -315,6 +317,19 @@ func (w *headWatch) stop() {
 	w.release()
 }
 
+// ended records that a read of the connection failed while the request waits on it:
+// the upstream is gone (or the request was cut). The Transport returns its error only
+// once its writer of the request body returns, and that writer may wait in a read of
+// a client still sending the body, for as long as the client takes: the body's reads
+// are stopped, so the client gets its answer now.
+func (w *headWatch) ended() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.stopped && w.endBody != nil {
+		w.endBody()
+	}
+}
+
 func (w *headWatch) release() {
 	if w.conn != nil {
 		w.conn.head.CompareAndSwap(w, nil)
@@ -324,7 +339,7 @@ func (w *headWatch) release() {
 
 // upstreamConn is a connection of net/http's Transport: its writes are bounded as an
 // idleWriter's, and its reads are the progress of the request waiting for its answer
-// head on it, if any (see headWatch).
+// head on it, if any, and their failure that request's upstream gone (see headWatch).
 type upstreamConn struct {
 	idleWriter
 	head atomic.Pointer[headWatch]
@@ -332,9 +347,14 @@ type upstreamConn struct {
 
 func (c *upstreamConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if n > 0 {
+	if n > 0 || err != nil {
 		if w := c.head.Load(); w != nil {
-			w.progress()
+			if n > 0 {
+				w.progress()
+			}
+			if err != nil {
+				w.ended()
+			}
 		}
 	}
 	return n, err
