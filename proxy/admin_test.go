@@ -1,12 +1,20 @@
 package proxy
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/compass-egress/compass-egress/policy"
 )
@@ -264,4 +272,81 @@ func TestEnvelopeLabelsAreBounded(t *testing.T) {
 			t.Errorf("phase %q: %v", tc.label, err)
 		}
 	}
+}
+
+// GET /v1/policy after an envelope PUT reports every field, exactly: the digest is the
+// SHA-256 of the canonical form it reports beside it (the text, computed here rather
+// than with Policy.Digest, so a digest that stops following the policy fails).
+func TestAdminPolicyStatus(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Task, c.Phase = "t0", "baseline" })
+	cases := []struct {
+		body      string
+		canonical string // the canonical wire form GET reports as "policy"
+		mode      string
+		task      string
+		phase     string
+	}{
+		{`{"policy":{"network_mode":"allowlist","allowed_hosts":["A.test.","a.test","b.test"]},"task":"t1","phase":"agent"}`,
+			`{"network_mode":"allowlist","allowed_hosts":["a.test","b.test"]}`, "allowlist", "t1", "agent"},
+		{`{"policy":{"network_mode":"allowlist","allowed_hosts":["a.test"]},"task":"t1","phase":"agent"}`,
+			`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`, "allowlist", "t1", "agent"},
+		{`{"policy":{"network_mode":"denylist","denied_hosts":["a.test"]},"task":"t2","phase":"evaluation"}`,
+			`{"network_mode":"denylist","denied_hosts":["a.test"]}`, "denylist", "t2", "evaluation"},
+		// Absent labels keep the current ones.
+		{`{"policy":"public"}`, `"public"`, "public", "t2", "evaluation"},
+	}
+	for i, tc := range cases {
+		if code, got := h.admin("PUT", "/v1/policy", tc.body); code != 200 {
+			t.Fatalf("PUT %s: %d %v", tc.body, code, got)
+		}
+		var st struct {
+			Generation *uint64         `json:"generation"`
+			Digest     *string         `json:"digest"`
+			Mode       *string         `json:"mode"`
+			Policy     json.RawMessage `json:"policy"`
+			Task       *string         `json:"task"`
+			Phase      *string         `json:"phase"`
+		}
+		raw := adminRaw(t, h.socket, "/v1/policy")
+		if err := json.Unmarshal(raw, &st); err != nil {
+			t.Fatalf("GET /v1/policy: %v: %s", err, raw)
+		}
+		var keys map[string]json.RawMessage
+		_ = json.Unmarshal(raw, &keys)
+		if len(keys) != 6 || st.Generation == nil || st.Digest == nil || st.Mode == nil || st.Policy == nil || st.Task == nil || st.Phase == nil {
+			t.Fatalf("GET /v1/policy: want exactly generation, digest, mode, policy, task, phase: %s", raw)
+		}
+		sum := sha256.Sum256([]byte(tc.canonical))
+		want := "sha256:" + hex.EncodeToString(sum[:])
+		if *st.Generation != uint64(i+2) || *st.Mode != tc.mode || string(st.Policy) != tc.canonical ||
+			*st.Task != tc.task || *st.Phase != tc.phase {
+			t.Errorf("after PUT %s: GET /v1/policy %s, want generation %d, mode %s, policy %s, task %s, phase %s",
+				tc.body, raw, i+2, tc.mode, tc.canonical, tc.task, tc.phase)
+		}
+		if !regexp.MustCompile(`^sha256:[0-9a-f]{64}$`).MatchString(*st.Digest) || *st.Digest != want {
+			t.Errorf("after PUT %s: digest %s, want %s (SHA-256 of %s)", tc.body, *st.Digest, want, tc.canonical)
+		}
+	}
+}
+
+// adminRaw is the body of a GET on the admin socket.
+func adminRaw(t *testing.T, socket, path string) []byte {
+	t.Helper()
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+	}}
+	resp, err := client.Get("http://admin" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET %s: %d %v: %s", path, resp.StatusCode, err, body)
+	}
+	return body
 }
