@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -323,9 +324,10 @@ func serve(o *options, logOut io.Writer, signals <-chan os.Signal) error {
 	if err := srv.Start(); err != nil {
 		return err
 	}
+	// The bound addresses, not the flags: a port of 0 is chosen only now.
 	log.Info("compass-proxy started", "version", buildinfo.Version, "listen", srv.ProxyAddr().String(),
-		"dns_listen", o.cfg.DNSListen, "dns_upstreams", o.cfg.DNSUpstreams, "admin_socket", o.cfg.AdminSocket,
-		"metrics_listen", o.cfg.MetricsListen, "generation", srv.Current().Generation, "mode", string(srv.Current().Mode()))
+		"dns_listen", boundAddr(srv.DNSAddr()), "dns_upstreams", o.cfg.DNSUpstreams, "admin_socket", o.cfg.AdminSocket,
+		"metrics_listen", boundAddr(srv.MetricsAddr()), "generation", srv.Current().Generation, "mode", string(srv.Current().Mode()))
 
 	for sig := range signals {
 		if sig == syscall.SIGHUP {
@@ -388,4 +390,12 @@ func isFlagGiven(fs *flag.FlagSet, name string) bool {
 	given := false
 	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
 	return given
+}
+
+// boundAddr is a listener's address, "" for one turned off.
+func boundAddr(a net.Addr) string {
+	if a == nil {
+		return ""
+	}
+	return a.String()
 }

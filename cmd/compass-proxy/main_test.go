@@ -24,7 +24,17 @@ import (
 	"github.com/compass-egress/compass-egress/internal/testutil"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// runMainEnv makes the test binary run the real main instead of the tests: the process
+// tests start it so as to send it real signals (see startProxy).
+const runMainEnv = "COMPASS_PROXY_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func TestParseFlagsAndEnvironment(t *testing.T) {
 	cases := []struct {
