@@ -40,11 +40,15 @@ bench: bench-policy bench-proxy
 bench-policy:
 	$(GO) test -run '^$$' -bench . -benchmem ./policy/
 
-# Each fuzz target for FUZZTIME (default 1m).
+# Each fuzz target of every package, found by go test -list, for FUZZTIME (default 1m).
 FUZZTIME ?= 1m
 fuzz:
-	$(GO) test ./policy -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./policy -run '^$$' -fuzz '^FuzzDecide$$' -fuzztime $(FUZZTIME)
+	@set -e; for pkg in $$($(GO) list ./...); do \
+		for target in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+			echo "== $$pkg $$target"; \
+			$(GO) test $$pkg -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME); \
+		done; \
+	done
 
 clean:
 	rm -rf $(BIN) out

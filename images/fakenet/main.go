@@ -44,11 +44,7 @@ func main() {
 		srv := &dns.Server{Addr: ":53", Net: n, Handler: dnsHandler}
 		go func() { errs <- srv.ListenAndServe() }()
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/stream", streamLines)
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "fakenet %s\n", r.Host)
-	})
+	mux := newMux()
 	plain := &http.Server{Addr: ":80", Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	secure := &http.Server{Addr: ":443", Handler: mux, ReadHeaderTimeout: 5 * time.Second,
 		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
@@ -69,7 +65,17 @@ func main() {
 	}
 }
 
-// answer gives every *.test name this container's address and refuses everything else.
+// newMux serves /stream, and "fakenet HOST" on every other path.
+func newMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/stream", streamLines)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "fakenet %s\n", r.Host)
+	})
+	return mux
+}
+
+// answer gives every *.test name this container's address, and every other name NXDOMAIN.
 func answer(w dns.ResponseWriter, q *dns.Msg, ip net.IP) {
 	m := new(dns.Msg)
 	m.SetReply(q)

@@ -38,7 +38,7 @@ func runChecks(checks []Check) []Result {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
-			r := run(ctx, c)
+			r := runCheck(ctx, c)
 			r.Name = c.Name
 			out[i] = r
 		}()
@@ -47,7 +47,7 @@ func runChecks(checks []Check) []Result {
 	return out
 }
 
-func run(ctx context.Context, c Check) Result {
+func runCheck(ctx context.Context, c Check) Result {
 	switch c.Kind {
 	case "proxy":
 		return viaProxy(ctx, c.Target, c.Proxy)
@@ -170,6 +170,10 @@ func query(ctx context.Context, c Check) Result {
 	m := new(dns.Msg)
 	m.SetQuestion(dns.Fqdn(c.QName), dns.TypeA)
 	cl := &dns.Client{Net: network}
+	// The client's own read timeout (2 s) would cut a longer timeout_ms short.
+	if d, ok := ctx.Deadline(); ok {
+		cl.Timeout = time.Until(d)
+	}
 	resp, _, err := cl.ExchangeContext(ctx, m, c.Server)
 	if errors.Is(err, syscall.ECONNREFUSED) {
 		return Result{Reachable: true, Detail: network + " DNS: refused (the host answered)"}

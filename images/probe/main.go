@@ -10,47 +10,53 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
 )
 
-func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: probe sleep | check JSON | stream URL [PROXY] [SECONDS]")
-		os.Exit(2)
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// run is the whole command but for the process: it returns the exit status, so that
+// the tests can drive it.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) < 1 {
+		fmt.Fprintln(stderr, "usage: probe sleep | check JSON | stream URL [PROXY] [SECONDS]")
+		return 2
 	}
-	switch os.Args[1] {
+	switch args[0] {
 	case "sleep":
 		ch := make(chan os.Signal, 1)
 		signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
 		<-ch
 	case "check":
-		if len(os.Args) != 3 {
-			fmt.Fprintln(os.Stderr, "usage: probe check JSON")
-			os.Exit(2)
+		if len(args) != 2 {
+			fmt.Fprintln(stderr, "usage: probe check JSON")
+			return 2
 		}
 		var checks []Check
-		if err := json.Unmarshal([]byte(os.Args[2]), &checks); err != nil {
-			fmt.Fprintln(os.Stderr, "probe: bad checks:", err)
-			os.Exit(2)
+		if err := json.Unmarshal([]byte(args[1]), &checks); err != nil {
+			fmt.Fprintln(stderr, "probe: bad checks:", err)
+			return 2
 		}
-		emit(runChecks(checks))
+		return emit(stdout, runChecks(checks))
 	case "stream":
-		if len(os.Args) < 3 {
-			fmt.Fprintln(os.Stderr, "usage: probe stream URL [PROXY] [SECONDS]")
-			os.Exit(2)
+		if len(args) < 2 {
+			fmt.Fprintln(stderr, "usage: probe stream URL [PROXY] [SECONDS]")
+			return 2
 		}
-		emit(stream(os.Args[2:]))
+		return emit(stdout, stream(args[1:]))
 	default:
-		fmt.Fprintln(os.Stderr, "probe: unknown command", os.Args[1])
-		os.Exit(2)
+		fmt.Fprintln(stderr, "probe: unknown command", args[0])
+		return 2
 	}
+	return 0
 }
 
-func emit(v any) {
-	enc := json.NewEncoder(os.Stdout)
-	if err := enc.Encode(v); err != nil {
-		os.Exit(1)
+func emit(w io.Writer, v any) int {
+	if err := json.NewEncoder(w).Encode(v); err != nil {
+		return 1
 	}
+	return 0
 }

@@ -22,22 +22,9 @@ type StreamResult struct {
 // stream reads an http:// URL (directly, or through an HTTP proxy) for a number of
 // seconds and reports when data stopped arriving.
 func stream(args []string) StreamResult {
-	u, err := url.Parse(args[0])
+	u, dial, seconds, err := streamArgs(args)
 	if err != nil {
 		return StreamResult{Error: err.Error()}
-	}
-	dial := u.Host
-	if u.Port() == "" {
-		dial = net.JoinHostPort(u.Hostname(), "80")
-	}
-	if len(args) > 1 && args[1] != "" {
-		dial = args[1]
-	}
-	seconds := 10
-	if len(args) > 2 {
-		if n, err := strconv.Atoi(args[2]); err == nil {
-			seconds = n
-		}
 	}
 	var r StreamResult
 	conn, err := net.DialTimeout("tcp", dial, 3*time.Second)
@@ -70,4 +57,32 @@ func stream(args []string) StreamResult {
 			return r
 		}
 	}
+}
+
+// streamArgs reads `stream URL [PROXY] [SECONDS]`: the URL (http:// with a host: the
+// probe speaks plain HTTP), the address to dial (the proxy when given and not empty,
+// else the URL's host at its port or 80) and how long to read (SECONDS, a positive
+// whole number; 10 when absent).
+func streamArgs(args []string) (u *url.URL, dial string, seconds int, err error) {
+	u, err = url.Parse(args[0])
+	if err != nil {
+		return nil, "", 0, err
+	}
+	if u.Scheme != "http" || u.Hostname() == "" {
+		return nil, "", 0, fmt.Errorf("probe: URL %q: want http://HOST[:PORT]/PATH", args[0])
+	}
+	dial = u.Host
+	if u.Port() == "" {
+		dial = net.JoinHostPort(u.Hostname(), "80")
+	}
+	if len(args) > 1 && args[1] != "" {
+		dial = args[1]
+	}
+	seconds = 10
+	if len(args) > 2 {
+		if seconds, err = strconv.Atoi(args[2]); err != nil || seconds <= 0 {
+			return nil, "", 0, fmt.Errorf("probe: SECONDS %q: want a positive whole number", args[2])
+		}
+	}
+	return u, dial, seconds, nil
 }

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestStreamArgs(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		dial    string
+		seconds int
+		err     string
+	}{
+		{"host and port 80 by default", []string{"http://stream.test/stream"}, "stream.test:80", 10, ""},
+		{"port of the URL", []string{"http://stream.test:8080/s"}, "stream.test:8080", 10, ""},
+		{"IPv6 host", []string{"http://[::1]/s"}, "[::1]:80", 10, ""},
+		{"proxy", []string{"http://stream.test/s", "127.0.0.1:3128"}, "127.0.0.1:3128", 10, ""},
+		{"empty proxy is direct", []string{"http://stream.test/s", "", "8"}, "stream.test:80", 8, ""},
+		{"seconds not a number", []string{"http://stream.test/s", "", "soon"}, "", 0, `SECONDS "soon": want a positive whole number`},
+		{"seconds not positive", []string{"http://stream.test/s", "", "0"}, "", 0, `SECONDS "0": want a positive whole number`},
+		{"bad URL", []string{"http://stream.test:port/"}, "", 0, `invalid port ":port"`},
+		{"no scheme", []string{"stream.test/stream"}, "", 0, `URL "stream.test/stream": want http://HOST[:PORT]/PATH`},
+		{"https", []string{"https://stream.test/stream"}, "", 0, `URL "https://stream.test/stream": want http://`},
+		{"no host", []string{"http:///stream"}, "", 0, `URL "http:///stream": want http://`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			u, dial, seconds, err := streamArgs(tc.args)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one naming %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || u.String() != tc.args[0] || dial != tc.dial || seconds != tc.seconds {
+				t.Errorf("got %v %q %d %v, want %s %q %d", u, dial, seconds, err, tc.args[0], tc.dial, tc.seconds)
+			}
+		})
+	}
+}
+
+// FuzzStreamArgs: stream takes only http:// URLs with a host, dials the proxy when one
+// is given, else the URL's own host and port (80 when it has none), and reads for
+// SECONDS, which must be a positive number.
+func FuzzStreamArgs(f *testing.F) {
+	f.Add("http://stream.test/stream", "", "8")
+	f.Add("http://[::1]:8080/s", "127.0.0.1:3128", "x")
+	f.Add("http://a.test:/", "", "-1")
+	f.Fuzz(func(t *testing.T, rawURL, proxy, secs string) {
+		u, dial, seconds, err := streamArgs([]string{rawURL, proxy, secs})
+		if err != nil {
+			return
+		}
+		if u.Scheme != "http" || u.Hostname() == "" {
+			t.Errorf("URL %q taken", rawURL)
+		}
+		if proxy != "" {
+			if dial != proxy {
+				t.Errorf("dial %q, want the proxy %q", dial, proxy)
+			}
+		} else {
+			// url.Parse takes hosts a dial refuses (such as "]"): those fail to dial.
+			if host, port, err := net.SplitHostPort(dial); err == nil {
+				want := u.Port()
+				if want == "" {
+					want = "80"
+				}
+				if host != u.Hostname() || port != want {
+					t.Errorf("URL %q: dial %q, want host %q port %q", rawURL, dial, u.Hostname(), want)
+				}
+			}
+		}
+		if want, err := strconv.Atoi(secs); err != nil || want <= 0 || seconds != want {
+			t.Errorf("SECONDS %q taken as %d", secs, seconds)
+		}
+	})
+}
+
+// serveHTTP answers each loopback connection with write after reading the request's
+// head, which it passes on seen (when not nil).
+func serveHTTP(t *testing.T, seen chan<- string, write func(net.Conn)) string {
+	return serveConns(t, func(c net.Conn) {
+		line, _, err := readRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		if seen != nil {
+			seen <- line
+		}
+		write(c)
+	})
+}
+
+const shortAnswer = "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nline 0"
+
+// lines sends a line every 50 ms until the client goes away, like fakenet's /stream.
+func lines(c net.Conn) {
+	fmt.Fprint(c, "HTTP/1.1 200 OK\r\n\r\n")
+	for i := 0; ; i++ {
+		if _, err := fmt.Fprintf(c, "line %d\n", i); err != nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestStream: when the bytes came, and who ended the stream: the peer (closed) or the
+// probe (SECONDS up).
+func TestStream(t *testing.T) {
+	t.Parallel()
+	seen := make(chan string, 1)
+	closing := serveHTTP(t, nil, func(c net.Conn) { fmt.Fprint(c, shortAnswer) })
+	flowing := serveHTTP(t, nil, lines)
+	proxy := serveHTTP(t, seen, func(c net.Conn) { fmt.Fprint(c, shortAnswer) })
+	tests := []struct {
+		name     string
+		args     []string
+		bytes    int // -1: some
+		byPeer   bool
+		err      string
+		min, max time.Duration
+	}{
+		{"closed by the peer", []string{"http://" + closing + "/stream"}, len(shortAnswer), true, "EOF", 0, time.Second},
+		{"read until SECONDS are up", []string{"http://" + flowing + "/stream", "", "1"}, -1, false, "", 900 * time.Millisecond, 2 * time.Second},
+		{"through a proxy", []string{"http://stream.test/stream", proxy, "2"}, len(shortAnswer), true, "EOF", 0, time.Second},
+		{"nothing listens", []string{"http://" + closedTCP(t) + "/stream"}, 0, false, "connection refused", 0, time.Second},
+		{"bad URL", []string{"http://stream.test:port/"}, 0, false, "invalid port", 0, time.Second},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			r := stream(tc.args)
+			took := time.Since(start)
+			if took < tc.min || took >= tc.max {
+				t.Errorf("took %v, want [%v, %v)", took, tc.min, tc.max)
+			}
+			if (tc.bytes >= 0 && r.Bytes != tc.bytes) || (tc.bytes < 0 && r.Bytes == 0) || r.ClosedByPeer != tc.byPeer ||
+				!strings.Contains(r.Error, tc.err) || (tc.err == "" && r.Error != "") {
+				t.Errorf("got %+v, want bytes %d, closed by peer %v, error %q", r, tc.bytes, tc.byPeer, tc.err)
+			}
+			if r.Bytes > 0 && !(start.UnixMilli() <= r.FirstByteMS && r.FirstByteMS <= r.LastByteMS && r.LastByteMS <= r.EndedMS) {
+				t.Errorf("times out of order (start %d): %+v", start.UnixMilli(), r)
+			}
+		})
+	}
+	// The proxy is asked for the absolute URL, with the origin's name: the probe does
+	// not resolve it itself.
+	if got, want := <-seen, "GET http://stream.test/stream Host=stream.test"; got != want {
+		t.Errorf("proxy saw %q, want %q", got, want)
+	}
+}
