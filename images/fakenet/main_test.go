@@ -15,6 +15,8 @@ import (
 
 	"github.com/miekg/dns"
 	"go.uber.org/goleak"
+
+	"github.com/compass-egress/compass-egress/internal/testutil"
 )
 
 // The DNS and HTTP servers of the tests serve in goroutines; /stream must end with its client.
@@ -27,29 +29,7 @@ var own = net.IPv4(192, 0, 2, 80).To4()
 func startDNS(t *testing.T) (udp, tcp string) {
 	t.Helper()
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) { answer(w, q, own) })
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, srv := range []*dns.Server{{PacketConn: pc, Handler: h}, {Listener: ln, Handler: h}} {
-		started := make(chan struct{})
-		srv.NotifyStartedFunc = func() { close(started) }
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_ = srv.ActivateAndServe()
-		}()
-		<-started
-		t.Cleanup(func() {
-			_ = srv.Shutdown()
-			<-done
-		})
-	}
-	return pc.LocalAddr().String(), ln.Addr().String()
+	return testutil.ServeDNS(t, h)
 }
 
 // TestAnswer: every name under .test, in any case, has the container's address; other

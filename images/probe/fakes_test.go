@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/compass-egress/compass-egress/internal/testutil"
 )
 
 // The fakes below listen on 127.0.0.1 only: the probe's checks are pointed at them,
@@ -196,29 +198,7 @@ func startDNS(t *testing.T) (udp, tcp string) {
 		}
 		_ = w.WriteMsg(m)
 	})
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, srv := range []*dns.Server{{PacketConn: pc, Handler: h}, {Listener: ln, Handler: h}} {
-		started := make(chan struct{})
-		srv.NotifyStartedFunc = func() { close(started) }
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_ = srv.ActivateAndServe()
-		}()
-		<-started
-		t.Cleanup(func() {
-			_ = srv.Shutdown()
-			<-done
-		})
-	}
-	return pc.LocalAddr().String(), ln.Addr().String()
+	return testutil.ServeDNS(t, h)
 }
 
 // testCert is a throwaway self-signed certificate (the probe does not verify it).
