@@ -228,7 +228,7 @@ func (f *front) wait(ctx context.Context) {
 // clientConn is one client connection's reading state, and the writer of its answers.
 type clientConn struct {
 	c      net.Conn
-	head   *clientReader // the socket, limited while a head is read, bounded while a body is
+	in     *clientReader // the socket, limited while a head is read, bounded while a body is
 	br     *bufio.Reader
 	remote string
 	out    idleWriter // c, for answers to forwarded requests
@@ -237,10 +237,10 @@ type clientConn struct {
 
 func (f *front) serveConn(c net.Conn) {
 	defer f.untrack(c)
-	cc := &clientConn{c: c, head: &clientReader{c: c, N: math.MaxInt64}, remote: c.RemoteAddr().String(),
+	cc := &clientConn{c: c, in: &clientReader{c: c, N: math.MaxInt64}, remote: c.RemoteAddr().String(),
 		out: idleWriter{Conn: c, timeout: f.s.cfg.TunnelIdleTimeout, stalled: errClientIdle}}
 	cc.br = frontReaders.Get().(*bufio.Reader)
-	cc.br.Reset(cc.head)
+	cc.br.Reset(cc.in)
 	owned := false // a tunnel or hijacker took the connection
 	defer func() {
 		if !owned {
@@ -273,7 +273,7 @@ func (f *front) serveConn(c net.Conn) {
 		if !first {
 			_ = c.SetReadDeadline(time.Now().Add(f.s.cfg.HeaderTimeout))
 		}
-		cc.head.N = maxHeadBytes - int64(cc.br.Buffered())
+		cc.in.N = maxHeadBytes - int64(cc.br.Buffered())
 		fields, err := cc.headFields()
 		var req *http.Request
 		if err == nil {
@@ -284,8 +284,8 @@ func (f *front) serveConn(c net.Conn) {
 		// request. The drain reaches it through the connection's state.
 		ctx, cancel := context.WithCancel(context.Background())
 		drain := !f.waiting(c, cancel)
-		tooLong := cc.head.N <= 0 || errors.Is(err, errHeadTooLong)
-		cc.head.N = math.MaxInt64
+		tooLong := cc.in.N <= 0 || errors.Is(err, errHeadTooLong)
+		cc.in.N = math.MaxInt64
 		if err != nil {
 			cancel()
 			f.refuseHead(cc.c, err, drain, tooLong)
@@ -477,7 +477,7 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	// probe for a body on a goroutine of its own.
 	var body *requestBody
 	if req.Body != http.NoBody {
-		cc.head.startBody(f.s.cfg.TunnelIdleTimeout)
+		cc.in.startBody(f.s.cfg.TunnelIdleTimeout)
 		body = newRequestBody(req)
 		if req.ProtoAtLeast(1, 1) && hasToken(req.Header.Get("Expect"), "100-continue") {
 			body.beforeRead = w.sendContinue
@@ -486,9 +486,9 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	}
 	st := &requestState{client: &requestClient{conn: cc.c, cancel: cancel}, ctx: ctx, body: body}
 	if body != nil {
-		st.head.endBody = func() {
+		st.head.onConnEnd = func() {
 			if !body.done() {
-				cc.head.stopBody(time.Now())
+				cc.in.stopBody(time.Now())
 			}
 		}
 	}
@@ -514,7 +514,7 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 		panicked = false
 	}()
 	if watch {
-		cc.head.pre = cc.gone.stop()
+		cc.in.pre = cc.gone.stop()
 	}
 	left := st.clientLeft.Load()
 	if left && st.entry != nil {
@@ -526,7 +526,7 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	// An answer whose upstream body broke off ends with the connection, never with
 	// the framing of a whole one (a last chunk, a kept connection); so does a request
 	// whose client stopped sending its body, unanswered.
-	bodyIdle := body != nil && cc.head.bodyIdle()
+	bodyIdle := body != nil && cc.in.bodyIdle()
 	keep = !panicked && !left && st.answerErr == nil && !bodyIdle && w.finish()
 	if !keep {
 		switch {
@@ -541,17 +541,17 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	if body == nil {
 		return keep, false
 	}
-	defer cc.head.endBody()
+	defer cc.in.endBody()
 	// The body reads the connection's reader, which the next request (or the pool)
 	// gets next: end it first. A transport goroutine may be in a read of it; the
 	// deadline bounds that read, and the discard of what nobody read.
 	if keep {
 		if !body.done() {
-			cc.head.stopBody(time.Now().Add(lingerTime))
+			cc.in.stopBody(time.Now().Add(lingerTime))
 		}
 		keep = body.end(maxDrainBytes)
 	} else {
-		cc.head.stopBody(time.Now())
+		cc.in.stopBody(time.Now())
 		body.end(0)
 	}
 	return keep, false
@@ -599,7 +599,7 @@ func (cc *clientConn) headFields() (rawFields, error) {
 			}
 			rest := append([]byte(nil), buf...)
 			old := cc.br
-			cc.br = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(rest), cc.head), maxHeadBytes)
+			cc.br = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(rest), cc.in), maxHeadBytes)
 			old.Reset(nil)
 			frontReaders.Put(old)
 			continue

@@ -271,8 +271,8 @@ func (w *readWatch) stop() {
 type headWatch struct {
 	idleTimer
 	conn *upstreamConn // whose reads are the wait's progress
-	// endBody, when set, stops the reads of the request's body (see ended).
-	endBody func()
+	// onConnEnd, when set, stops the reads of the request's body (see ended).
+	onConnEnd func()
 }
 
 // gotConn makes c's reads the wait's progress. c is the connection the Transport gave
@@ -317,16 +317,16 @@ func (w *headWatch) stop() {
 	w.release()
 }
 
-// ended records that a read of the connection failed while the request waits on it:
-// the upstream is gone (or the request was cut). The Transport returns its error only
-// once its writer of the request body returns, and that writer may wait in a read of
-// a client still sending the body, for as long as the client takes: the body's reads
-// are stopped, so the client gets its answer now.
+// ended records that the Transport closed the connection while the request waits on
+// it: the upstream is gone (or the request was cut). The Transport returns its error
+// only once its writer of the request body returns, and that writer may wait in a read
+// of a client still sending the body, for as long as the client takes: the body's
+// reads are stopped, so the client gets its answer now.
 func (w *headWatch) ended() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.stopped && w.endBody != nil {
-		w.endBody()
+	if !w.stopped && w.onConnEnd != nil {
+		w.onConnEnd()
 	}
 }
 
@@ -338,8 +338,8 @@ func (w *headWatch) release() {
 }
 
 // upstreamConn is a connection of net/http's Transport: its writes are bounded as an
-// idleWriter's, and its reads are the progress of the request waiting for its answer
-// head on it, if any, and their failure that request's upstream gone (see headWatch).
+// idleWriter's, its reads are the progress of the request waiting for its answer head
+// on it, if any, and its Close that request's upstream gone (see headWatch).
 type upstreamConn struct {
 	idleWriter
 	head atomic.Pointer[headWatch]
@@ -347,15 +347,20 @@ type upstreamConn struct {
 
 func (c *upstreamConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if n > 0 || err != nil {
+	if n > 0 {
 		if w := c.head.Load(); w != nil {
-			if n > 0 {
-				w.progress()
-			}
-			if err != nil {
-				w.ended()
-			}
+			w.progress()
 		}
 	}
 	return n, err
+}
+
+// Close is the Transport giving the connection up: its reader met the connection's end
+// (for https://, TLS's close_notify, which ends the reads without one failing here) or
+// an error, or the request was cancelled.
+func (c *upstreamConn) Close() error {
+	if w := c.head.Load(); w != nil {
+		w.ended()
+	}
+	return c.Conn.Close()
 }
