@@ -201,15 +201,11 @@ func dropConnectionFields(h http.Header) {
 
 // isWebsocketUpgrade reports whether h asks for, or agrees to, a websocket upgrade.
 func isWebsocketUpgrade(h http.Header) bool {
-	hasToken := func(key, token string) bool {
-		for _, v := range h.Values(key) {
-			if hasToken(v, token) {
-				return true
-			}
-		}
-		return false
+	connectionUpgrade := false
+	for _, v := range h.Values("Connection") {
+		connectionUpgrade = connectionUpgrade || hasToken(v, "upgrade")
 	}
-	return hasToken("Connection", "upgrade") && upgradesToWebsocket(h)
+	return connectionUpgrade && upgradesToWebsocket(h)
 }
 
 // upgradesToWebsocket reports whether h's Upgrade fields name exactly one protocol,
@@ -520,8 +516,7 @@ func (s *Server) decide(ctx context.Context, rs *RuleSet, host string, port uint
 	if _, err := netip.ParseAddr(host); err == nil {
 		return s.decider.Decide(ctx, rs, host, port)
 	}
-	budget := s.cfg.DNSTimeout * time.Duration(max(1, len(s.cfg.DNSUpstreams)))
-	ctx, cancel := context.WithTimeout(ctx, budget)
+	ctx, cancel := context.WithTimeout(ctx, lookupBudget(s.cfg.DNSTimeout, len(s.cfg.DNSUpstreams)))
 	defer cancel()
 	return s.decider.Decide(ctx, rs, host, port)
 }

@@ -230,12 +230,17 @@ func (r *UpstreamResolver) LookupNetIP(ctx context.Context, name string) ([]neti
 	}
 }
 
+// lookupBudget bounds a decision's lookup: two tries of timeout per upstream, so that
+// one lost datagram (Exchange asks a silent upstream once more) does not fail it.
+func lookupBudget(timeout time.Duration, upstreams int) time.Duration {
+	return timeout * time.Duration(2*max(1, upstreams))
+}
+
 // resolve runs one shared lookup with its own deadline (a waiter's cancellation must
 // not fail the others).
 func (r *UpstreamResolver) resolve(name string, l *lookup) {
 	defer r.lookups.Done()
-	budget := r.upstreams.udp.Timeout * time.Duration(2*max(1, len(r.upstreams.servers)))
-	ctx, cancel := context.WithTimeout(r.ctx, budget)
+	ctx, cancel := context.WithTimeout(r.ctx, lookupBudget(r.upstreams.udp.Timeout, len(r.upstreams.servers)))
 	defer cancel()
 	addrs, ttl, err := r.query(ctx, name)
 	l.addrs, l.err = addrs, err
