@@ -91,7 +91,7 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) {
 		s.badPolicy(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.apply(p, task, phase, "admin"))
+	writeJSON(w, http.StatusOK, s.Apply(p, task, phase, "admin"))
 }
 
 func (s *Server) badPolicy(w http.ResponseWriter, err error) {
@@ -109,9 +109,6 @@ func (s *Server) badPolicy(w http.ResponseWriter, err error) {
 
 var envelopeKeys = map[string]bool{"policy": true, "task": true, "phase": true}
 
-// parsePolicyBody accepts the wire-format policy itself or the envelope
-// {"policy": ..., "task": "...", "phase": "..."} (a policy object never has a "policy"
-// key, so the two cannot be confused).
 // An envelope's unknown keys are reported up to maxEnvelopeKeyErrors, each clipped as
 // the policy package clips user text: the body may be 32 MiB, its error answer should
 // not be.
@@ -120,6 +117,9 @@ const (
 	maxLabelBytes        = 128 // task and phase
 )
 
+// parsePolicyBody accepts the wire-format policy itself or the envelope
+// {"policy": ..., "task": "...", "phase": "..."} (a policy object never has a "policy"
+// key, so the two cannot be confused).
 func parsePolicyBody(body []byte) (policy.Policy, *string, *string, error) {
 	v, err := policy.DecodeJSON(body)
 	if err != nil {

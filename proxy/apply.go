@@ -23,10 +23,6 @@ type ApplyResult struct {
 // keeps the current labels. When Apply returns, every new decision uses p and every
 // live connection that p no longer allows is closed.
 func (s *Server) Apply(p policy.Policy, task, phase *string, source string) ApplyResult {
-	return s.apply(p, task, phase, source)
-}
-
-func (s *Server) apply(p policy.Policy, task, phase *string, source string) ApplyResult {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
 	old := s.current.Load()
@@ -95,7 +91,7 @@ func (s *Server) Reload() error {
 		s.rejected("sighup", err)
 		return err
 	}
-	s.apply(p, nil, nil, "sighup")
+	s.Apply(p, nil, nil, "sighup")
 	return nil
 }
 
@@ -108,8 +104,8 @@ func (s *Server) newTransport() *http.Transport {
 	return &http.Transport{
 		Proxy:                 nil,
 		DialContext:           s.dialChecked,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   64,
+		MaxIdleConns:          maxIdleUpstream,
+		MaxIdleConnsPerHost:   maxIdlePerUpstream,
 		IdleConnTimeout:       s.cfg.IdleTimeout,
 		TLSHandshakeTimeout:   s.cfg.DialTimeout,
 		ExpectContinueTimeout: time.Second,

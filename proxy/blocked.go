@@ -106,7 +106,10 @@ func (b *blockedCounter) summary(generation uint64) BlockedSummary {
 		if all[i].Port != all[j].Port {
 			return all[i].Port < all[j].Port
 		}
-		return all[i].Type < all[j].Type
+		if all[i].Type != all[j].Type {
+			return all[i].Type < all[j].Type
+		}
+		return all[i].Reason < all[j].Reason
 	})
 	s.Top = append(s.Top, all[:min(len(all), blockedTop)]...)
 	return s

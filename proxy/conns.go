@@ -53,12 +53,6 @@ func (t *tracker) closeIf(cut func(*liveConn) bool) int {
 	return n
 }
 
-func (t *tracker) len() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.conns)
-}
-
 // addrOf is c's address as last recorded.
 func (t *tracker) addrOf(c *liveConn) netip.Addr {
 	t.mu.Lock()

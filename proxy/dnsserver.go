@@ -126,7 +126,8 @@ func (s *Server) resolvable(name string) bool {
 	return !decideDNS(s.current.Load().Matcher, name, dns.TypeA).refused
 }
 
-// errPolicyChanged stops an upstream exchange whose name a newer rule set refuses.
+// errPolicyChanged stops what a newer rule set refuses: an upstream exchange (or a
+// shared lookup) of a name, or a dial whose every address is refused (dialVerdict).
 var errPolicyChanged = errors.New("proxy: the policy changed and refuses the name")
 
 func (s *Server) answerDNS(rs *RuleSet, req *dns.Msg) dnsAnswer {

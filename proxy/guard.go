@@ -123,12 +123,6 @@ func (g *Guard) classify(a netip.Addr) (internalClass, bool) {
 	return internalClass{}, false
 }
 
-// Internal reports whether addr is an internal address and, if so, which class.
-func (g *Guard) Internal(addr netip.Addr) (bool, string) {
-	c, ok := g.classify(addr)
-	return ok, c.name
-}
-
 // Exempt reports whether an --allow-internal range covers addr.
 func (g *Guard) Exempt(addr netip.Addr) bool {
 	a := addr.WithZone("")

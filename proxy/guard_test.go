@@ -99,3 +99,9 @@ func TestSplitAuthority(t *testing.T) {
 		}
 	}
 }
+
+// Internal reports whether addr is an internal address and, if so, which class.
+func (g *Guard) Internal(addr netip.Addr) (bool, string) {
+	c, ok := g.classify(addr)
+	return ok, c.name
+}

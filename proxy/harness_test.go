@@ -521,3 +521,9 @@ func serveTCP(t testing.TB, ip string, handle func(c net.Conn, done <-chan struc
 	})
 	return ln.Addr().(*net.TCPAddr)
 }
+
+func (t *tracker) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.conns)
+}

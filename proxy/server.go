@@ -51,7 +51,7 @@ type Config struct {
 	// that moved no byte for this long: a request body the client stopped sending or the
 	// upstream stopped taking (504), an answer head (504) or body the upstream stopped
 	// sending, an answer the client stopped reading (see clientReader, headLimit,
-	// readWatch, idleWriter). 0: 15m.
+	// headWatch, readWatch, idleWriter). 0: 15m.
 	TunnelIdleTimeout time.Duration
 	// DrainTimeout is the caller's drain budget (0: 10s), as Server.DrainTimeout reports
 	// it: Shutdown itself drains until its context ends.
@@ -190,7 +190,7 @@ func New(cfg Config) (*Server, error) {
 		initial = p
 	}
 	task, phase := cfg.Task, cfg.Phase
-	s.apply(initial, &task, &phase, "start")
+	s.Apply(initial, &task, &phase, "start")
 	s.goproxy = s.newGoproxy()
 	s.relay = s.goproxy
 	if cfg.wrapRelay != nil {
