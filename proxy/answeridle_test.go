@@ -272,7 +272,8 @@ func TestIdleWriterCountsPartialProgress(t *testing.T) {
 					last.Store(time.Now().UnixNano())
 				}
 			}()
-			w := &idleWriter{Conn: c, timeout: timeout, stalled: errClientIdle}
+			w := new(idleWriter)
+			*w = newIdleWriter(c, timeout, errClientIdle)
 			start := time.Now()
 			n, err := w.Write(make([]byte, 16<<10))
 			if !errors.Is(err, tc.want) || n != tc.reads<<10 {

@@ -548,7 +548,7 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (net.Conn, 
 	if err != nil {
 		return nil, err
 	}
-	return &upstreamConn{idleWriter: idleWriter{Conn: c, timeout: s.cfg.TunnelIdleTimeout, stalled: errUpstreamBodyIdle}}, nil
+	return &upstreamConn{idleWriter: newIdleWriter(c, s.cfg.TunnelIdleTimeout, errUpstreamBodyIdle)}, nil
 }
 
 // dialVerdict tries each checked address in turn. keepAlive turns TCP keep-alive on at

@@ -238,7 +238,7 @@ type clientConn struct {
 func (f *front) serveConn(c net.Conn) {
 	defer f.untrack(c)
 	cc := &clientConn{c: c, in: &clientReader{c: c, N: math.MaxInt64}, remote: c.RemoteAddr().String(),
-		out: idleWriter{Conn: c, timeout: f.s.cfg.TunnelIdleTimeout, stalled: errClientIdle}}
+		out: newIdleWriter(c, f.s.cfg.TunnelIdleTimeout, errClientIdle)}
 	cc.br = frontReaders.Get().(*bufio.Reader)
 	cc.br.Reset(cc.in)
 	owned := false // a tunnel or hijacker took the connection

@@ -129,28 +129,70 @@ var (
 	errUpstreamBodyIdle = errors.New("proxy: the upstream took nothing of the request for the tunnel idle timeout")
 )
 
+// idleDeadline is the read or the write deadline of a connection whose reads or writes
+// fail once they have made no progress for the timeout, while one that keeps moving
+// bytes, however slowly, is not cut (idleWriter, headLimit, clientReader). The
+// deadline is set a timeout ahead and moved only once more than half of it is used, so
+// a connection that keeps moving bytes moves it at most once per half timeout, not once
+// per call; a deadline that passes less than a timeout after the last progress (one an
+// earlier call left) is moved on, not obeyed.
+type idleDeadline struct {
+	conn    net.Conn
+	write   bool // the write deadline; else the read deadline
+	timeout time.Duration
+	at      time.Time // the deadline set on conn; zero: none
+}
+
+// due reports whether a call starting at now must first move the deadline (begin).
+func (d *idleDeadline) due(now time.Time) bool { return d.at.Sub(now) < d.timeout/2 }
+
+// begin readies the deadline for a call starting at now.
+func (d *idleDeadline) begin(now time.Time) {
+	if d.due(now) {
+		d.set(now.Add(d.timeout))
+	}
+}
+
+// passed is for a call whose deadline passed, with its last progress at last: it
+// reports whether the call has now waited for the whole timeout and, if not, moves the
+// deadline a timeout past last.
+func (d *idleDeadline) passed(last time.Time) (idle bool) {
+	if time.Since(last) >= d.timeout {
+		return true
+	}
+	d.set(last.Add(d.timeout))
+	return false
+}
+
+func (d *idleDeadline) set(t time.Time) {
+	d.at = t
+	if d.write {
+		_ = d.conn.SetWriteDeadline(t)
+	} else {
+		_ = d.conn.SetReadDeadline(t)
+	}
+}
+
 // idleWriter is a connection whose writes fail with stalled once the peer has read
 // nothing for the timeout. On a client connection (errClientIdle): an answer it stopped
 // reading must not hold the request's goroutine, connection slot and upstream
 // connection. On net/http's Transport's upstream connections (errUpstreamBodyIdle):
 // neither must a request body the upstream stopped taking, which no other bound covers,
 // since the Transport starts its wait for the answer head only once the body is
-// written. A long transfer to a peer that keeps reading, however slowly, is not cut. The write deadline is set a
-// timeout ahead and moved only once more than half of it is used, so a connection that
-// keeps writing moves it at most once per half timeout, not once per write; a deadline
-// that passes less than a timeout after the last progress is moved on, not obeyed.
+// written.
 type idleWriter struct {
 	net.Conn
-	timeout  time.Duration
-	stalled  error     // what a write that made no progress for the timeout fails with
-	deadline time.Time // the write deadline set on Conn; zero: none
+	stalled  error // what a write that made no progress for the timeout fails with
+	deadline idleDeadline
+}
+
+func newIdleWriter(c net.Conn, timeout time.Duration, stalled error) idleWriter {
+	return idleWriter{Conn: c, stalled: stalled, deadline: idleDeadline{conn: c, write: true, timeout: timeout}}
 }
 
 func (w *idleWriter) Write(p []byte) (int, error) {
 	last := time.Now() // the last progress: the write's start, then each partial write
-	if w.deadline.Sub(last) < w.timeout/2 {
-		w.setDeadline(last.Add(w.timeout))
-	}
+	w.deadline.begin(last)
 	written := 0
 	for {
 		n, err := w.Conn.Write(p[written:])
@@ -158,26 +200,20 @@ func (w *idleWriter) Write(p []byte) (int, error) {
 		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
 			return written, err
 		}
-		now := time.Now()
 		if n > 0 {
-			last = now
-		} else if now.Sub(last) >= w.timeout {
+			last = time.Now()
+		}
+		if w.deadline.passed(last) {
 			return written, w.stalled
 		}
-		w.setDeadline(last.Add(w.timeout))
 	}
-}
-
-func (w *idleWriter) setDeadline(t time.Time) {
-	w.deadline = t
-	_ = w.Conn.SetWriteDeadline(t)
 }
 
 // handOver returns the connection, without the deadline, to a tunnel or relay that
 // bounds its writes its own way.
 func (w *idleWriter) handOver() net.Conn {
-	if !w.deadline.IsZero() {
-		w.setDeadline(time.Time{})
+	if !w.deadline.at.IsZero() {
+		w.deadline.set(time.Time{})
 	}
 	return w.Conn
 }

@@ -139,22 +139,19 @@ func (b *requestBody) end(max int64) bool {
 // by the tunnel idle timeout. A body the client stops sending for that long fails the
 // read with errClientBodyIdle: it must not hold the request's goroutine, connection
 // slot and upstream connection for ever, and a client that keeps sending, however
-// slowly, is not cut. As idleWriter does for writes, the read deadline is set a timeout
-// ahead and moved only once more than half of it is used (not per read); a deadline
-// that passes less than a timeout after the read began is moved on, not obeyed, unless
-// the front set it to end the body (stopBody). A request without a body costs nothing
-// more than the limit.
+// slowly, is not cut (see idleDeadline), unless the front set a deadline to end the
+// body (stopBody). A request without a body costs nothing more than the limit.
 type clientReader struct {
 	c   net.Conn
 	N   int64  // bytes a head may still take; math.MaxInt64 while none is read
 	pre []byte // read from c by the front's watch (goneWatch): the next bytes
-	// idle is the bound of the body being read, 0 while none is. The front sets it and
-	// the fields below before the body's first read and resets them after the body's end.
-	idle     time.Duration
-	deadline time.Time // the read deadline the body's reads set
-	idled    atomic.Bool
-	mu       sync.Mutex // orders the body's deadline moves against stopBody
-	stopped  bool       // the front set a deadline of its own: obeyed
+	// body is the bound of the body being read, with a timeout of 0 while none is. The
+	// front sets it and the fields below before the body's first read and resets them
+	// after the body's end.
+	body    idleDeadline
+	idled   atomic.Bool
+	mu      sync.Mutex // orders the body's deadline moves against stopBody
+	stopped bool       // the front set a deadline of its own: obeyed
 }
 
 func (r *clientReader) Read(p []byte) (int, error) {
@@ -169,7 +166,7 @@ func (r *clientReader) Read(p []byte) (int, error) {
 	if len(r.pre) > 0 {
 		n = copy(p, r.pre)
 		r.pre = r.pre[n:]
-	} else if r.idle > 0 {
+	} else if r.body.timeout > 0 {
 		n, err = r.readBody(p)
 	} else {
 		n, err = r.c.Read(p)
@@ -180,42 +177,44 @@ func (r *clientReader) Read(p []byte) (int, error) {
 
 func (r *clientReader) readBody(p []byte) (int, error) {
 	start := time.Now()
-	if r.deadline.Sub(start) < r.idle/2 {
-		_ = r.moveDeadline(start, nil)
+	if r.body.due(start) {
+		r.mu.Lock()
+		if !r.stopped {
+			r.body.begin(start)
+		}
+		r.mu.Unlock()
 	}
 	for {
 		n, err := r.c.Read(p)
 		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
 			return n, err
 		}
-		if err := r.moveDeadline(start, err); err != nil {
+		if err := r.deadlinePassed(start, err); err != nil {
 			return 0, err
 		}
 	}
 }
 
-// moveDeadline sets the read deadline a timeout after start, unless the deadline in
-// force must be obeyed: then it returns the error that ends the read, err for the
-// front's own deadline, errClientBodyIdle once the timeout since start has passed.
-func (r *clientReader) moveDeadline(start time.Time, err error) error {
+// deadlinePassed moves the deadline that passed in a read begun at start, unless it
+// must be obeyed: then it returns the error that ends the read, err for the front's own
+// deadline, errClientBodyIdle once the timeout since start has passed.
+func (r *clientReader) deadlinePassed(start time.Time, err error) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.stopped {
 		return err
 	}
-	if time.Since(start) >= r.idle {
+	if r.body.passed(start) {
 		r.idled.Store(true)
 		return errClientBodyIdle
 	}
-	r.deadline = start.Add(r.idle)
-	_ = r.c.SetReadDeadline(r.deadline)
 	return nil
 }
 
 // startBody bounds the reads of a request body by idle.
 func (r *clientReader) startBody(idle time.Duration) {
-	r.idle, r.deadline = idle, time.Now().Add(idle)
-	_ = r.c.SetReadDeadline(r.deadline)
+	r.body = idleDeadline{conn: r.c, timeout: idle}
+	r.body.set(time.Now().Add(idle))
 }
 
 // stopBody sets a read deadline that the body's reads obey (one in progress may be on
@@ -232,6 +231,6 @@ func (r *clientReader) bodyIdle() bool { return r.idled.Load() }
 
 // endBody ends the bound once no read of the body can come any more.
 func (r *clientReader) endBody() {
-	r.idle, r.deadline, r.stopped = 0, time.Time{}, false
+	r.body, r.stopped = idleDeadline{}, false
 	r.idled.Store(false)
 }

@@ -40,7 +40,7 @@ type upConn struct {
 }
 
 func newUpConn(c *net.TCPConn, key netip.AddrPort, idle time.Duration) *upConn {
-	uc := &upConn{c: c, key: key, limit: headLimit{c: c, left: -1, idle: idle}}
+	uc := &upConn{c: c, key: key, limit: headLimit{c: c, left: -1, deadline: idleDeadline{conn: c, timeout: idle}}}
 	uc.br = bufio.NewReaderSize(&uc.limit, 4096)
 	return uc
 }
@@ -50,15 +50,11 @@ func newUpConn(c *net.TCPConn, key netip.AddrPort, idle time.Duration) *upConn {
 // fails, with errUpstreamHeadIdle while a head is read (the first head read starts
 // once the request is written) and errUpstreamIdle for the body: an upstream that
 // never answers, or goes silent in the middle of an answer, must not hold the request
-// for ever, and one that keeps sending, however slowly, is not cut. As idleWriter does
-// for writes, the read deadline is set a timeout ahead and moved only once more than
-// half of it is used; a deadline that passes less than a timeout after the read began
-// (one the last answer left on a pooled connection) is moved on, not obeyed.
+// for ever, and one that keeps sending, however slowly, is not cut (see idleDeadline).
 type headLimit struct {
 	c        net.Conn
 	left     int64
-	idle     time.Duration
-	deadline time.Time // the read deadline set on c; zero: none
+	deadline idleDeadline
 }
 
 func (l *headLimit) Read(p []byte) (int, error) {
@@ -79,24 +75,16 @@ func (l *headLimit) Read(p []byte) (int, error) {
 // readIdle reads p, failing with idleErr once the read has waited for the idle timeout.
 func (l *headLimit) readIdle(p []byte, idleErr error) (int, error) {
 	start := time.Now()
-	if l.deadline.Sub(start) < l.idle/2 {
-		l.setDeadline(start.Add(l.idle))
-	}
+	l.deadline.begin(start)
 	for {
 		n, err := l.c.Read(p)
 		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
 			return n, err
 		}
-		if time.Since(start) >= l.idle {
+		if l.deadline.passed(start) {
 			return 0, idleErr
 		}
-		l.setDeadline(start.Add(l.idle))
 	}
-}
-
-func (l *headLimit) setDeadline(t time.Time) {
-	l.deadline = t
-	_ = l.c.SetReadDeadline(t)
 }
 
 // quiet reports whether a pooled connection has nothing to read. An upstream may
