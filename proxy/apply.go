@@ -74,6 +74,9 @@ func (s *Server) Apply(p policy.Policy, task, phase *string, source string) Appl
 
 // rejected records a policy that could not be applied; the running one stays.
 func (s *Server) rejected(source string, err error) {
+	// Under the lock, so that the last-reload gauge follows the order of the reloads.
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
 	s.metrics.reloads.WithLabelValues("failure").Inc()
 	s.metrics.reloadOK.Set(0)
 	s.log.Error("policy rejected; the previous policy stays in force", "source", source,

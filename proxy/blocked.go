@@ -3,6 +3,7 @@ package proxy
 import (
 	"container/heap"
 	"sort"
+	"strings"
 	"sync"
 )
 
@@ -63,10 +64,7 @@ func newBlockedCounter() *blockedCounter {
 }
 
 func (b *blockedCounter) add(host string, port uint16, typ, reason string) {
-	if len(host) > 255 {
-		host = host[:255]
-	}
-	k := blockedKey{host, port, typ, reason}
+	k := blockedKey{clipHost(host), port, typ, reason}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.total++
@@ -75,6 +73,9 @@ func (b *blockedCounter) add(host string, port uint16, typ, reason string) {
 		heap.Fix(&b.heap, e.index)
 		return
 	}
+	// A new key keeps a copy of the host: the caller's is often a substring of a
+	// request line of up to 68 KiB, which the table would otherwise keep alive.
+	k.host = strings.Clone(k.host)
 	if len(b.byKey) < blockedCapacity {
 		e := &blockedEntry{key: k, count: 1}
 		b.byKey[k] = e

@@ -60,7 +60,7 @@ func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	if a.decision == "denied" {
 		a.rs.blocked.add(a.name, 0, typeDNS, a.reason)
 	}
-	s.logDecision(a.rs, typeDNS, a.decision, a.reason, a.rule, a.name, 0, netip.Addr{}, client, slog.String("qtype", dns.TypeToString[a.qtype]))
+	s.logDecision(a.rs, typeDNS, a.decision, a.reason, a.rule, a.name, 0, netip.Addr{}, client, slog.String("qtype", dns.Type(a.qtype).String()))
 }
 
 // acceptDNS hands every message but a response to serveDNS, which refuses what it does

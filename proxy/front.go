@@ -450,12 +450,18 @@ func (f *front) connect(ctx context.Context, cancel context.CancelFunc, cc *clie
 	s := f.s
 	rs := s.current.Load()
 	var v Verdict
-	if req.URL.User != nil {
+	switch {
+	case req.URL.User != nil:
 		// net/http reads "CONNECT u@host:port" as host:port with userinfo; the
 		// authority form has none (RFC 9110, 9.3.6).
 		v = Verdict{Host: req.URL.Host, Reason: ReasonUserinfo}
 		s.record(rs, typeConnect, v, req.RemoteAddr)
-	} else {
+	case req.RequestURI != req.URL.Host:
+		// Nor a path, a query or a percent-encoded host, which net/http drops or
+		// decodes: the target must be the authority the decision reads, as written.
+		v = Verdict{Host: req.URL.Host, Reason: ReasonInvalidHost}
+		s.record(rs, typeConnect, v, req.RemoteAddr)
+	default:
 		v = s.decideTunnel(ctx, rs, req.URL.Host, req.RemoteAddr)
 	}
 	if !v.Allowed {

@@ -12,6 +12,17 @@ import (
 // logDecision writes the one JSON line of a decision: allowed at INFO, denied at WARN,
 // so --log-level=warn keeps exactly the blocked attempts. It runs once per connection
 // and request, so it builds typed attributes (LogAttrs) rather than boxing each value.
+// maxHostBytes bounds a host as decision lines and the blocked table keep it: a valid
+// name has at most 253 bytes, and a refused one may fill a 64 KiB request line.
+const maxHostBytes = 255
+
+func clipHost(host string) string {
+	if len(host) > maxHostBytes {
+		return host[:maxHostBytes]
+	}
+	return host
+}
+
 func (s *Server) logDecision(rs *RuleSet, typ, decision, reason, rule, host string, port uint16, addr netip.Addr, client string, extra ...slog.Attr) {
 	level := slog.LevelInfo
 	if decision != "allowed" {
@@ -27,7 +38,7 @@ func (s *Server) logDecision(rs *RuleSet, typ, decision, reason, rule, host stri
 	var buf [16]slog.Attr
 	attrs := append(buf[:0],
 		slog.String("decision", decision), slog.String("reason", reason), slog.String("rule", rule),
-		slog.String("host", host), slog.Int("port", int(port)), slog.String("addr", dialled),
+		slog.String("host", clipHost(host)), slog.Int("port", int(port)), slog.String("addr", dialled),
 		slog.String("client", client), slog.String("type", typ), slog.String("mode", string(rs.Mode())),
 		slog.Uint64("generation", rs.Generation), slog.String("task", rs.Task), slog.String("phase", rs.Phase))
 	attrs = append(attrs, extra...)

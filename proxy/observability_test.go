@@ -115,3 +115,25 @@ func TestIDNThroughTheProxy(t *testing.T) {
 		}
 	}
 }
+
+// A refused host as long as a request line allows is clipped in its decision line (as
+// in the blocked table): one request must not write a 64 KiB log line.
+func TestDecisionLineClipsTheHost(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+	long := strings.Repeat("x", 60<<10) + ".test"
+	h.raw("GET http://" + long + "/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	var line string
+	waitFor(t, func() bool {
+		for _, l := range strings.Split(h.logs.String(), "\n") {
+			if strings.Contains(l, `"msg":"decision"`) {
+				line = l
+				return true
+			}
+		}
+		return false
+	})
+	if len(line) > 2048 || !strings.Contains(line, `"host":"`+strings.Repeat("x", maxHostBytes)+`"`) {
+		t.Fatalf("decision line of %d bytes, want the host clipped to %d: %.300s", len(line), maxHostBytes, line)
+	}
+}

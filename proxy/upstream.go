@@ -193,6 +193,10 @@ type lookup struct {
 const (
 	resolverCacheSize = 4096
 	resolverMaxTTL    = 5 * time.Minute
+	// resolverMaxCachedAddrs bounds the answers kept: whoever serves a name chooses
+	// how many addresses it has (thousands over TCP), and a full cache of such answers
+	// would hold hundreds of MiB. A longer answer serves its lookup, uncached.
+	resolverMaxCachedAddrs = 64
 )
 
 // NewUpstreamResolver builds a caching resolver over u.
@@ -246,7 +250,7 @@ func (r *UpstreamResolver) resolve(name string, l *lookup) {
 	l.addrs, l.err = addrs, err
 	r.mu.Lock()
 	delete(r.inflight, name)
-	if err == nil && ttl > 0 {
+	if err == nil && ttl > 0 && len(addrs) <= resolverMaxCachedAddrs {
 		if len(r.cache) >= resolverCacheSize {
 			for k := range r.cache { // evict an arbitrary entry
 				delete(r.cache, k)
@@ -302,6 +306,11 @@ func (r *UpstreamResolver) query(ctx context.Context, name string) ([]netip.Addr
 	ttl := ttls[0]
 	if len(results[1]) > 0 && (len(results[0]) == 0 || ttls[1] < ttl) {
 		ttl = ttls[1]
+	}
+	if errs[0] != nil || errs[1] != nil {
+		// Half an answer serves this lookup but is not cached: one lost or failed
+		// query would leave the name one address family short for its whole TTL.
+		ttl = 0
 	}
 	return addrs, ttl, nil
 }
