@@ -193,12 +193,17 @@ func TestMetricsEndpoint(t *testing.T) {
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
 	h.connectStatus("b.test:443")
 	h.query("a.test", 1, "udp")
-	resp, err := http.Get("http://" + h.srv.MetricsAddr().String() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	var body []byte
+	// The DNS server counts a query after it has answered it.
+	waitFor(t, func() bool {
+		resp, err := http.Get("http://" + h.srv.MetricsAddr().String() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return strings.Contains(string(body), `compass_proxy_dns_queries_total{`)
+	})
 	// The admin socket serves the same registry.
 	if admin := h.metricsText(); !strings.Contains(admin, `compass_proxy_policy_generation 2`) {
 		t.Errorf("admin socket /metrics:\n%s", grepLines(admin, "generation"))
