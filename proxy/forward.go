@@ -126,6 +126,10 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 		context.AfterFunc(req.Context(), func() { resp.Body.Close() })
 		return resp, nil
 	}
+	// Upgrade is hop-by-hop, and the client's head goes without it (sendHead); goproxy
+	// would take an answer that names websocket in it (a 426, say) for the handshake
+	// and hijack the connection, cutting the answer after its head.
+	resp.Header.Del("Upgrade")
 	if resp.Body != nil && resp.Body != http.NoBody {
 		st.answer.ReadCloser, st.answer.st = resp.Body, st
 		resp.Body = &st.answer

@@ -149,6 +149,11 @@ type tunnel struct {
 	clock            *idleClock
 	keepAlive        *time.Timer
 	ended            atomic.Int32 // directions that have ended
+	// halfClosed starts stopIdle, the watch that cuts a tunnel one of whose directions
+	// ended with EOF: the other may be blocked in a write to a peer that reads nothing,
+	// which no read deadline of its own ends (see relayDirection).
+	halfClosed sync.Once
+	stopIdle   func()
 
 	entry       *liveConn
 	host        string
@@ -184,11 +189,27 @@ func (s *Server) startTunnel(t *tunnel) {
 // tunnel.
 func (s *Server) relayDirection(t *tunnel, d *direction) {
 	err := d.copy(t.clock)
+	if err == nil {
+		t.watchHalfClosed() // before the count, so that the closing direction sees the watch
+	}
 	last := t.ended.Add(1) == 2 // after d's count is final: the closing one reads it
 	d.end(err, last)
 	if last {
 		s.finishTunnel(t)
 	}
+}
+
+// watchHalfClosed starts, once, the idle watch of a tunnel a direction of which ended
+// with EOF: the other direction's read deadlines end its copy only while it waits for
+// input, not while it is blocked writing to a peer that has half-closed and reads
+// nothing, so without the watch such a tunnel would outlive --tunnel-idle-timeout for
+// ever. Out of line so that the relay's stack stays small.
+//
+//go:noinline
+func (t *tunnel) watchHalfClosed() {
+	t.halfClosed.Do(func() {
+		t.stopIdle = watchIdle(t.clock, func() { t.upward.src.Close(); t.upward.dst.Close() })
+	})
 }
 
 // tunnelKeepAliveAfter is how long a tunnel lives before its upstream side gets TCP
@@ -203,6 +224,9 @@ func (s *Server) finishTunnel(t *tunnel) {
 	defer s.tunnels.Done()
 	if t.keepAlive != nil {
 		t.keepAlive.Stop()
+	}
+	if t.stopIdle != nil {
+		t.stopIdle()
 	}
 	t.upward.src.Close()
 	t.upward.dst.Close()
