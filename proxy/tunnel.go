@@ -99,6 +99,10 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 	}
 	if err != nil {
 		s.tracker.remove(entry)
+		if ctx.Err() != nil && s.draining.Load() { // the drain's deadline, not the upstream
+			fail("503 Service Unavailable", "draining")
+			return false
+		}
 		s.log.Warn("dial failed", "type", typeConnect, "host", blockedHost(v), "port", v.Port, "client", r.RemoteAddr, "error", err.Error())
 		fail("502 Bad Gateway", "dial-failed")
 		return false

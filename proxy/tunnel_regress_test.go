@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
+	"strings"
 	"testing"
 	"time"
 )
@@ -94,5 +96,32 @@ func TestDrainDeadlineCutsConnectLookup(t *testing.T) {
 	_ = h.srv.Shutdown(ctx)
 	if d := time.Since(start); d >= lookupBudget/2 {
 		t.Errorf("Shutdown with a 100 ms drain deadline took %v: it waited for the lookup", d.Round(10*time.Millisecond))
+	}
+}
+
+// The drain's deadline cuts a CONNECT whose dial is still waiting: no Warn line blames
+// the upstream, and the client, if its connection is not closed first, hears that the
+// proxy is draining (it was a 502 dial-failed).
+func TestDrainDeadlineCutsConnectDial(t *testing.T) {
+	target := serveTCP(t, "127.0.0.2", func(net.Conn, <-chan struct{}) {})
+	stalledListener(t, "127.0.0.5", target.Port)
+	h := newHarness(t, func(c *Config) { c.DialTimeout = 5 * time.Second })
+	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.5"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
+	c := h.dialProxy(t)
+	fmt.Fprintf(c, "CONNECT slow.test:%d HTTP/1.1\r\n\r\n", target.Port)
+	// Decided (and logged) before the dial, which then waits.
+	waitFor(t, func() bool { return strings.Contains(h.logs.String(), `"host":"slow.test"`) })
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_ = h.srv.Shutdown(ctx)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 512)
+	n, _ := c.Read(buf)
+	if got := string(buf[:n]); got != "" && !strings.Contains(got, "reason=draining") {
+		t.Errorf("the client got %q, want a 503 draining or the close", firstLine(got))
+	}
+	if strings.Contains(h.logs.String(), `"msg":"dial failed"`) {
+		t.Errorf("a Warn line blames the upstream: %s", h.logs.String())
 	}
 }
