@@ -2,20 +2,17 @@ package proxy
 
 import (
 	"bufio"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/compass-egress/compass-egress/internal/testutil"
 )
 
 // The same as TestUpstreamGoneMidBodyAnswers for an https:// URI, whose connection the
@@ -24,7 +21,7 @@ import (
 // end itself and never reads the FIN from the connection beneath it, so no read of
 // upstreamConn fails.
 func TestUpstreamGoneMidBodyAnswersOverTLS(t *testing.T) {
-	cert := selfSigned(t, "gone.test")
+	cert := testutil.SelfSigned(t, "gone.test")
 	for _, tc := range []struct {
 		name        string
 		closeNotify bool // the upstream ends its TLS session (close_notify) before the TCP close
@@ -69,27 +66,4 @@ func TestUpstreamGoneMidBodyAnswersOverTLS(t *testing.T) {
 			}
 		})
 	}
-}
-
-func selfSigned(t *testing.T, name string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
 }

@@ -2,14 +2,9 @@ package main
 
 import (
 	"bufio"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/textproto"
@@ -118,7 +113,7 @@ type fakeProxy struct {
 func startProxy(t *testing.T, status int) *fakeProxy {
 	t.Helper()
 	p := &fakeProxy{}
-	cfg := &tls.Config{Certificates: []tls.Certificate{testCert(t)}}
+	cfg := &tls.Config{Certificates: []tls.Certificate{testutil.SelfSigned(t, "a.test")}}
 	p.Addr = serveConns(t, func(c net.Conn) {
 		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 		line, host, err := readRequest(bufio.NewReader(c))
@@ -199,24 +194,4 @@ func startDNS(t *testing.T) (udp, tcp string) {
 		_ = w.WriteMsg(m)
 	})
 	return testutil.ServeDNS(t, h)
-}
-
-// testCert is a throwaway self-signed certificate (the probe does not verify it).
-func testCert(t *testing.T) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		DNSNames:     []string{"a.test"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
