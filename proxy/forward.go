@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/elazarl/goproxy"
+	"golang.org/x/net/http/httpguts"
 )
 
 // requestState travels with one request through goproxy's handler chain.
@@ -185,21 +186,42 @@ func isDialError(err error) bool {
 // list would drop fields the decision read (Host) or that frame the request. A
 // websocket handshake keeps its Upgrade and goes on with Connection: Upgrade alone;
 // goproxy removes the Connection field of every other request.
+//
+// Keep-Alive and TE are this hop's whether listed or not (RFC 9110, 7.6.1): a TE
+// passed on lets the upstream frame its answer in a transfer coding the proxy cannot
+// read. Of TE only "trailers" goes on, as the client's own word that it takes them.
 func dropConnectionFields(h http.Header) {
-	listed := h["Connection"]
-	if len(listed) == 0 {
+	delete(h, "Keep-Alive")
+	if te, ok := h["Te"]; ok {
+		delete(h, "Te")
+		if httpguts.HeaderValuesContainsToken(te, "trailers") {
+			h["Te"] = []string{"trailers"}
+		}
+	}
+	if len(h["Connection"]) == 0 {
 		return
 	}
 	websocket := isWebsocketUpgrade(h)
-	for _, v := range listed {
+	keep := ""
+	if websocket {
+		keep = "upgrade"
+	}
+	delConnectionListed(h, keep)
+	if websocket {
+		h.Set("Connection", "Upgrade")
+	}
+}
+
+// delConnectionListed deletes the fields that h's Connection fields list, all but keep
+// (any case; "" keeps none): the one reading of the list, for requests
+// (dropConnectionFields) and answers (sendHead).
+func delConnectionListed(h http.Header, keep string) {
+	for _, v := range h["Connection"] {
 		for _, name := range strings.Split(v, ",") {
-			if name = textproto.TrimString(name); name != "" && !(websocket && strings.EqualFold(name, "upgrade")) {
+			if name = textproto.TrimString(name); name != "" && !strings.EqualFold(name, keep) {
 				h.Del(name)
 			}
 		}
-	}
-	if websocket {
-		h.Set("Connection", "Upgrade")
 	}
 }
 
@@ -419,6 +441,11 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		return r, refusalResponse(r, rs, typeHTTP, v)
 	}
 	dropConnectionFields(r.Header)
+	if _, ok := r.Header["User-Agent"]; !ok {
+		// An empty field is how net/http's writers of a request are told to send none
+		// rather than their own: the upstream must not take the proxy for the client.
+		r.Header["User-Agent"] = []string{""}
+	}
 	if rs.upstream.handles(r) {
 		ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
 			resp, err := rs.upstream.roundTrip(req, &v, func(c net.Conn) bool { return s.gotUpstreamConn(rs, st.entry, c) })

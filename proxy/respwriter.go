@@ -94,13 +94,7 @@ func (w *responseWriter) sendHead() {
 	h, code := w.header, w.status
 	upgrade := code == http.StatusSwitchingProtocols
 	if !upgrade {
-		for _, name := range h.Values("Connection") {
-			for _, f := range strings.Split(name, ",") {
-				if f = strings.TrimSpace(f); f != "" {
-					h.Del(f)
-				}
-			}
-		}
+		delConnectionListed(h, "")
 		for _, name := range hopHeaders {
 			h.Del(name)
 		}
@@ -264,7 +258,9 @@ func (w *responseWriter) finish() bool {
 		if !w.wroteHeader {
 			w.writeHeader(http.StatusOK)
 		}
-		if w.header.Get("Content-Length") == "" && w.req.Method != http.MethodHead {
+		// Not for a HEAD's or a 304's: their Content-Length is that of the body a GET's
+		// 200 would carry (RFC 9110, 8.6), which only the upstream knows.
+		if w.header.Get("Content-Length") == "" && w.req.Method != http.MethodHead && w.status != http.StatusNotModified {
 			w.header.Set("Content-Length", "0")
 		}
 		w.sendHead()
