@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+
+	"github.com/compass-egress/compass-egress/policy"
 )
 
 func TestGuardClasses(t *testing.T) {
@@ -34,6 +36,9 @@ func TestGuardClasses(t *testing.T) {
 		{"::ffff:0:808:808", true, "ipv4-embedding"},
 		{"100.100.100.200", true, "special"},
 		{"fd00:ec2::254", true, "special"},
+		{"fd00:ec2::23", true, "special"},
+		{"fd20:ce::254", true, "special"},
+		{"fd20:ce::1", false, ""},
 		{"172.18.0.2", true, "proxy-own-address"},
 		{"198.51.100.7", false, ""},
 		{"2001:db8::1", false, ""},
@@ -104,4 +109,32 @@ func TestSplitAuthority(t *testing.T) {
 func (g *Guard) Internal(addr netip.Addr) (bool, string) {
 	c, ok := g.classify(addr)
 	return ok, c.name
+}
+
+// TestGuardRefusesIPv6Metadata: the cloud metadata and credential endpoints that IPv6
+// reaches outside fe80::/10 are refused in every mode, also when a broad rule such as
+// the unique-local range fc00::/7 allows them; only a rule naming one lifts it.
+func TestGuardRefusesIPv6Metadata(t *testing.T) {
+	g := NewGuard(nil, func() []netip.Addr { return nil })
+	cases := []struct {
+		policy  string
+		refused bool
+	}{
+		{`"public"`, true},
+		{`{"network_mode":"denylist","denied_hosts":[]}`, true},
+		{`{"network_mode":"allowlist","allowed_hosts":["fc00::/7"]}`, true},
+		{`{"network_mode":"allowlist","allowed_hosts":["fd20:ce::254","fd00:ec2::23"]}`, false},
+	}
+	for _, tc := range cases {
+		p, err := policy.Parse([]byte(tc.policy))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := policy.Compile(p)
+		for _, addr := range []string{"fd20:ce::254", "fd00:ec2::23"} {
+			if got := g.Refuses(m, netip.MustParseAddr(addr), 80); got != tc.refused {
+				t.Errorf("%s %s: refused %v, want %v", tc.policy, addr, got, tc.refused)
+			}
+		}
+	}
 }

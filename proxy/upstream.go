@@ -92,7 +92,7 @@ func (u *Upstreams) Exchange(ctx context.Context, q *dns.Msg, proceed func() err
 			lastErr = err
 			continue
 		}
-		if resp.Rcode == dns.RcodeServerFailure || resp.Rcode == dns.RcodeRefused {
+		if serverFailed(resp.Rcode) {
 			lastErr = fmt.Errorf("%s answered %s", server, dns.RcodeToString[resp.Rcode])
 			continue
 		}
@@ -106,6 +106,17 @@ func (u *Upstreams) Exchange(ctx context.Context, q *dns.Msg, proceed func() err
 		return resp, nil
 	}
 	return nil, fmt.Errorf("proxy: dns upstream: %w", lastErr)
+}
+
+// serverFailed reports whether rcode is a failure of the server rather than an answer
+// about the name, so the next server is asked. The query is the proxy's own and well
+// formed: FORMERR and NOTIMP to it say as little about the name as SERVFAIL or REFUSED.
+func serverFailed(rcode int) bool {
+	switch rcode {
+	case dns.RcodeServerFailure, dns.RcodeRefused, dns.RcodeFormatError, dns.RcodeNotImplemented:
+		return true
+	}
+	return false
 }
 
 // answers reports whether resp is a response to q's one question.
