@@ -45,13 +45,16 @@ var internalClasses = []internalClass{
 	{"ipv4-embedding", netip.MustParsePrefix("::/96"), false},           // IPv4-compatible (deprecated)
 }
 
-// ownClass is the proxy's own addresses: never lifted by a rule (a proxy loop).
-var ownClass = internalClass{name: "proxy-own-address"}
+// ownClassName names the class of the proxy's own addresses. Only a rule naming the
+// one address lifts it (SPEC §7: "unless an IP/CIDR rule explicitly allows that
+// address"); a range around it does not, and the proxy's listeners stay refused.
+const ownClassName = "proxy-own-address"
 
 // Guard refuses internal addresses: loopback, link-local (cloud metadata included),
 // unspecified, multicast, IPv4-embedding IPv6 forms and the proxy's own addresses,
 // unless an operator range (--allow-internal) exempts them or a policy rule inside the
-// class lifts it (see Refuses). The proxy's own listening endpoints are refused always.
+// class lifts it (see Refuses). The proxy's own listening endpoints are refused always:
+// a tunnel into the proxy is a loop.
 type Guard struct {
 	allow []netip.Prefix
 	// ownAddrs lists the proxy's own addresses. Docker may attach a network after the
@@ -115,7 +118,7 @@ func (g *Guard) isOwn(a netip.Addr) bool {
 func (g *Guard) classify(a netip.Addr) (internalClass, bool) {
 	a = a.WithZone("")
 	if g.isOwn(a) {
-		return ownClass, true
+		return internalClass{name: ownClassName, prefix: netip.PrefixFrom(a, a.BitLen()), liftable: true}, true
 	}
 	for _, c := range internalClasses {
 		if c.prefix.Contains(a) {

@@ -138,3 +138,33 @@ func TestGuardRefusesIPv6Metadata(t *testing.T) {
 		}
 	}
 }
+
+// TestGuardOwnAddressLiftedOnlyByItsRule: a rule naming one of the proxy's own
+// addresses opens it (SPEC §7); a range around it does not, nor does any rule open the
+// proxy's own listeners there.
+func TestGuardOwnAddressLiftedOnlyByItsRule(t *testing.T) {
+	own := netip.MustParseAddr("172.18.0.2")
+	g := NewGuard(nil, func() []netip.Addr { return []netip.Addr{own} })
+	g.setListeners([]netip.AddrPort{netip.AddrPortFrom(netip.IPv4Unspecified(), 3128)})
+	cases := []struct {
+		policy  string
+		port    uint16
+		refused bool
+	}{
+		{`"public"`, 8080, true},
+		{`{"network_mode":"allowlist","allowed_hosts":["172.18.0.0/16"]}`, 8080, true},
+		{`{"network_mode":"allowlist","allowed_hosts":["0.0.0.0/0"]}`, 8080, true},
+		{`{"network_mode":"allowlist","allowed_hosts":["172.18.0.2"]}`, 8080, false},
+		{`{"network_mode":"allowlist","allowed_hosts":["172.18.0.0/16","172.18.0.2:8080"]}`, 8080, false},
+		{`{"network_mode":"allowlist","allowed_hosts":["172.18.0.2"]}`, 3128, true},
+	}
+	for _, tc := range cases {
+		p, err := policy.Parse([]byte(tc.policy))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := g.Refuses(policy.Compile(p), own, tc.port); got != tc.refused {
+			t.Errorf("%s port %d: refused %v, want %v", tc.policy, tc.port, got, tc.refused)
+		}
+	}
+}
