@@ -47,6 +47,11 @@ type policyAck struct {
 	PreviousBlocked *controller.BlockedSummary `json:"previous_blocked,omitempty"`
 }
 
+// maxAdminAnswer bounds what the client reads of an answer. PUT and GET /v1/policy
+// answer with the policy in canonical form, which is as long as the body that put it:
+// up to the 32 MiB the sidecar takes (an allowlist of 100k entries is 2 to 25 MiB).
+const maxAdminAnswer = 64 << 20
+
 type adminError struct {
 	Error  string   `json:"error"`
 	Errors []string `json:"errors"`
@@ -73,9 +78,12 @@ func (a *adminClient) do(ctx context.Context, method, path string, body any, out
 		return fmt.Errorf("admin: %s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAdminAnswer+1))
 	if err != nil {
 		return fmt.Errorf("admin: %s %s: read: %w", method, path, err)
+	}
+	if len(data) > maxAdminAnswer {
+		return fmt.Errorf("admin: %s %s: answer larger than %d bytes", method, path, maxAdminAnswer)
 	}
 	if resp.StatusCode != http.StatusOK {
 		var ae adminError

@@ -2,13 +2,17 @@ package docker
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/compass-egress/compass-egress/policy"
 )
 
 // A 200 answer to PUT /v1/policy counts as an acknowledgement only if it names the
@@ -52,5 +56,46 @@ func TestPutPolicyRequiresDigestAndGeneration(t *testing.T) {
 				t.Errorf("error %q does not name the wanted digest", err)
 			}
 		})
+	}
+}
+
+// The sidecar's answer to PUT /v1/policy carries the policy in canonical form, as long
+// as the body that put it: an allowlist of 100k entries (about 2 MiB) is acknowledged,
+// not taken for a failed swap, as it is by GET /v1/policy.
+func TestAdminReadsLargeAnswers(t *testing.T) {
+	hosts := make([]string, 100_000)
+	for i := range hosts {
+		hosts[i] = fmt.Sprintf("h%d.example.test", i)
+	}
+	doc, _ := json.Marshal(map[string]any{"network_mode": "allowlist", "allowed_hosts": hosts})
+	big, err := policy.Parse(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, _ := json.Marshal(map[string]any{"generation": 2, "digest": big.Digest(), "mode": big.Mode, "policy": big})
+	socket := filepath.Join(t.TempDir(), "admin.sock")
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{ReadHeaderTimeout: time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = w.Write(ack)
+	})}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(l)
+	}()
+	defer func() {
+		_ = srv.Close()
+		<-done
+	}()
+	c := newAdminClient(socket)
+	if _, err := c.PutPolicy(context.Background(), big, "t", "run"); err != nil {
+		t.Errorf("PUT of a %d-byte answer: %v", len(ack), err)
+	}
+	if got, err := c.GetPolicy(context.Background()); err != nil || got.Digest != big.Digest() {
+		t.Errorf("GET of a %d-byte answer: %v", len(ack), err)
 	}
 }
