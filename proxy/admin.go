@@ -18,7 +18,9 @@ import (
 	"github.com/compass-egress/compass-egress/policy"
 )
 
-// maxPolicyBody bounds a PUT body: room for allowlists of a few hundred thousand entries.
+// maxPolicyBody bounds a PUT body. An allowlist of 100k entries is 2 to 5 MiB as the
+// controller writes it (names of 15 to 43 bytes) and 25 MiB when every entry is a
+// 253-byte name with a port, so 32 MiB holds the largest such list.
 const maxPolicyBody = 32 << 20
 
 // PolicyStatus is GET /v1/policy.
@@ -81,7 +83,17 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) {
+	// A declared length over the bound is refused before any of the body is read.
+	if r.ContentLength > maxPolicyBody {
+		s.policyTooLarge(w)
+		return
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxPolicyBody))
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		s.policyTooLarge(w)
+		return
+	}
 	if err != nil {
 		s.badPolicy(w, fmt.Errorf("proxy: read body: %w", err))
 		return
@@ -105,6 +117,14 @@ func (s *Server) badPolicy(w http.ResponseWriter, err error) {
 		e.Errors = append(e.Errors, err.Error())
 	}
 	writeJSON(w, http.StatusBadRequest, e)
+}
+
+// policyTooLarge answers a body over maxPolicyBody: 413, naming the bound, which is the
+// sender's to fix (a 400 would say the policy itself is wrong).
+func (s *Server) policyTooLarge(w http.ResponseWriter) {
+	err := fmt.Errorf("proxy: policy body larger than %d bytes (%d MiB), the limit", maxPolicyBody, maxPolicyBody>>20)
+	s.rejected("admin", err)
+	writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Error: "policy too large; the running policy is unchanged", Errors: []string{err.Error()}})
 }
 
 var envelopeKeys = map[string]bool{"policy": true, "task": true, "phase": true}

@@ -255,6 +255,7 @@ type requestClient struct {
 	mu       sync.Mutex
 	done     bool      // cut
 	upgraded io.Closer // a relayed 101's upstream connection
+	upstream net.Conn  // the upstream connection the request sends on (see hold)
 }
 
 func (c *requestClient) cut() {
@@ -357,6 +358,7 @@ func (s *Server) settle(st *requestState) {
 	}
 	if st.entry != nil {
 		s.tracker.remove(st.entry)
+		s.release(st.client)
 		s.metrics.activeHTTP.Dec()
 		s.metrics.bytesUp.Add(float64(st.up.Load()))
 		s.metrics.bytesDown.Add(float64(st.down.Load()))
@@ -423,11 +425,14 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		entry.close = func() {
 			if st.client != nil {
 				st.client.cut()
+				s.closeHeld(st.client)
 			}
 		}
 		s.tracker.add(entry)
 		if cur := s.current.Load(); cur != rs {
-			v = s.redecide(cur, v)
+			if v = s.redecide(cur, v); !v.Allowed {
+				rs = cur // refused by the swap's set: logged, counted and explained under it
+			}
 		}
 		if v.Allowed {
 			st.entry = entry
@@ -436,6 +441,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 			s.tracker.remove(entry)
 		}
 	}
+	rs = s.decidedBy(rs, v)
 	s.record(rs, typeHTTP, v, r.RemoteAddr)
 	if !v.Allowed {
 		return r, refusalResponse(r, rs, typeHTTP, v)
@@ -448,7 +454,10 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	}
 	if rs.upstream.handles(r) {
 		ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
-			resp, err := rs.upstream.roundTrip(req, &v, func(c net.Conn) bool { return s.gotUpstreamConn(rs, st.entry, c) })
+			resp, err := rs.upstream.roundTrip(req, &v, func(c net.Conn) bool {
+				s.hold(st.client, c)
+				return s.gotUpstreamConn(rs, st.entry, c)
+			})
 			return s.upstreamAnswer(req, st, &v, resp, err)
 		})
 		return r, nil
@@ -474,6 +483,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 			return nil
 		},
 		GotConn: func(info httptrace.GotConnInfo) {
+			s.hold(st.client, info.Conn)
 			if !s.gotUpstreamConn(rs, st.entry, info.Conn) {
 				st.refusedConn.Store(true)
 			}
@@ -518,6 +528,47 @@ func (s *Server) gotUpstreamConn(rs *RuleSet, entry *liveConn, c net.Conn) bool 
 		return false
 	}
 	return true
+}
+
+// hold records c as the upstream connection cl's request sends on, for the request's
+// cut to close before a swap returns: the request's cancellation closes it only later,
+// on another goroutine. A pooled connection goes on to other requests, so s.held says
+// which request holds each one, and only that request's cut closes it.
+func (s *Server) hold(cl *requestClient, c net.Conn) {
+	s.held.Store(c, cl)
+	cl.mu.Lock()
+	prev, done := cl.upstream, cl.done
+	cl.upstream = c
+	cl.mu.Unlock()
+	if prev != nil && prev != c { // a retry on a new connection
+		s.held.CompareAndDelete(prev, cl)
+	}
+	if done {
+		s.closeHeld(cl)
+	}
+}
+
+// closeHeld closes the upstream connection cl's request sends on, if it still holds
+// it, and forgets it.
+func (s *Server) closeHeld(cl *requestClient) {
+	cl.mu.Lock()
+	c := cl.upstream
+	cl.upstream = nil
+	cl.mu.Unlock()
+	if c != nil && s.held.CompareAndDelete(c, cl) {
+		c.Close()
+	}
+}
+
+// release forgets the upstream connection cl's request sent on, leaving it open.
+func (s *Server) release(cl *requestClient) {
+	cl.mu.Lock()
+	c := cl.upstream
+	cl.upstream = nil
+	cl.mu.Unlock()
+	if c != nil {
+		s.held.CompareAndDelete(c, cl)
+	}
 }
 
 // redecide re-checks an allowed verdict's addresses under a rule set published while

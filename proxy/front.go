@@ -466,7 +466,7 @@ func (f *front) connect(ctx context.Context, cancel context.CancelFunc, cc *clie
 	}
 	if !v.Allowed {
 		_ = cc.c.SetWriteDeadline(time.Now().Add(s.cfg.HeaderTimeout))
-		_ = refusalResponse(req, rs, typeConnect, v).Write(cc.c)
+		_ = refusalResponse(req, s.decidedBy(rs, v), typeConnect, v).Write(cc.c)
 		return false
 	}
 	return s.openTunnel(ctx, cancel, req, cc.out.handOver(), buffered, rs, v)

@@ -75,6 +75,9 @@ type Config struct {
 	wrapRelay func(http.Handler) http.Handler
 	// clientWatchDelay overrides clientWatchDelay (tests).
 	clientWatchDelay time.Duration
+	// controlReadTimeout and controlIdleTimeout override the constants of the same
+	// names (tests).
+	controlReadTimeout, controlIdleTimeout time.Duration
 }
 
 // Connection types, as they appear in logs and metric labels.
@@ -94,6 +97,7 @@ type Server struct {
 	// ownResolver is the resolver New made (no Config.Resolver): Shutdown closes it.
 	ownResolver *UpstreamResolver
 	tracker     *tracker
+	held        sync.Map // upstream net.Conn → the *requestClient whose request sends on it (see hold)
 
 	current atomic.Pointer[RuleSet]
 	applyMu sync.Mutex // serialises swaps
@@ -138,6 +142,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.clientWatchDelay == 0 {
 		cfg.clientWatchDelay = clientWatchDelay
+	}
+	if cfg.controlReadTimeout == 0 {
+		cfg.controlReadTimeout = controlReadTimeout
+	}
+	if cfg.controlIdleTimeout == 0 {
+		cfg.controlIdleTimeout = controlIdleTimeout
 	}
 	defaults := []struct {
 		name string
@@ -398,12 +408,28 @@ func (s *Server) serve(dnsConns []any) {
 		<-started
 	}
 
-	s.adminSrv = &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	s.adminSrv = s.controlServer(s.adminHandler())
 	s.goServe(func() error { return s.adminSrv.Serve(s.adminLn) })
 	if s.metricsLn != nil {
-		s.metricsSrv = &http.Server{Handler: s.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+		s.metricsSrv = s.controlServer(s.metricsHandler())
 		s.goServe(func() error { return s.metricsSrv.Serve(s.metricsLn) })
 	}
+}
+
+// Bounds of the admin and metrics servers, whose clients are the controller, a
+// scraper and the healthcheck on the same host: a request, a PUT's body of up to
+// maxPolicyBody included, takes milliseconds there, so a client that takes seconds has
+// stalled, and holds a goroutine (and the body read so far) until these end it.
+const (
+	controlHeaderTimeout = 10 * time.Second
+	controlReadTimeout   = 30 * time.Second
+	controlIdleTimeout   = time.Minute
+)
+
+// controlServer serves h on the admin socket or the metrics listener.
+func (s *Server) controlServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: controlHeaderTimeout,
+		ReadTimeout: s.cfg.controlReadTimeout, IdleTimeout: s.cfg.controlIdleTimeout}
 }
 
 func (s *Server) goServe(serve func() error) {

@@ -21,8 +21,19 @@ func (s *Server) decideTunnel(ctx context.Context, rs *RuleSet, target, client s
 	} else {
 		v = s.decide(ctx, rs, h, port)
 	}
-	s.record(rs, typeConnect, v, client)
+	s.record(s.decidedBy(rs, v), typeConnect, v, client)
 	return v
+}
+
+// decidedBy is the rule set a verdict made under rs is logged, counted and explained
+// under: rs, unless a swap stopped the verdict's lookup (ReasonPolicyChanged), which
+// makes it the refusal of the set in force. Under rs it would be counted after the swap
+// reported rs's blocked attempts, and so in no report.
+func (s *Server) decidedBy(rs *RuleSet, v Verdict) *RuleSet {
+	if v.Reason == ReasonPolicyChanged {
+		return s.current.Load()
+	}
+	return rs
 }
 
 // openTunnel dials the checked address (under ctx, which cancel ends: the drain and a

@@ -1,0 +1,99 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// peerClosed reports whether c's peer has closed the connection, without waiting: a
+// peek that finds the end of the stream.
+func peerClosed(t *testing.T, c net.Conn) bool {
+	t.Helper()
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	var rerr error
+	_ = rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		n, _, rerr = unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		return true
+	})
+	return n == 0 && rerr == nil
+}
+
+// TestSwapClosesUpstreamBeforeReturning: a forwarded HTTP request in flight that the
+// new policy refuses has its upstream connection closed by the time the swap returns,
+// not a moment later when the request's cancellation gets round to it: a connection
+// opened under public must not outlive the switch to no-network. Both forwarding paths:
+// the proxy's own client (a GET) and net/http's Transport (a request with a body).
+func TestSwapClosesUpstreamBeforeReturning(t *testing.T) {
+	for _, tc := range []struct {
+		name, method, body string
+	}{{"own client", "GET", ""}, {"transport", "POST", "hello"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			conns := make(chan net.Conn, 1)
+			addr := serveTCP(t, "127.0.0.2", func(c net.Conn, done <-chan struct{}) {
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\ntick\n\r\n")
+				conns <- c
+				<-done
+			})
+			h.apply(`"public"`)
+			c := h.dialProxy(t)
+			fmt.Fprintf(c, "%s http://a.test:%d/ HTTP/1.1\r\nHost: a.test:%d\r\nContent-Length: %d\r\n\r\n%s",
+				tc.method, addr.Port, addr.Port, len(tc.body), tc.body)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(resp.Body, make([]byte, 5)); err != nil {
+				t.Fatal(err)
+			}
+			up := <-conns
+			if res := h.apply(`"no-network"`); res.ClosedConnections != 1 {
+				t.Fatalf("closed %d connections, want 1", res.ClosedConnections)
+			}
+			if !peerClosed(t, up) {
+				t.Fatal("the upstream connection is still open after the swap returned")
+			}
+		})
+	}
+}
+
+// A pooled upstream connection that went on to request b is b's: a cut of request a,
+// which sent on it before, leaves it open; b's cut closes it.
+func TestHeldConnBelongsToItsLastRequest(t *testing.T) {
+	s := &Server{}
+	c, peer := net.Pipe()
+	defer peer.Close()
+	a, b := &requestClient{}, &requestClient{}
+	s.hold(a, c)
+	s.hold(b, c) // a's answer ended, the connection went back to the pool, b took it
+	s.closeHeld(a)
+	// A net.Pipe end refuses a deadline once closed.
+	if err := c.SetDeadline(time.Time{}); err != nil {
+		t.Fatalf("a's cut closed b's connection: %v", err)
+	}
+	s.release(a)
+	s.closeHeld(b)
+	if err := c.SetDeadline(time.Time{}); err == nil {
+		t.Fatal("b's cut left its connection open")
+	}
+	if _, ok := s.held.Load(c); ok {
+		t.Fatal("a closed connection is still held")
+	}
+}
