@@ -126,8 +126,9 @@ func (p Policy) String() string {
 	return string(b)
 }
 
-// Digest identifies the policy's meaning: the SHA-256 of its canonical wire form, so two
-// spellings of the same policy share a digest.
+// Digest identifies the policy: the SHA-256 of its canonical wire form, so two
+// spellings of its entries share a digest. The canonical form keeps the order first
+// written, and so does the digest.
 func (p Policy) Digest() string {
 	sum := sha256.Sum256([]byte(p.String()))
 	return "sha256:" + hex.EncodeToString(sum[:])
