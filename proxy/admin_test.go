@@ -165,6 +165,23 @@ func TestStaleSocketAndStartupPolicy(t *testing.T) {
 	}
 }
 
+// TestReloadWithoutPolicyFileSaysSo: SIGHUP with no --policy changes nothing and says
+// why, where a silent one leaves an operator who expected a reload guessing.
+func TestReloadWithoutPolicyFileSaysSo(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	before := h.srv.Current()
+	if err := h.srv.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if h.srv.Current() != before {
+		t.Fatal("a reload without a file changed the rule set")
+	}
+	if !strings.Contains(h.logs.String(), `"msg":"SIGHUP: no --policy file to re-read; the running policy stays"`) {
+		t.Fatalf("no line says why nothing was reloaded: %s", h.logs.String())
+	}
+}
+
 func TestStartupWithBrokenPolicyFileFails(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "policy.json")
 	if err := os.WriteFile(file, []byte(`{"network_mode":"allowlist"}`), 0o600); err != nil {

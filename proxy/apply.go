@@ -87,6 +87,8 @@ func (s *Server) rejected(source string, err error) {
 // the running policy stays.
 func (s *Server) Reload() error {
 	if s.cfg.PolicyFile == "" {
+		// Said, so that an operator who expected a reload sees why none came.
+		s.log.Info("SIGHUP: no --policy file to re-read; the running policy stays", "generation", s.current.Load().Generation)
 		return nil
 	}
 	p, err := readPolicyFile(s.cfg.PolicyFile)
