@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"net"
+	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 
@@ -104,4 +106,27 @@ func socketProtocol(t *testing.T, rc syscall.RawConn) int {
 		t.Fatal(perr)
 	}
 	return proto
+}
+
+// TestAdminSocketBoundWithItsMode: the socket has its mode from the bind, whatever the
+// process's umask, and the umask is the process's again afterwards.
+func TestAdminSocketBoundWithItsMode(t *testing.T) {
+	old := unix.Umask(0)
+	defer unix.Umask(old)
+	path := filepath.Join(t.TempDir(), "admin.sock")
+	ln, err := listenAdmin(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != adminSocketMode {
+		t.Errorf("socket mode %v, want %v", fi.Mode().Perm(), os.FileMode(adminSocketMode))
+	}
+	if now := unix.Umask(0); now != 0 {
+		t.Errorf("umask %#o after the bind, want it restored to 0", now)
+	}
 }

@@ -272,14 +272,11 @@ func (s *Server) Start() (err error) {
 	if err := removeStaleSocket(s.cfg.AdminSocket); err != nil {
 		return err
 	}
-	adminLn, err := net.Listen("unix", s.cfg.AdminSocket)
+	adminLn, err := listenAdmin(s.cfg.AdminSocket)
 	if err != nil {
 		return fmt.Errorf("proxy: admin listen %s: %w", s.cfg.AdminSocket, err)
 	}
 	closers = append(closers, func() { adminLn.Close() })
-	if err := os.Chmod(s.cfg.AdminSocket, 0o660); err != nil {
-		return fmt.Errorf("proxy: admin socket mode: %w", err)
-	}
 	s.adminLn = adminLn
 
 	if s.cfg.MetricsListen != "" {
