@@ -19,6 +19,11 @@ import (
 	"syscall"
 	"time"
 
+	// The image is FROM scratch, with no CA bundle: https:// upstreams (absolute-URI
+	// requests) are verified against these roots unless SSL_CERT_FILE or SSL_CERT_DIR
+	// name a bundle, which then replaces them.
+	_ "golang.org/x/crypto/x509roots/fallback"
+
 	"github.com/compass-egress/compass-egress/internal/buildinfo"
 	"github.com/compass-egress/compass-egress/internal/jsonlog"
 	"github.com/compass-egress/compass-egress/proxy"
