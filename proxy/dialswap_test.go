@@ -79,9 +79,9 @@ func TestSwapStopsADialInProgress(t *testing.T) {
 			if _, err := c.Write([]byte(tc.request(target.Port))); err != nil {
 				t.Fatal(err)
 			}
-			// Decided (and logged) before the dial, which then waits on the first
-			// address for a second.
-			waitFor(t, func() bool { return strings.Contains(h.logs.String(), `"host":"slow.test"`) })
+			// Decided before the dial, which then waits on the first address for a
+			// second.
+			h.waitLive(t)
 			h.apply(tc.after)
 			before := accepted.Load()
 			buf := make([]byte, 512)
@@ -113,7 +113,7 @@ func TestCutStopsATransportDial(t *testing.T) {
 	if _, err := fmt.Fprintf(c, "POST http://slow.test:%d/ HTTP/1.1\r\nHost: slow.test:%d\r\nContent-Length: 1\r\n\r\nx", port, port); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return strings.Contains(h.logs.String(), `"host":"slow.test"`) })
+	h.waitLive(t)
 	time.Sleep(100 * time.Millisecond) // the dial's first SYN is dropped
 	if n := h.srv.tracker.closeIf(func(*liveConn) bool { return true }); n != 1 {
 		t.Fatalf("the cut found %d live requests, want 1", n)

@@ -50,8 +50,10 @@ func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		}
 		resp.Truncate(size)
 	}
-	if err := w.WriteMsg(resp); err != nil && a.decision == "allowed" {
-		// Not even compressed does it fit: the client gets SERVFAIL, not silence.
+	var netErr net.Error
+	if err := w.WriteMsg(resp); err != nil && a.decision == "allowed" && !errors.As(err, &netErr) {
+		// Not even compressed does it fit: the client gets SERVFAIL, not silence. (A
+		// network error is a TCP client that left: its query was still allowed.)
 		s.log.Warn("dns answer not sent", "name", a.name, "error", err.Error())
 		a.decision, a.reason = "denied", ReasonUpstreamFailed
 		_ = w.WriteMsg(refusal(req, dns.RcodeServerFailure, ReasonUpstreamFailed))

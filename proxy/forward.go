@@ -49,6 +49,10 @@ type requestState struct {
 	// served (goneWatch), before the request is cancelled.
 	clientLeft atomic.Bool
 	body       *requestBody // nil for a request without one
+	// logAllowed writes an allowed request's decision line, once: when its upstream
+	// connection is known, so that addr is the address dialled (fail-over and pooled
+	// connections included), or when the round trip ended without one. nil unless allowed.
+	logAllowed func()
 }
 
 // answerBody records in st the error that ends an upstream answer's body early. An
@@ -347,6 +351,9 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, st *requestS
 
 // settle releases what a request held once goproxy is done with it.
 func (s *Server) settle(st *requestState) {
+	if st.logAllowed != nil {
+		st.logAllowed() // no round trip ran (it writes nothing if one did)
+	}
 	if st.relay != nil {
 		// A websocket relay: goproxy is done with the connection but does not always
 		// close it, and one of its copies may still be in a read or write of it. Once
@@ -442,9 +449,17 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		}
 	}
 	rs = s.decidedBy(rs, v)
-	s.record(rs, typeHTTP, v, r.RemoteAddr)
 	if !v.Allowed {
+		s.record(rs, typeHTTP, v, r.RemoteAddr)
 		return r, refusalResponse(r, rs, typeHTTP, v)
+	}
+	var once sync.Once
+	allowed, client := v, r.RemoteAddr
+	st.logAllowed = func() {
+		once.Do(func() {
+			allowed.Addr = s.tracker.addrOf(st.entry)
+			s.record(rs, typeHTTP, allowed, client)
+		})
 	}
 	dropConnectionFields(r.Header)
 	if _, ok := r.Header["User-Agent"]; !ok {
@@ -456,8 +471,11 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
 			resp, err := rs.upstream.roundTrip(req, &v, func(c net.Conn) bool {
 				s.hold(st.client, c)
-				return s.gotUpstreamConn(rs, st.entry, c)
+				ok := s.gotUpstreamConn(rs, st.entry, c)
+				st.logAllowed()
+				return ok
 			})
+			st.logAllowed()
 			return s.upstreamAnswer(req, st, &v, resp, err)
 		})
 		return r, nil
@@ -487,6 +505,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 			if !s.gotUpstreamConn(rs, st.entry, info.Conn) {
 				st.refusedConn.Store(true)
 			}
+			st.logAllowed()
 			st.head.gotConn(info.Conn)
 		},
 		WroteRequest: func(info httptrace.WroteRequestInfo) {
@@ -499,6 +518,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	r = r.WithContext(httptrace.WithClientTrace(dctx, trace))
 	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
 		resp, err := rs.transport.RoundTrip(req)
+		st.logAllowed()
 		st.head.stop()
 		if st.head.fired.Load() {
 			if resp != nil { // the head came as the watch fired: its body's reads would fail

@@ -472,6 +472,18 @@ func (h *harness) dialProxy(t testing.TB) net.Conn {
 	return c
 }
 
+// waitLive waits until a connection is live (tracked): a CONNECT or request decided
+// and dialling, whose decision line may not be written yet (a CONNECT's comes after
+// its dial, to name the address dialled).
+func (h *harness) waitLive(t *testing.T) {
+	t.Helper()
+	waitFor(t, func() bool {
+		h.srv.tracker.mu.Lock()
+		defer h.srv.tracker.mu.Unlock()
+		return len(h.srv.tracker.conns) > 0
+	})
+}
+
 func discardLogger() *slog.Logger { return slog.New(slog.NewJSONHandler(io.Discard, nil)) }
 
 // serveTCP listens on ip and runs handle for each connection on a goroutine of its own,

@@ -13,7 +13,8 @@ import (
 	"time"
 )
 
-// decideTunnel decides and records a CONNECT target under rs.
+// decideTunnel decides a CONNECT target under rs and records a refusal; openTunnel
+// records an allowed verdict once it knows which address it dialled.
 func (s *Server) decideTunnel(ctx context.Context, rs *RuleSet, target, client string) Verdict {
 	v := Verdict{Host: target}
 	if h, port, reason := splitAuthority(target, 0); reason != "" {
@@ -21,7 +22,9 @@ func (s *Server) decideTunnel(ctx context.Context, rs *RuleSet, target, client s
 	} else {
 		v = s.decide(ctx, rs, h, port)
 	}
-	s.record(s.decidedBy(rs, v), typeConnect, v, client)
+	if !v.Allowed {
+		s.record(s.decidedBy(rs, v), typeConnect, v, client)
+	}
 	return v
 }
 
@@ -105,9 +108,15 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 	cutWhileDialling := cut
 	mu.Unlock()
 	if cutWhileDialling || errors.Is(err, errPolicyChanged) {
-		refuse()
+		refuse() // the one line of a CONNECT the swap refused before it connected
 		return false
 	}
+	// The decision line names the address dialled, which fail-over may have moved past
+	// the first candidate.
+	if addr.IsValid() {
+		v.Addr = addr
+	}
+	s.record(rs, typeConnect, v, r.RemoteAddr)
 	if err != nil {
 		s.tracker.remove(entry)
 		if ctx.Err() != nil && s.draining.Load() { // the drain's deadline, not the upstream

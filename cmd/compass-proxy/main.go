@@ -265,7 +265,12 @@ func (o *options) check(resolvConf string) error {
 		}
 		c.DNSUpstreams = append(c.DNSUpstreams, addr)
 	}
-	if len(o.upstreams) == 0 {
+	_, given := o.source["dns-upstream"]
+	if len(o.upstreams) == 0 && given {
+		// Given but empty (an unset shell variable, say) is not the default.
+		fail("dns-upstream", "empty: want an IP address with an optional port, or leave it out to use %s", resolvConf)
+	}
+	if len(o.upstreams) == 0 && !given {
 		c.DNSUpstreams = resolvConfServers(resolvConf)
 		// Refused rather than warned about: the proxy would start, report ready and then
 		// fail every name lookup, the sandbox's and its own, behind whatever policy the

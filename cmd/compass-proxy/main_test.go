@@ -86,6 +86,9 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 		}, ""},
 		{"upstream name", []string{"--dns-upstream", "dns.test:53"}, nil, nil, `--dns-upstream: "dns.test:53": want an IP address`},
 		{"upstream name from env", nil, map[string]string{"COMPASS_PROXY_DNS_UPSTREAM": "10.0.0.1,dns.test"}, nil, `COMPASS_PROXY_DNS_UPSTREAM: "dns.test": want an IP address`},
+		// An explicitly empty list fell back to resolv.conf as if it were unset.
+		{"empty upstream", []string{"--dns-upstream="}, nil, nil, "--dns-upstream: empty"},
+		{"empty upstream from env", nil, map[string]string{"COMPASS_PROXY_DNS_UPSTREAM": " , "}, nil, "COMPASS_PROXY_DNS_UPSTREAM: empty"},
 		{"upstream port 0", []string{"--dns-upstream", "10.0.0.1:0"}, nil, nil, `--dns-upstream: "10.0.0.1:0": port 0`},
 		{"upstream bad port", []string{"--dns-upstream", "10.0.0.1:dns"}, nil, nil, `--dns-upstream: "10.0.0.1:dns"`},
 		{"empty listen", []string{"--listen="}, nil, nil, "--listen: empty"},
