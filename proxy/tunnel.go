@@ -173,11 +173,10 @@ type tunnel struct {
 	clock            *idleClock
 	keepAlive        *time.Timer
 	ended            atomic.Int32 // directions that have ended
-	// halfClosed starts stopIdle, the watch that cuts a tunnel one of whose directions
-	// ended with EOF: the other may be blocked in a write to a peer that reads nothing,
-	// which no read deadline of its own ends (see relayDirection).
-	halfClosed sync.Once
-	stopIdle   func()
+	// idle cuts an idle tunnel whose directions are blocked in writes to peers that
+	// read nothing, which no read deadline ends, and shows the copies the progress of
+	// writes to peers that read slowly (see idleWatch).
+	idle idleWatch
 
 	entry       *liveConn
 	host        string
@@ -207,33 +206,21 @@ func (s *Server) startTunnel(t *tunnel) {
 	if tc, ok := t.upward.dst.(*net.TCPConn); ok {
 		t.keepAlive = time.AfterFunc(tunnelKeepAliveAfter, func() { _ = tc.SetKeepAliveConfig(upstreamKeepAlive) })
 	}
+	if t.upward.tcpDst != nil {
+		t.clock.socks = [2]*net.TCPConn{t.upward.tcpDst, t.upward.tcpSrc}
+	}
+	t.idle.start(t.clock, func() { t.upward.src.Close(); t.upward.dst.Close() })
 }
 
 // relayDirection runs direction d of t and, if it is the last to end, closes the
 // tunnel.
 func (s *Server) relayDirection(t *tunnel, d *direction) {
 	err := d.copy(t.clock)
-	if err == nil {
-		t.watchHalfClosed() // before the count, so that the closing direction sees the watch
-	}
 	last := t.ended.Add(1) == 2 // after d's count is final: the closing one reads it
 	d.end(err, last)
 	if last {
 		s.finishTunnel(t)
 	}
-}
-
-// watchHalfClosed starts, once, the idle watch of a tunnel a direction of which ended
-// with EOF: the other direction's read deadlines end its copy only while it waits for
-// input, not while it is blocked writing to a peer that has half-closed and reads
-// nothing, so without the watch such a tunnel would outlive --tunnel-idle-timeout for
-// ever. Out of line so that the relay's stack stays small.
-//
-//go:noinline
-func (t *tunnel) watchHalfClosed() {
-	t.halfClosed.Do(func() {
-		t.stopIdle = watchIdle(t.clock, func() { t.upward.src.Close(); t.upward.dst.Close() })
-	})
 }
 
 // tunnelKeepAliveAfter is how long a tunnel lives before its upstream side gets TCP
@@ -249,9 +236,7 @@ func (s *Server) finishTunnel(t *tunnel) {
 	if t.keepAlive != nil {
 		t.keepAlive.Stop()
 	}
-	if t.stopIdle != nil {
-		t.stopIdle()
-	}
+	t.idle.stop()
 	t.upward.src.Close()
 	t.upward.dst.Close()
 	s.tracker.remove(t.entry)
