@@ -99,6 +99,12 @@ func TestParseTargetRejects(t *testing.T) {
 		{"2130706433", "dotted-decimal"},
 		{"0x7f.0.0.1", "dotted-decimal"},
 		{"0177.0.0.1", "dotted-decimal"},
+		// The address of a CIDR breaks the same rules as an address alone.
+		{"010.0.0.0/8", "dotted-decimal"},
+		{"127.1/16", "dotted-decimal"},
+		{"0x7f.0.0.0/8", "dotted-decimal"},
+		{"fe80::%eth0/64", "zone"},
+		{"[fe80::%eth0/64]:443", "zone"},
 		{"user@pypi.org", "not allowed in a host name"},
 		{"pypi..org", "empty label"},
 		{"pypi.org..", "empty label"},

@@ -237,15 +237,20 @@ func parseHost(h string) (Target, error) {
 
 func parsePrefix(h string) (Target, error) {
 	addr, bits, _ := strings.Cut(h, "/")
-	if _, err := netip.ParseAddr(addr); err != nil {
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		if IsNonCanonicalIPv4(addr) {
+			return Target{}, ruleErr("an IPv4 address must be written in dotted-decimal form (a.b.c.d), not %s", Quote(addr))
+		}
 		return Target{}, ruleErr("a path is not allowed: write the host alone")
+	}
+	// Checked here: netip.ParsePrefix refuses a zone as a bad prefix length.
+	if a.Zone() != "" {
+		return Target{}, ruleErr("an IPv6 zone (%%%s) is not allowed", Clip(a.Zone()))
 	}
 	p, err := netip.ParsePrefix(h)
 	if err != nil {
 		return Target{}, ruleErr("the prefix length /%s is not valid for this address", Clip(bits))
-	}
-	if p.Addr().Zone() != "" {
-		return Target{}, ruleErr("an IPv6 zone is not allowed")
 	}
 	if m := p.Masked(); m != p {
 		return Target{}, ruleErr("a CIDR must be canonical (host bits zero): did you mean %s?", m)
@@ -261,6 +266,10 @@ func parsePrefix(h string) (Target, error) {
 	return Target{Kind: KindPrefix, Prefix: p}, nil
 }
 
+// maxUnicodeName bounds a name written with non-ASCII characters: 1 KiB holds its 253
+// characters at 4 bytes each, the most a character that maps to one character takes.
+const maxUnicodeName = 1024
+
 // idnaProfile maps and validates internationalised names the way resolvers see them.
 var idnaProfile = idna.New(idna.MapForLookup(), idna.Transitional(false), idna.BidiRule(), idna.StrictDomainName(false))
 
@@ -273,10 +282,6 @@ func CanonicalHostname(h string) (string, error) {
 	if h == "" {
 		return "", ruleErr("the host name is empty")
 	}
-	h = strings.TrimSuffix(h, ".")
-	if h == "" || strings.HasSuffix(h, ".") {
-		return "", ruleErr("the host name has an empty label")
-	}
 	ascii := true
 	for i := 0; i < len(h); i++ {
 		if h[i] >= utf8.RuneSelf {
@@ -285,11 +290,23 @@ func CanonicalHostname(h string) (string, error) {
 		}
 	}
 	if !ascii {
+		// IDNA's punycode step costs the square of a label's distinct characters (48
+		// KiB took seconds), and a proxy client chooses the name: refuse first what no
+		// valid name needs.
+		if len(h) > maxUnicodeName {
+			return "", ruleErr("the host name is longer than %d bytes as written; a host name has at most 253 characters", maxUnicodeName)
+		}
 		p, err := idnaProfile.ToASCII(h)
 		if err != nil {
 			return "", ruleErr("not a valid internationalised host name (%s)", Clip(err.Error()))
 		}
 		h = p
+	}
+	// Trimmed after IDNA mapping, which turns a trailing U+3002, U+FF0E or U+FF61 into
+	// the root dot.
+	h = strings.TrimSuffix(h, ".")
+	if h == "" || strings.HasSuffix(h, ".") {
+		return "", ruleErr("the host name has an empty label")
 	}
 	h = strings.ToLower(h)
 	if len(h) > 253 {

@@ -1,0 +1,63 @@
+package policy
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestCanonicalHostnameIDNDots checks that the full stops IDNA maps to '.' (U+3002,
+// U+FF0E, U+FF61) separate labels anywhere, the end included: a trailing one is the
+// root dot, which is the same name, and two are still an empty label.
+func TestCanonicalHostnameIDNDots(t *testing.T) {
+	tests := []struct {
+		in, want string // want "" means refused with an empty label
+	}{
+		{"example\u3002test", "example.test"},
+		{"example.test\u3002", "example.test"},
+		{"example.test\uff0e", "example.test"},
+		{"example.test\uff61", "example.test"},
+		{"b\u00fccher.example\u3002", "xn--bcher-kva.example"},
+		{"example.test\u3002.", ""},
+		{"example.test.\u3002", ""},
+		{"example.test\u3002\u3002", ""},
+		{"\u3002", ""},
+	}
+	for _, tc := range tests {
+		got, err := CanonicalHostname(tc.in)
+		switch {
+		case tc.want == "" && (err == nil || !strings.Contains(err.Error(), "empty label")):
+			t.Errorf("CanonicalHostname(%q) = %q, %v; want an empty-label error", tc.in, got, err)
+		case tc.want != "" && (err != nil || got != tc.want):
+			t.Errorf("CanonicalHostname(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+	// A rule written with the trailing full stop is the rule without it.
+	tg, err := ParseTarget("*.example.test\u3002:443")
+	if err != nil || tg.String() != "*.example.test:443" {
+		t.Errorf("ParseTarget(\"*.example.test\\u3002:443\") = %q, %v; want *.example.test:443", tg, err)
+	}
+}
+
+// TestCanonicalHostnameLongUnicodeIsCheap checks that a long non-ASCII name is refused
+// before IDNA processing, whose punycode step costs the square of the number of
+// distinct characters in a label: a client of the proxy controls the host it asks for
+// (up to the 64 KiB request head), and 48 KiB of distinct CJK characters took seconds.
+func TestCanonicalHostnameLongUnicodeIsCheap(t *testing.T) {
+	var b strings.Builder
+	for i := range 16 << 10 {
+		b.WriteRune(rune(0x4e00 + i))
+	}
+	name := b.String()
+	// The length refusal, not IDNA's own error: only it comes before the conversion.
+	_, err := CanonicalHostname(name)
+	if err == nil || !strings.Contains(err.Error(), "longer than") {
+		t.Errorf("CanonicalHostname of %d bytes: %v, want a length error", len(name), err)
+	}
+	// The longest names still pass: 253 characters, each written as a 4-byte mathematical
+	// letter or a 3-byte ideographic full stop.
+	long := strings.Repeat(strings.Repeat("\U0001d41a", 63)+"\u3002", 3) + strings.Repeat("\U0001d41a", 61)
+	want := strings.Repeat(strings.Repeat("a", 63)+".", 3) + strings.Repeat("a", 61)
+	if got, err := CanonicalHostname(long); err != nil || got != want {
+		t.Errorf("CanonicalHostname of a 253-character name in %d bytes = %q, %v; want %q", len(long), got, err, want)
+	}
+}
