@@ -56,8 +56,8 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 	// that cuts it while it is set up closes the upstream side and leaves the client a
 	// clean answer rather than a bare EOF: a 403 if the 200 is not on its way yet, else
 	// the 200 and then the close. The 200 is written without the lock, so that a client
-	// that reads nothing cannot hold the swap; a cut bounds that write instead. Once the
-	// tunnel is established, a cut closes both sides.
+	// that reads nothing cannot hold the swap; --header-timeout bounds that write, and a
+	// cut bounds it sooner. Once the tunnel is established, a cut closes both sides.
 	const (
 		dialling = iota
 		settingUp
@@ -135,6 +135,11 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 		fail("503 Service Unavailable", "draining")
 		return false
 	}
+	// The 200 is bounded as the front's last answers are: a client that reads nothing
+	// (its buffers full of answers to requests it pipelined) must not hold a worker and
+	// a connection slot. Set before the state says confirming, so a cut's shorter
+	// deadline comes after it.
+	_ = client.SetWriteDeadline(time.Now().Add(s.cfg.HeaderTimeout))
 	mu.Lock()
 	if cut {
 		mu.Unlock()
@@ -155,6 +160,7 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 		s.tunnels.Done()
 		return false
 	}
+	_ = client.SetWriteDeadline(time.Time{})
 	s.metrics.activeConnect.Inc()
 	// The tunnel keeps only what it logs: not the request, whose memory would otherwise
 	// live as long as the tunnel.

@@ -125,3 +125,32 @@ func TestDrainDeadlineCutsConnectDial(t *testing.T) {
 		t.Errorf("a Warn line blames the upstream: %s", h.logs.String())
 	}
 }
+
+// A client that reads nothing blocks the write of its 200; --header-timeout ends that
+// write as it ends the front's other last answers, and the tunnel gives back its
+// connection, its slot in the drain's count and its place in the tracker.
+func TestTunnelConfirmationWriteIsBounded(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.HeaderTimeout = 200 * time.Millisecond })
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+	client, peer := net.Pipe() // nothing reads peer: the write of the 200 blocks
+	defer peer.Close()
+	target := h.a.echoHostPort("a.test")
+	req, _ := http.NewRequest(http.MethodConnect, "http://"+target, nil)
+	req.URL.Host, req.RemoteAddr = target, "127.0.0.1:1"
+	rs := h.srv.current.Load()
+	v := h.srv.decideTunnel(context.Background(), rs, target, req.RemoteAddr)
+	if !v.Allowed {
+		t.Fatal("a.test refused")
+	}
+	opened := make(chan bool, 1)
+	go func() { opened <- h.srv.openTunnel(req.Context(), func() {}, req, client, nil, rs, v) }()
+	select {
+	case ok := <-opened:
+		if ok {
+			t.Error("a tunnel whose 200 was never written reported established")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the write of the 200 to a client that reads nothing still blocks after 10 s")
+	}
+	waitFor(t, func() bool { return h.srv.tracker.len() == 0 })
+}
