@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"runtime/debug"
 	"strconv"
@@ -288,7 +289,7 @@ func (f *front) serveConn(c net.Conn) {
 		cc.in.N = math.MaxInt64
 		if err != nil {
 			cancel()
-			f.refuseHead(cc.c, err, drain, tooLong)
+			f.refuseHead(cc, err, drain, tooLong)
 			return
 		}
 		// The head's deadline stays while nothing reads the connection (the next
@@ -300,7 +301,11 @@ func (f *front) serveConn(c net.Conn) {
 		req.RemoteAddr = cc.remote
 		if answer := checkRequest(req, fields); answer != "" {
 			cancel()
-			f.answer(c, answer)
+			typ := typeHTTP
+			if req.Method == http.MethodConnect {
+				typ = typeConnect
+			}
+			f.refuseMalformed(cc, typ, ReasonMalformedRequest, req.Host, answer)
 			return
 		}
 		if req.Method == http.MethodConnect {
@@ -323,16 +328,27 @@ func (f *front) serveConn(c net.Conn) {
 // refuseHead answers a head that could not be read: 503 when the drain interrupted it,
 // 431 when it was too long, 400 when it was malformed; a client that went away or
 // stalled gets nothing.
-func (f *front) refuseHead(c net.Conn, err error, drain, tooLong bool) {
+func (f *front) refuseHead(cc *clientConn, err error, drain, tooLong bool) {
 	switch {
 	case drain:
-		f.answer(c, drainingAnswer)
+		f.answer(cc.c, drainingAnswer)
 	case tooLong:
-		f.answer(c, plainAnswer("431 Request Header Fields Too Large"))
+		f.refuseMalformed(cc, typeHTTP, ReasonHeadTooLong, "", plainAnswer("431 Request Header Fields Too Large"))
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, os.ErrDeadlineExceeded):
 	default:
-		f.answer(c, plainAnswer("400 Bad Request"))
+		f.refuseMalformed(cc, typeHTTP, ReasonMalformedRequest, "", plainAnswer("400 Bad Request"))
 	}
+}
+
+// refuseMalformed answers a head the proxy will not serve and counts and logs the
+// refusal as a decision: there is no destination to decide on (nor to list in
+// /v1/blocked), but an operator sees who sent what (a desync attempt, say). host is
+// what the head named, if it could be read.
+func (f *front) refuseMalformed(cc *clientConn, typ, reason, host, answer string) {
+	f.answer(cc.c, answer)
+	s := f.s
+	s.metrics.requests.WithLabelValues(typ, "denied", reason).Inc()
+	s.logDecision(s.current.Load(), typ, "denied", reason, "", host, 0, netip.Addr{}, cc.remote)
 }
 
 // errorAnswer is the proxy's own failure (not a policy refusal): an empty answer whose

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // A client that sends half a head, or nothing, is cut at --header-timeout: the half
@@ -135,5 +136,40 @@ func TestDecisionLineClipsTheHost(t *testing.T) {
 	})
 	if len(line) > 2048 || !strings.Contains(line, `"host":"`+strings.Repeat("x", maxHostBytes)+`"`) {
 		t.Fatalf("decision line of %d bytes, want the host clipped to %d: %.300s", len(line), maxHostBytes, line)
+	}
+}
+
+// A head the proxy refuses before any destination is decided (malformed, too long, a
+// desync attempt) is still a refusal: counted under its reason and logged with the
+// client, though not listed in /v1/blocked, which lists destinations.
+func TestMalformedHeadsAreCountedAndLogged(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	cases := []struct {
+		name, raw, status, typ, reason, host string
+	}{
+		{"unparsable", "GET http://a.test/ HTTP/1.1\r\nHost a.test\r\n\r\n", "HTTP/1.1 400", typeHTTP, ReasonMalformedRequest, ""},
+		{"too long", "GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nX: " + strings.Repeat("x", maxHeadBytes) + "\r\n\r\n", "HTTP/1.1 431", typeHTTP, ReasonHeadTooLong, ""},
+		{"length and chunked", "POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "HTTP/1.1 400", typeHTTP, ReasonMalformedRequest, "a.test"},
+		{"CONNECT with length and chunked", "CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", "HTTP/1.1 400", typeConnect, ReasonMalformedRequest, "a.test:443"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := testutil.ToFloat64(h.srv.metrics.requests.WithLabelValues(tc.typ, "denied", tc.reason))
+			logged := len(h.logs.String())
+			if out := h.raw(tc.raw); !strings.HasPrefix(out, tc.status) {
+				t.Fatalf("answer %q, want %s", firstLine(out), tc.status)
+			}
+			if got := testutil.ToFloat64(h.srv.metrics.requests.WithLabelValues(tc.typ, "denied", tc.reason)); got != before+1 {
+				t.Errorf("requests_total{type=%q,decision=\"denied\",reason=%q} went from %v to %v, want one more", tc.typ, tc.reason, before, got)
+			}
+			line := fmt.Sprintf(`"msg":"decision","decision":"denied","reason":%q,"rule":"","host":%q,"port":0,"addr":"","client":"127.0.0.1:`, tc.reason, tc.host)
+			if logs := h.logs.String()[logged:]; !strings.Contains(logs, line) {
+				t.Errorf("no decision line %s in:\n%s", line, logs)
+			}
+		})
+	}
+	if _, blocked := h.admin("GET", "/v1/blocked", ""); blocked["total"] != float64(0) {
+		t.Errorf("GET /v1/blocked lists refusals without a destination: %v", blocked)
 	}
 }
