@@ -147,7 +147,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&c.Phase, "phase", "", "initial phase label of logs")
 	fs.BoolVar(&c.RequireNoForwarding, "require-no-forwarding", true, "refuse readiness unless IPv4 and IPv6 forwarding are off")
 	fs.DurationVar(&c.HeaderTimeout, "header-timeout", 10*time.Second, "time a client has to send request headers; also bounds writing the proxy's last answers (a 400, a refused or failed CONNECT) to a client that reads nothing")
-	fs.DurationVar(&c.DialTimeout, "dial-timeout", 10*time.Second, "time to connect to a destination (and for its TLS handshake on https:// requests)")
+	fs.DurationVar(&c.DialTimeout, "dial-timeout", 10*time.Second, "time to connect to one address of a destination, each address tried in turn (and for the TLS handshake on https:// requests)")
 	fs.DurationVar(&c.DNSTimeout, "dns-timeout", 2*time.Second, "time for one upstream DNS exchange")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 90*time.Second, "idle keep-alive connections (client and upstream) are closed after this")
 	fs.DurationVar(&c.TunnelIdleTimeout, "tunnel-idle-timeout", 15*time.Minute, "a CONNECT tunnel or websocket relay with no byte either way for this long is closed; a forwarded HTTP request ends when its client sends nothing of its body, its upstream takes nothing of that body (504) or sends nothing of its answer head (504) or body, or its client reads nothing of the answer, for this long")
