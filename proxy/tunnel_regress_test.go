@@ -26,18 +26,7 @@ func TestSwapIsNotHeldByAStuckEstablishedWrite(t *testing.T) {
 		}
 		others = append(others, other)
 	}
-	client, peer := net.Pipe() // nothing reads peer: the write of the 200 blocks
-	defer peer.Close()
-	target := h.a.echoHostPort("a.test")
-	req, _ := http.NewRequest(http.MethodConnect, "http://"+target, nil)
-	req.URL.Host, req.RemoteAddr = target, "127.0.0.1:1"
-	rs := h.srv.current.Load()
-	v := h.srv.decideTunnel(context.Background(), rs, target, req.RemoteAddr)
-	if !v.Allowed {
-		t.Fatal("a.test refused")
-	}
-	opened := make(chan bool, 1)
-	go func() { opened <- h.srv.openTunnel(req.Context(), func() {}, req, client, nil, rs, v) }()
+	opened, peer := openToStuckClient(t, h, h.a.echoHostPort("a.test"))
 	waitFor(t, func() bool { return h.srv.tracker.len() == 9 })
 
 	applied := make(chan ApplyResult, 1)
@@ -132,18 +121,7 @@ func TestDrainDeadlineCutsConnectDial(t *testing.T) {
 func TestTunnelConfirmationWriteIsBounded(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.HeaderTimeout = 200 * time.Millisecond })
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
-	client, peer := net.Pipe() // nothing reads peer: the write of the 200 blocks
-	defer peer.Close()
-	target := h.a.echoHostPort("a.test")
-	req, _ := http.NewRequest(http.MethodConnect, "http://"+target, nil)
-	req.URL.Host, req.RemoteAddr = target, "127.0.0.1:1"
-	rs := h.srv.current.Load()
-	v := h.srv.decideTunnel(context.Background(), rs, target, req.RemoteAddr)
-	if !v.Allowed {
-		t.Fatal("a.test refused")
-	}
-	opened := make(chan bool, 1)
-	go func() { opened <- h.srv.openTunnel(req.Context(), func() {}, req, client, nil, rs, v) }()
+	opened, _ := openToStuckClient(t, h, h.a.echoHostPort("a.test"))
 	select {
 	case ok := <-opened:
 		if ok {
@@ -153,4 +131,24 @@ func TestTunnelConfirmationWriteIsBounded(t *testing.T) {
 		t.Fatal("the write of the 200 to a client that reads nothing still blocks after 10 s")
 	}
 	waitFor(t, func() bool { return h.srv.tracker.len() == 0 })
+}
+
+// openToStuckClient decides a CONNECT to target (which must be allowed) and opens the
+// tunnel for a client that reads nothing, so that the write of its 200 blocks. opened
+// reports what openTunnel returned; peer is the client's end, which nothing reads
+// until the test does.
+func openToStuckClient(t *testing.T, h *harness, target string) (opened <-chan bool, peer net.Conn) {
+	t.Helper()
+	client, peer := net.Pipe()
+	t.Cleanup(func() { peer.Close() })
+	req, _ := http.NewRequest(http.MethodConnect, "http://"+target, nil)
+	req.URL.Host, req.RemoteAddr = target, "127.0.0.1:1"
+	rs := h.srv.current.Load()
+	v := h.srv.decideTunnel(context.Background(), rs, target, req.RemoteAddr)
+	if !v.Allowed {
+		t.Fatalf("%s refused", target)
+	}
+	result := make(chan bool, 1)
+	go func() { result <- h.srv.openTunnel(req.Context(), func() {}, req, client, nil, rs, v) }()
+	return result, peer
 }
