@@ -1,6 +1,8 @@
 package dockerenv
 
 import (
+	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -51,4 +53,33 @@ func TestEveryTransition(t *testing.T) {
 	if len(seen) != 12 {
 		t.Fatalf("walk covered %d of 12 transitions", len(seen))
 	}
+}
+
+// A 100k-entry allowlist goes through the controller and the real sidecar as a small
+// one does: the sidecar's acknowledgement, which repeats the policy (about 2 MiB of
+// it), is read whole, and the new set is in force: allowed.test, among 99 999 other
+// names, is reachable, blocked.test is not.
+func TestLargeAllowlistSwitch(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	hosts := make([]string, 0, 100_000)
+	for i := range 99_999 {
+		hosts = append(hosts, fmt.Sprintf("h%d.large.test", i))
+	}
+	hosts = append(hosts, "allowed.test")
+	doc, err := json.Marshal(map[string]any{"network_mode": "allowlist", "allowed_hosts": hosts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	large := mustParse(string(doc))
+	p := h.Provider(t)
+	e := h.Open(t, p, "large", policy.NoNetwork)
+	tr, err := e.Apply(timeout(t, 3*time.Minute), large, controller.PhaseLabel{Phase: "large"})
+	if err != nil {
+		t.Fatalf("switch to a 100k-entry allowlist: %v", err)
+	}
+	if !tr.OK || tr.ToMode != policy.ModeAllowlist || tr.Digest != large.Digest() {
+		t.Errorf("transition record = %+v", tr)
+	}
+	assertState(t, e, policy.ModeAllowlist)
 }
