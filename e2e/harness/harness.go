@@ -70,12 +70,18 @@ type Harness struct {
 
 // Main runs the package's tests with a harness in *h, and tears it down afterwards. If
 // Docker is unreachable, every test calling Need fails when CI is set and is skipped
-// with a loud message otherwise. With -short (make unit) nothing is set up and every
-// test calling Need is skipped.
+// with a loud message otherwise. With -short (make unit) or -list nothing is set up and
+// every test calling Need is skipped.
 func Main(m *testing.M, pkg string, h **Harness) int {
 	flag.Parse()
 	if testing.Short() {
 		*h = &Harness{skipReason: "-short runs no e2e tests", short: true}
+		return m.Run()
+	}
+	// Listing the tests runs none: it must not build images or remove what another
+	// run of the package is using.
+	if f := flag.Lookup("test.list"); f != nil && f.Value.String() != "" {
+		*h = &Harness{skipReason: "-list runs no tests", short: true}
 		return m.Run()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
