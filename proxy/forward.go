@@ -661,7 +661,7 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (net.Conn, 
 // first (see admitAddr), and when the rule set in force refused one and no other
 // could be dialled the error is errPolicyChanged.
 func (s *Server) dialVerdict(ctx context.Context, v *Verdict, keepAlive bool, rs *RuleSet, entry *liveConn) (*net.TCPConn, netip.Addr, error) {
-	d := net.Dialer{Timeout: s.cfg.DialTimeout, KeepAlive: -1}
+	d := net.Dialer{Timeout: s.cfg.DialTimeout, KeepAlive: -1, Control: s.cfg.dialControl}
 	if keepAlive {
 		d.KeepAliveConfig = upstreamKeepAlive
 	}

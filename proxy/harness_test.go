@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -252,6 +253,7 @@ func newHarness(t testing.TB, tune ...func(*Config)) *harness {
 		DialTimeout:   10 * time.Second,
 		DrainTimeout:  2 * time.Second,
 		Logger:        slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		dialControl:   loopbackOnly,
 	}
 	for _, f := range tune {
 		f(&cfg)
@@ -538,4 +540,31 @@ func (t *tracker) len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.conns)
+}
+
+// loopbackOnly refuses, before the connect, every upstream dial outside loopback: a
+// test whose guard or policy broke fails with a 502 and never reaches a real address
+// (the cloud metadata service of the machine running it, say).
+func loopbackOnly(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil || !ap.Addr().Unmap().IsLoopback() {
+		return fmt.Errorf("test: refusing to dial %s: not a loopback address", address)
+	}
+	return nil
+}
+
+// TestHarnessDialsOnlyLoopback: what a test's proxy would dial outside loopback (here
+// a documentation address the public policy allows) is refused before the connect, so
+// a broken guard shows as a failed test, never as a connection to a real address.
+func TestHarnessDialsOnlyLoopback(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	for _, target := range []string{"192.0.2.1:80", "[2001:db8::1]:80"} {
+		if status, header := h.connectStatus(target); status != http.StatusBadGateway || header != "error; reason=dial-failed" {
+			t.Errorf("CONNECT %s: %d %q, want 502 dial-failed", target, status, header)
+		}
+	}
+	if !strings.Contains(h.logs.String(), "refusing to dial 192.0.2.1:80: not a loopback address") {
+		t.Errorf("the dial was not refused by the harness:\n%s", h.logs.String())
+	}
 }

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/elazarl/goproxy"
@@ -78,6 +79,9 @@ type Config struct {
 	// controlReadTimeout and controlIdleTimeout override the constants of the same
 	// names (tests).
 	controlReadTimeout, controlIdleTimeout time.Duration
+	// dialControl, when set, runs before every upstream connect (tests: refuse anything
+	// but loopback, so that a broken guard fails a test without reaching a real address).
+	dialControl func(network, address string, c syscall.RawConn) error
 }
 
 // Connection types, as they appear in logs and metric labels.
