@@ -173,3 +173,40 @@ func TestMalformedHeadsAreCountedAndLogged(t *testing.T) {
 		t.Errorf("GET /v1/blocked lists refusals without a destination: %v", blocked)
 	}
 }
+
+// TestMetricsGaugesAndLabels: the active-connection gauge counts what is live (a test
+// that only ever waits for 0 passes with a gauge never raised), an unlisted query type
+// is counted as "other", and every label of every metric is one of a fixed set: none
+// can carry a host, an address or any other value a client chooses.
+func TestMetricsGaugesAndLabels(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	_, tc := h.connect(h.a.echoHostPort("a.test"), "")
+	if tc == nil {
+		t.Fatal("CONNECT refused")
+	}
+	waitFor(t, func() bool { return testutil.ToFloat64(h.srv.metrics.activeConnect) == 1 })
+	tc.Close()
+	waitFor(t, func() bool { return testutil.ToFloat64(h.srv.metrics.activeConnect) == 0 })
+
+	h.query("a.test", 65280, "udp")
+	waitFor(t, func() bool {
+		return testutil.ToFloat64(h.srv.metrics.dnsQueries.WithLabelValues("allowed", "other")) == 1
+	})
+
+	families, err := h.srv.metrics.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := map[string]bool{"type": true, "decision": true, "reason": true, "qtype": true,
+		"direction": true, "result": true, "protocol": true, "version": true, "goversion": true}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if !allowed[l.GetName()] {
+					t.Errorf("%s has a label %q outside the fixed set", f.GetName(), l.GetName())
+				}
+			}
+		}
+	}
+}
