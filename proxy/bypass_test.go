@@ -27,6 +27,8 @@ func TestBypassVectors(t *testing.T) {
 		{"short IPv4", fmt.Sprintf("GET http://127.3:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", bp), "reason=non-canonical-address", "local="},
 		{"CONNECT short IPv4", fmt.Sprintf("CONNECT 127.3:%d HTTP/1.1\r\nHost: x\r\n\r\n", bp), "reason=non-canonical-address", ""},
 		{"CONNECT decimal IPv4", fmt.Sprintf("CONNECT 2130706435:%d HTTP/1.1\r\n\r\n", bp), "reason=non-canonical-address", ""},
+		{"CONNECT hex IPv4", fmt.Sprintf("CONNECT 0x7f.0.0.3:%d HTTP/1.1\r\n\r\n", bp), "reason=non-canonical-address", ""},
+		{"CONNECT octal IPv4", fmt.Sprintf("CONNECT 0177.0.0.3:%d HTTP/1.1\r\n\r\n", bp), "reason=non-canonical-address", ""},
 		{"CONNECT IP literal of an allowed name", fmt.Sprintf("CONNECT 127.0.0.2:%d HTTP/1.1\r\n\r\n", ap), "reason=not-allowlisted", ""},
 		{"GET IP literal of an allowed name", fmt.Sprintf("GET http://127.0.0.2:%d/ HTTP/1.1\r\nHost: a.test\r\n\r\n", ap), "reason=not-allowlisted", "local="},
 		{"Host header names a denied host", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: b.test:%d\r\nConnection: close\r\n\r\n", ap, bp), "reason=host-mismatch", "local="},
@@ -61,7 +63,7 @@ func TestBypassVectors(t *testing.T) {
 		{"h2c upgrade", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n", ap), "reason=unsupported-upgrade", "local="},
 		{"h2c upgrade in a second Upgrade field", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nUpgrade: h2c\r\n\r\n", ap), "reason=unsupported-upgrade", "local="},
 		{"h2c upgrade listed after websocket", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket, h2c\r\n\r\n", ap), "reason=unsupported-upgrade", "local="},
-		{"HTTP/2 prior knowledge", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "HTTP/1.1 ", "local="},
+		{"HTTP/2 prior knowledge", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "HTTP/1.1 505 ", "local="},
 		{"garbage", "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n", "HTTP/1.1 400", "local="},
 	}
 	for _, tc := range cases {
@@ -90,6 +92,15 @@ func TestBypassVectors(t *testing.T) {
 				t.Errorf("a refusal must never be 407: %q", firstLine(out))
 			}
 		})
+	}
+	// An address in a non-canonical form is refused as written, never looked up as a
+	// name (a resolver could answer 2130706435 with anything).
+	for _, m := range h.dns.seenMsgs() {
+		for _, q := range m.Question {
+			if name := strings.TrimSuffix(q.Name, "."); name == "2130706435" || strings.HasPrefix(name, "0x7f") || strings.HasPrefix(name, "0177") || name == "127.3" {
+				t.Errorf("the proxy looked up %q", q.Name)
+			}
+		}
 	}
 }
 

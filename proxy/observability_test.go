@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -208,5 +209,43 @@ func TestMetricsGaugesAndLabels(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestEveryMetricDocumented: each compass_ metric the proxy registers has a row in the
+// README's table and a section in docs/proxy.md, so neither can fall behind the code.
+func TestEveryMetricDocumented(t *testing.T) {
+	m := newMetrics()
+	m.requests.WithLabelValues(typeHTTP, "allowed", "public")
+	m.dnsQueries.WithLabelValues("allowed", "A")
+	m.dialDuration.Observe(0)
+	families, err := m.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile("../docs/proxy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range families {
+		name := f.GetName()
+		if !strings.HasPrefix(name, "compass_") {
+			continue
+		}
+		n++
+		if !strings.Contains(string(readme), "| `"+name+"` |") {
+			t.Errorf("README.md has no row for %s", name)
+		}
+		if !strings.Contains(string(doc), "### `"+name) {
+			t.Errorf("docs/proxy.md has no section for %s", name)
+		}
+	}
+	if n < 12 {
+		t.Errorf("only %d compass_ metrics gathered", n)
 	}
 }

@@ -97,3 +97,31 @@ func TestHeldConnBelongsToItsLastRequest(t *testing.T) {
 		t.Fatal("a closed connection is still held")
 	}
 }
+
+// TestPutClosesLiveTunnelBeforeAnswering: through the admin socket, as the controller
+// swaps: by the time the answer to the PUT arrives, a tunnel opened under public is
+// closed on both sides, and the answer counts it.
+func TestPutClosesLiveTunnelBeforeAnswering(t *testing.T) {
+	h := newHarness(t)
+	ups := make(chan net.Conn, 1)
+	addr := serveTCP(t, "127.0.0.2", func(c net.Conn, done <-chan struct{}) {
+		ups <- c
+		<-done
+	})
+	h.apply(`"public"`)
+	_, tc := h.connect(addr.String(), "")
+	if tc == nil {
+		t.Fatal("CONNECT refused")
+	}
+	up := <-ups
+	code, got := h.admin("PUT", "/v1/policy", `"no-network"`)
+	if code != http.StatusOK || got["closed_connections"] != float64(1) {
+		t.Fatalf("PUT no-network: %d %v, want 200 with closed_connections 1", code, got)
+	}
+	if !peerClosed(t, up) {
+		t.Error("the tunnel's upstream side is still open after the PUT was answered")
+	}
+	if !peerClosed(t, tc.Conn) {
+		t.Error("the tunnel's client side is still open after the PUT was answered")
+	}
+}
