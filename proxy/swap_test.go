@@ -125,6 +125,7 @@ func TestReloadUnderLoad(t *testing.T) {
 		firstErr.CompareAndSwap(nil, err)
 	}
 	ready := make(chan struct{}, workers)
+	var ops [workers]atomic.Int64 // round trips completed, per worker
 	for i := range workers {
 		wg.Add(1)
 		go func() {
@@ -155,6 +156,7 @@ func TestReloadUnderLoad(t *testing.T) {
 						fail(err)
 						return
 					}
+					ops[i].Add(1)
 					time.Sleep(time.Millisecond)
 				}
 			}
@@ -179,11 +181,16 @@ func TestReloadUnderLoad(t *testing.T) {
 					fail(fmt.Errorf("status %d", resp.StatusCode))
 					return
 				}
+				ops[i].Add(1)
 			}
 		}()
 	}
 	for range workers {
 		<-ready
+	}
+	var before [workers]int64
+	for i := range workers {
+		before[i] = ops[i].Load()
 	}
 	for i := range 100 {
 		if res := h.apply(policies[i%len(policies)]); res.ClosedConnections != 0 {
@@ -191,6 +198,16 @@ func TestReloadUnderLoad(t *testing.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+	// Every connection still carries traffic after the swaps: a swap that stalled
+	// decisions or relays would fail nothing above.
+	waitFor(t, func() bool {
+		for i := range workers {
+			if ops[i].Load() <= before[i] && failures.Load() == 0 {
+				return false
+			}
+		}
+		return true
+	})
 	close(done)
 	wg.Wait()
 	if n := failures.Load(); n > 0 {
