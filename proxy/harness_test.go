@@ -134,7 +134,7 @@ type upstream struct {
 func startUpstream(t testing.TB, ip string) *upstream {
 	t.Helper()
 	u := &upstream{ip: netip.MustParseAddr(ip)}
-	ln, err := net.Listen("tcp", ip+":0")
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func startUpstream(t testing.TB, ip string) *upstream {
 	u.wg.Add(1)
 	go func() { defer u.wg.Done(); _ = u.srv.Serve(ln) }()
 
-	u.echo, err = net.Listen("tcp", ip+":0")
+	u.echo, err = net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -494,7 +494,7 @@ func discardLogger() *slog.Logger { return slog.New(slog.NewJSONHandler(io.Disca
 // handlers.
 func serveTCP(t testing.TB, ip string, handle func(c net.Conn, done <-chan struct{})) *net.TCPAddr {
 	t.Helper()
-	ln, err := net.Listen("tcp", ip+":0")
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}

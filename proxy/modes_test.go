@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 )
@@ -38,6 +39,10 @@ func TestModesAndRuleKinds(t *testing.T) {
 			{"a.test", ap, ""}, {"b.test", bp, ""}, {"x.svc.test", h.c.httpPort, "not-allowlisted"}}},
 		{"allowlist ip:port", fmt.Sprintf(`{"network_mode":"allowlist","allowed_hosts":["127.0.0.2:%d"]}`, ap), []probe{
 			{"a.test", ap, ""}, {"127.0.0.2", h.a.echoPort, "not-allowlisted"}}},
+		{"allowlist wildcard:port", fmt.Sprintf(`{"network_mode":"allowlist","allowed_hosts":["*.svc.test:%d"]}`, h.c.httpPort), []probe{
+			{"x.svc.test", h.c.httpPort, ""}, {"x.svc.test", h.c.echoPort, "not-allowlisted"}}},
+		{"allowlist cidr:port", fmt.Sprintf(`{"network_mode":"allowlist","allowed_hosts":["127.0.0.2/31:%d"]}`, ap), []probe{
+			{"a.test", ap, ""}, {"127.0.0.2", h.a.echoPort, "not-allowlisted"}, {"b.test", bp, "not-allowlisted"}}},
 		{"allowlist empty", `{"network_mode":"allowlist","allowed_hosts":[]}`, []probe{{"a.test", ap, "not-allowlisted"}}},
 		{"denylist host", `{"network_mode":"denylist","denied_hosts":["b.test"]}`, []probe{
 			{"a.test", ap, ""}, {"b.test", bp, "denylisted"}, {"B.Test.", bp, "denylisted"}}},
@@ -86,5 +91,35 @@ func checkOutcome(t *testing.T, what string, status int, header, reason string) 
 	}
 	if status != http.StatusForbidden || header != "denied; reason="+reason {
 		t.Errorf("%s: status %d header %q, want 403 with reason %s", what, status, header, reason)
+	}
+}
+
+// TestIPv6RuleKinds: IPv6 address, CIDR and [address]:port rules match the address a
+// name resolves to and an IPv6 literal alike (an upstream on ::1, which the rule lifts
+// the loopback guard for, as it would a public IPv6 address).
+func TestIPv6RuleKinds(t *testing.T) {
+	h := newHarness(t)
+	v6 := startUpstream(t, "::1")
+	h.dns.set("v6.test", netip.MustParseAddr("::1"))
+	hp, ep := v6.httpPort, v6.echoPort
+	cases := []struct {
+		policy string
+		target string
+		reason string // "" = allowed
+	}{
+		{`{"network_mode":"allowlist","allowed_hosts":["::1"]}`, fmt.Sprintf("[::1]:%d", hp), ""},
+		{`{"network_mode":"allowlist","allowed_hosts":["::1"]}`, fmt.Sprintf("v6.test:%d", hp), ""},
+		{`{"network_mode":"allowlist","allowed_hosts":["::1/128"]}`, fmt.Sprintf("v6.test:%d", hp), ""},
+		{fmt.Sprintf(`{"network_mode":"allowlist","allowed_hosts":["[::1]:%d"]}`, hp), fmt.Sprintf("v6.test:%d", hp), ""},
+		{fmt.Sprintf(`{"network_mode":"allowlist","allowed_hosts":["[::1]:%d"]}`, hp), fmt.Sprintf("[::1]:%d", ep), "not-allowlisted"},
+		{`{"network_mode":"allowlist","allowed_hosts":["2001:db8::/32"]}`, fmt.Sprintf("v6.test:%d", hp), "not-allowlisted"},
+		{`{"network_mode":"denylist","denied_hosts":["::1"]}`, fmt.Sprintf("v6.test:%d", hp), "denylisted"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.policy+" "+tc.target, func(t *testing.T) {
+			h.apply(tc.policy)
+			status, header := h.connectStatus(tc.target)
+			checkOutcome(t, "CONNECT "+tc.target, status, header, tc.reason)
+		})
 	}
 }
