@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -104,6 +105,11 @@ func (tr *taskRun) closeLeftovers(ctx context.Context, prev *Record) error {
 			continue
 		}
 		env, err := ra.Reattach(ctx, tr.t.ID, e.Role)
+		if err != nil && !errors.Is(err, ErrEnvironmentGone) {
+			// It may still be running under whatever policy it had: it stays open in the
+			// record, for a later resume or `close`, and nothing new starts beside it.
+			return fmt.Errorf("controller: resume task %s: leftover environment %s: %w", tr.t.ID, e.ID, err)
+		}
 		if err != nil {
 			// Gone already: the record says so instead of claiming it is open.
 			tr.rec.update(func(r *Record) {

@@ -2,12 +2,15 @@ package controller_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
+	"github.com/compass-egress/compass-egress/policy"
 )
 
 // interrupted runs tr until the "cancel" command, as a Ctrl-C would stop it.
@@ -156,5 +159,65 @@ func TestResumeRefusals(t *testing.T) {
 	fake.OpenErr = nil
 	if from, err := controller.ResumeFrom(neverRec, never, fake); err != nil || from != controller.StepOpen {
 		t.Errorf("never-opened task: %s, %v", from, err)
+	}
+}
+
+// A leftover the provider reports gone is recorded closed and the resume goes on; one it
+// could not reach (the engine unreachable) stays open in the record and stops the resume:
+// marking it closed would leave it running, with whatever policy it had, where no later
+// resume or record points at it.
+func TestResumeLeftoverGoneOrUnreached(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		err       error
+		running   bool // the leftover still exists
+		wantState controller.EnvState
+		wantErr   string
+	}{
+		{"gone", fmt.Errorf("no such thing: %w", controller.ErrEnvironmentGone), false, controller.EnvClosed, ""},
+		{"unreached", errors.New("engine unreachable"), true, controller.EnvOpen, "engine unreachable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := controllertest.New()
+			tr := task(t, controller.EvaluationFresh)
+			r := newRunner(t, fake)
+			if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
+				t.Fatal(err)
+			}
+			rec := readRecord(t, r, "t1")
+			rec.Status, rec.Ended = controller.StatusRunning, nil
+			rec.Steps = rec.Steps[:len(rec.Steps)-2]
+			for i := range rec.Environments {
+				if rec.Environments[i].Role == controller.RoleEvaluation {
+					rec.Environments[i].State = controller.EnvOpen
+				}
+			}
+			if tc.running {
+				if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: "t1", Role: controller.RoleEvaluation, Baseline: policy.Public}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fake.ReattachErr = func(controller.Role) error { return tc.err }
+			r.Provider = controllertest.ReattachingProvider{Provider: fake}
+			before := len(fake.Events())
+
+			out, err := r.RunTask(context.Background(), tr, rec)
+			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Errorf("resume: %v, want error %q", err, tc.wantErr)
+			}
+			// The first evaluation environment is the leftover; a resume that went on
+			// opened a second one.
+			for _, e := range out.Environments {
+				if e.Role == controller.RoleEvaluation {
+					if e.State != tc.wantState {
+						t.Errorf("leftover recorded as %s (%s), want %s", e.State, e.Reach, tc.wantState)
+					}
+					break
+				}
+			}
+			if got := fake.Events()[before:]; tc.running && len(got) != 0 {
+				t.Errorf("resume went on past an unreached leftover: %v", got)
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -115,10 +116,15 @@ type Reacher interface {
 }
 
 // Reattacher is implemented by providers that can take an environment left by another
-// process (a crashed run) back under control, so that --resume can close it.
+// process (a crashed run) back under control, so that --resume can close it. An error
+// that means the environment no longer exists wraps ErrEnvironmentGone; any other leaves
+// the environment's fate unknown.
 type Reattacher interface {
 	Reattach(ctx context.Context, task string, role Role) (Environment, error)
 }
+
+// ErrEnvironmentGone is what a Reattacher's error wraps when there is nothing to reattach.
+var ErrEnvironmentGone = errors.New("controller: environment no longer exists")
 
 // Runner runs task lifecycles against one provider and writes their records.
 type Runner struct {

@@ -30,7 +30,7 @@ func newEnvCloseCommand(f *envFlags) *cobra.Command {
 			defer done()
 			env := docker.EnvID(task, controller.Role(role))
 			result := map[string]any{"env": env, "retained": retain}
-			e, err := p.Lookup(cmd.Context(), env)
+			e, err := p.LookupTask(cmd.Context(), task, controller.Role(role))
 			switch {
 			case errors.Is(err, docker.ErrNoEnvironment):
 				// Idempotent: a second close, or one after a half-finished open, removes

@@ -26,7 +26,7 @@ func newEnvStatusCommand(f *envFlags) *cobra.Command {
 				return err
 			}
 			defer done()
-			e, err := p.Lookup(cmd.Context(), docker.EnvID(task, controller.Role(role)))
+			e, err := p.LookupTask(cmd.Context(), task, controller.Role(role))
 			if err != nil {
 				return err
 			}

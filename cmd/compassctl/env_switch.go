@@ -41,7 +41,7 @@ func newEnvSwitchCommand(f *envFlags) *cobra.Command {
 			defer done()
 			ctx, cancel := signalContext(cmd)
 			defer cancel()
-			e, err := p.Lookup(ctx, docker.EnvID(task, controller.Role(role)))
+			e, err := p.LookupTask(ctx, task, controller.Role(role))
 			if err != nil {
 				return err
 			}

@@ -38,7 +38,7 @@ func newEnvVerifyCommand(f *envFlags) *cobra.Command {
 				return err
 			}
 			defer done()
-			e, err := p.Lookup(cmd.Context(), docker.EnvID(task, controller.Role(role)))
+			e, err := p.LookupTask(cmd.Context(), task, controller.Role(role))
 			if err != nil {
 				return err
 			}

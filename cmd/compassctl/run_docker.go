@@ -69,7 +69,10 @@ func (p runProvider) Open(ctx context.Context, spec controller.EnvSpec) (control
 
 // Reattach finds the environment of a task's role that another process opened.
 func (p runProvider) Reattach(ctx context.Context, task string, role controller.Role) (controller.Environment, error) {
-	e, err := p.Lookup(ctx, docker.EnvID(task, role))
+	e, err := p.LookupTask(ctx, task, role)
+	if errors.Is(err, docker.ErrNoEnvironment) {
+		return nil, fmt.Errorf("%w: %w", controller.ErrEnvironmentGone, err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -36,6 +36,9 @@ type Provider struct {
 	ApplyErr func(phase string) error
 	// CloseErr, when set, decides whether closing an environment of that role fails.
 	CloseErr func(role controller.Role) error
+	// ReattachErr, when set, decides whether reattaching that role fails (other than by
+	// the environment being gone: the engine unreachable, say).
+	ReattachErr func(role controller.Role) error
 	// Missing lists artifact paths that do not resolve.
 	Missing map[string]bool
 	// Cancel is called by the "cancel" command (a test's Ctrl-C).
@@ -113,6 +116,11 @@ type ReattachingProvider struct{ *Provider }
 
 // Reattach returns the environment left open under that task and role.
 func (p ReattachingProvider) Reattach(_ context.Context, task string, role controller.Role) (controller.Environment, error) {
+	if p.ReattachErr != nil {
+		if err := p.ReattachErr(role); err != nil {
+			return nil, err
+		}
+	}
 	id := task
 	if role == controller.RoleEvaluation {
 		id += "-eval"
@@ -121,7 +129,7 @@ func (p ReattachingProvider) Reattach(_ context.Context, task string, role contr
 	e, ok := p.envs[id]
 	p.mu.Unlock()
 	if !ok || e.isClosed() {
-		return nil, fmt.Errorf("fake: environment %s not found", id)
+		return nil, fmt.Errorf("fake: environment %s: %w", id, controller.ErrEnvironmentGone)
 	}
 	p.logf("%s reattach", role)
 	return e, nil

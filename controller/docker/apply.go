@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/network"
@@ -24,6 +25,9 @@ const (
 	partRoutes  = "routes"  // default routes in the agent's namespace
 	partSidecar = "sidecar" // sidecar restarted or reconnected (repair)
 )
+
+// maxPhaseLabel is the longest phase label compass-proxy takes (as it takes task labels).
+const maxPhaseLabel = 128
 
 // SwitchReport is a transition plus what the switch changed, for people.
 type SwitchReport struct {
@@ -55,9 +59,22 @@ func (e *Env) Switch(ctx context.Context, pol policy.Policy, label controller.Ph
 	if !pol.Mode.Valid() {
 		return r, fmt.Errorf("docker: switch %s: invalid policy", e.names.Env)
 	}
-	unlock, err := e.lock()
-	if err != nil {
+	// compass-proxy refuses such a label with the whole PUT, which a restricting switch
+	// sends only after cutting the wiring: the switch would fail closed for a label.
+	if len(label.Phase) > maxPhaseLabel || strings.IndexFunc(label.Phase, unicode.IsControl) >= 0 {
+		return r, fmt.Errorf("docker: switch %s: phase label %s: must be at most %d bytes of text without control characters", e.names.Env, policy.Quote(label.Phase), maxPhaseLabel)
+	}
+	unlock, err := e.lock(ctx)
+	if err != nil && ctx.Err() != nil {
+		// The deadline passed waiting for another controller. Callers take the error
+		// for "no egress" (the runner records no-network); the fail-closed steps only
+		// ever restrict, so they are safe beside the controller holding the lock.
+		r.FailClosed, r.PreviousBlocked, err = e.failClosed(ctx, err)
+		r.Error = err.Error()
 		return r, err
+	}
+	if err != nil {
+		return r, err // no lock file (another --state-dir?): nothing was touched
 	}
 	defer unlock()
 	start := clk.Now()
@@ -84,7 +101,10 @@ func (e *Env) Switch(ctx context.Context, pol policy.Policy, label controller.Ph
 	if lerr := e.dir.appendTransition(r.Transition); lerr != nil {
 		e.p.log.Error("transition log", "env", e.names.Env, "err", lerr)
 		if err == nil {
-			err = lerr
+			// Callers take an error for "no egress": an unrecorded switch must leave none.
+			r.OK = false
+			r.FailClosed, _, err = e.failClosed(ctx, lerr)
+			r.Error = err.Error()
 		}
 	}
 	e.p.log.Info("switch", "env", e.names.Env, "phase", label.Phase, "from", r.FromMode, "to", r.ToMode,
@@ -193,15 +213,18 @@ func connectedTo(ci container.InspectResponse, net string) bool {
 	return ok
 }
 
-// detachAgent disconnects the agent (as inspected) from every network but keep.
+// detachAgent disconnects the agent (as inspected) from every network but keep. A network
+// that refuses does not stop it: each of the others may lead out too.
 func (e *Env) detachAgent(ctx context.Context, agent container.InspectResponse, r *SwitchReport, keep ...string) error {
+	var errs []error
 	for _, net := range otherNetworks(agent, keep...) {
 		if err := e.p.api.NetworkDisconnect(ctx, net, e.agentRef, true); err != nil && !ignorableDisconnect(err) {
-			return fmt.Errorf("docker: disconnect agent from %s: %w", net, err)
+			errs = append(errs, fmt.Errorf("docker: disconnect agent from %s: %w", net, err))
+			continue
 		}
 		r.Changes = append(r.Changes, "agent disconnected from "+net)
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // otherNetworks lists, sorted, the networks ci is connected to that are not in keep.
@@ -349,7 +372,9 @@ func (e *Env) failClosed(ctx context.Context, cause error) ([]string, *controlle
 			done = append(done, "agent on no network but "+e.names.Network)
 		}
 	}
-	if ci, err := e.p.api.ContainerInspect(ctx, e.agentRef); err == nil && ci.State != nil && ci.State.Running {
+	if ci, err := e.p.api.ContainerInspect(ctx, e.agentRef); err != nil {
+		errs = append(errs, fmt.Errorf("docker: inspect agent %s for its routes: %w", e.agentRef, err))
+	} else if ci.State != nil && ci.State.Running {
 		if _, err := e.p.routes.RemoveDefaultRoutes(ci.State.Pid, netip.Addr{}); err != nil {
 			errs = append(errs, err)
 		} else {

@@ -99,6 +99,28 @@ func (p *Provider) Lookup(ctx context.Context, env string) (*Env, error) {
 	return e, nil
 }
 
+// LookupTask finds the environment of a task's role. Names alone are ambiguous: task
+// "x"'s evaluation environment and task "x-eval"'s agent environment are both "x-eval",
+// so the sidecar's labels must name this task and role.
+func (p *Provider) LookupTask(ctx context.Context, task string, role controller.Role) (*Env, error) {
+	if role == "" {
+		role = controller.RoleAgent
+	}
+	env := EnvID(task, role)
+	e, err := p.Lookup(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	got := e.role
+	if got == "" {
+		got = controller.RoleAgent
+	}
+	if e.task != task || got != role {
+		return nil, fmt.Errorf("docker: environment %s belongs to task %q (%s environment), not to task %q (%s environment)", env, e.task, got, task, role)
+	}
+	return e, nil
+}
+
 // openedEgress is the egress network an environment was opened with: the sidecar's
 // label, or for a sidecar created before the label, the network it was created on.
 func openedEgress(sc container.InspectResponse) (string, error) {
@@ -115,14 +137,32 @@ func openedEgress(sc container.InspectResponse) (string, error) {
 
 // lock serialises switches of one environment across processes (flock on the state
 // directory), so two controllers never interleave wiring steps.
-func (e *Env) lock() (unlock func(), err error) {
-	f, err := os.OpenFile(filepath.Join(string(e.dir), "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+func (e *Env) lock(ctx context.Context) (unlock func(), err error) {
+	return flock(ctx, filepath.Join(string(e.dir), "lock"))
+}
+
+// flock takes an exclusive lock on path, waiting until ctx ends: a blocking flock would
+// outlast every deadline while another controller holds the lock.
+func flock(ctx context.Context, path string) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("state: lock: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("state: lock: %w", err)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+			f.Close()
+			return nil, fmt.Errorf("state: lock %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("state: lock %s held by another controller: %w", path, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 	return func() {
 		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)

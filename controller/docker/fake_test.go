@@ -15,6 +15,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types"
@@ -88,6 +89,10 @@ type fakeDocker struct {
 	overlapOnce bool
 	nextPid     int
 	routes      *fakeRoutes
+	// disconnectErr makes every disconnect from that network fail (a driver error).
+	disconnectErr map[string]error
+	// inspectErr, when set, may fail an inspect of ref (an engine error).
+	inspectErr func(ref string) error
 }
 
 func newFakeDocker(ev *events) *fakeDocker {
@@ -149,6 +154,11 @@ func (f *fakeDocker) ContainerStart(_ context.Context, ref string, _ container.S
 func (f *fakeDocker) ContainerInspect(_ context.Context, ref string) (container.InspectResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.inspectErr != nil {
+		if err := f.inspectErr(ref); err != nil {
+			return container.InspectResponse{}, err
+		}
+	}
 	c, name, err := f.get(ref)
 	if err != nil {
 		return container.InspectResponse{}, err
@@ -300,6 +310,9 @@ func (f *fakeDocker) NetworkDisconnect(_ context.Context, net, ref string, _ boo
 	if !c.networks[net] {
 		return fmt.Errorf("container %s is not connected to network %s", name, net)
 	}
+	if err := f.disconnectErr[net]; err != nil {
+		return err
+	}
 	delete(c.networks, net)
 	f.resetRoutes(c)
 	f.ev.add("disconnect %s %s", name, net)
@@ -420,11 +433,15 @@ func startFakeAdmin(t *testing.T, socket string, ev *events) *fakeAdmin {
 	mux.HandleFunc("PUT /v1/policy", func(w http.ResponseWriter, r *http.Request) {
 		var body struct {
 			Policy policy.Policy `json:"policy"`
+			Task   string        `json:"task"`
+			Phase  string        `json:"phase"`
 		}
 		err := json.NewDecoder(r.Body).Decode(&body)
+		// compass-proxy refuses labels over 128 bytes or with control characters.
+		badLabel := func(s string) bool { return len(s) > 128 || strings.IndexFunc(s, unicode.IsControl) >= 0 }
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		if err != nil || a.fail || (a.refuse != "" && body.Policy.Mode == a.refuse) {
+		if err != nil || a.fail || (a.refuse != "" && body.Policy.Mode == a.refuse) || badLabel(body.Task) || badLabel(body.Phase) {
 			w.WriteHeader(http.StatusBadRequest)
 			fmt.Fprint(w, `{"error":"refused","errors":["test"]}`)
 			a.ev.add("admin-put-refused")

@@ -144,7 +144,35 @@ func (p *Provider) Attach(ctx context.Context, spec controller.EnvSpec, containe
 	if err := attachable(ci); err != nil {
 		return nil, err
 	}
+	if err := p.notControlled(ctx, ci); err != nil {
+		return nil, err
+	}
 	return p.setUp(ctx, spec, ci.ID)
+}
+
+// notControlled refuses a container some environment already controls (whatever its
+// owner): a compass-egress container, or one attached to another environment. That
+// environment's switches and close would rewire it behind this one's back.
+func (p *Provider) notControlled(ctx context.Context, ci container.InspectResponse) error {
+	if ci.Config != nil && ci.Config.Labels[labelManaged] == "true" {
+		l := ci.Config.Labels
+		return fmt.Errorf("%w: %s is the %s of environment %s (owner %q)", ErrNotAttachable, ci.Name, l[labelRole], l[labelEnv], l[labelOwner])
+	}
+	f := filters.NewArgs(
+		filters.Arg("label", labelManaged+"=true"),
+		filters.Arg("label", labelRole+"="+roleSidecar),
+		filters.Arg("label", labelAgent+"="+ci.ID),
+	)
+	cs, err := p.api.ContainerList(ctx, container.ListOptions{All: true, Filters: f})
+	if err != nil {
+		return fmt.Errorf("docker: attach: list sidecars: %w", err)
+	}
+	for _, c := range cs {
+		if c.Labels[labelAgent] == ci.ID {
+			return fmt.Errorf("%w: %s is attached to environment %s (owner %q); close that first", ErrNotAttachable, ci.Name, c.Labels[labelEnv], c.Labels[labelOwner])
+		}
+	}
+	return nil
 }
 
 // ErrNotAttachable is returned for containers whose network mode cannot be rewired.

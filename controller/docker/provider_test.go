@@ -2,6 +2,7 @@ package docker
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -319,5 +320,32 @@ func TestCreatedAgentHasNoRawSockets(t *testing.T) {
 	}
 	if !slices.Contains(c.capDrop, "NET_RAW") {
 		t.Fatalf("agent drops %v, want NET_RAW among them", c.capDrop)
+	}
+}
+
+// Task "x-eval"'s agent environment and task "x"'s evaluation environment have the same
+// name. Finding one by task and role must not hand back the other task's: a close, switch
+// or resume of x's evaluation environment would act on x-eval's agent.
+func TestLookupTaskRefusesAnotherTasksEnvironment(t *testing.T) {
+	r := newRig(t, "x-eval")
+	r.open(t, "x-eval", policy.NoNetwork)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		task string
+		role controller.Role
+		ok   bool
+	}{
+		{"x-eval", controller.RoleAgent, true},
+		{"x-eval", "", true},
+		{"x", controller.RoleEvaluation, false},
+	} {
+		e, err := r.p.LookupTask(ctx, tc.task, tc.role)
+		switch {
+		case tc.ok && (err != nil || e.Task() != tc.task):
+			t.Errorf("LookupTask(%q, %q): %v; want task %s's environment", tc.task, tc.role, err, tc.task)
+		case !tc.ok && (err == nil || errors.Is(err, ErrNoEnvironment) || !strings.Contains(err.Error(), `task "x-eval"`)):
+			// Not ErrNoEnvironment either: close would then remove by name what is left.
+			t.Errorf("LookupTask(%q, %q) found %v (err %v); want an error naming the owner", tc.task, tc.role, e != nil, err)
+		}
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -31,8 +30,12 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 	if err := ValidateTask(spec.Task); err != nil {
 		return nil, err
 	}
+	// Checked before anything is created: an open refused for its input changes nothing.
+	if !spec.Baseline.Mode.Valid() {
+		return nil, fmt.Errorf("docker: open: baseline policy mode %q: the baseline is missing or invalid", spec.Baseline.Mode)
+	}
 	n := namesFor(EnvID(spec.Task, spec.Role))
-	unlock, err := p.lockOpen(n.Env)
+	unlock, err := p.lockOpen(ctx, n.Env)
 	if err != nil {
 		return nil, err
 	}
@@ -113,11 +116,7 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 	} else if err := p.moveAgent(ctx, e, attachID, &made.moved); err != nil {
 		return e, err
 	}
-	baseline := spec.Baseline
-	if !baseline.Mode.Valid() {
-		return e, errors.New("docker: open: the baseline policy is missing or invalid")
-	}
-	if _, err := e.Apply(ctx, baseline, controller.PhaseLabel{Phase: "baseline"}); err != nil {
+	if _, err := e.Apply(ctx, spec.Baseline, controller.PhaseLabel{Phase: "baseline"}); err != nil {
 		return e, err
 	}
 	return e, nil
@@ -174,23 +173,12 @@ func (e *Env) rollback(ctx context.Context, m created) error {
 // lockOpen serialises opens of one environment across processes, so that two opens of
 // a task never both pass the existence check. The lock files live apart from the
 // environment directories, which a failed open or a close removes.
-func (p *Provider) lockOpen(env string) (unlock func(), err error) {
+func (p *Provider) lockOpen(ctx context.Context, env string) (unlock func(), err error) {
 	dir := filepath.Join(p.cfg.StateDir, ".open-locks")
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("state: open lock: %w", err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, env), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("state: open lock: %w", err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("state: open lock %s: %w", f.Name(), err)
-	}
-	return func() {
-		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		f.Close()
-	}, nil
+	return flock(ctx, filepath.Join(dir, env))
 }
 
 // createSidecar reports whether it created the container, even when a later step fails.

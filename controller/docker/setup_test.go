@@ -2,6 +2,7 @@ package docker
 
 import (
 	"context"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
@@ -99,4 +100,72 @@ func TestFailedOpenRemovesOnlyWhatItMade(t *testing.T) {
 			t.Errorf("containers left: %v", r.docker.containers)
 		}
 	})
+}
+
+// attach refuses a container another environment controls: that environment's next
+// switch would rewire it behind this one's back (a switch to public there reconnects it
+// to the egress network while this environment's record says no-network), and its close
+// would take it off this environment's network.
+func TestAttachRefusesAContainerOfAnotherEnvironment(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		victim string
+		setUp  func(t *testing.T, r *rig)
+	}{
+		{"another environment's agent", "compass-agent-t1", func(t *testing.T, r *rig) { r.open(t, "t1", policy.NoNetwork) }},
+		{"another environment's sidecar", "compass-proxy-t1", func(t *testing.T, r *rig) { r.open(t, "t1", policy.NoNetwork) }},
+		{"a container attached to another environment", "user", func(t *testing.T, r *rig) {
+			if _, err := r.p.Attach(ctx, controller.EnvSpec{Task: "t1", Baseline: policy.NoNetwork, ProxyStartTimeout: 5 * time.Second}, "user"); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, "t1")
+			if _, err := r.docker.NetworkCreate(ctx, "bridge", network.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := r.docker.ContainerCreate(ctx, &container.Config{Image: "agent:1"}, &container.HostConfig{NetworkMode: "bridge"}, nil, nil, "user"); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.docker.ContainerStart(ctx, "user", container.StartOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			tc.setUp(t, r)
+			startFakeAdmin(t, stateDir(filepath.Join(r.p.cfg.StateDir, "t2")).socket(), r.ev)
+			ci, err := r.docker.ContainerInspect(ctx, tc.victim)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := otherNetworks(ci)
+
+			_, err = r.p.Attach(ctx, controller.EnvSpec{Task: "t2", Baseline: policy.NoNetwork, ProxyStartTimeout: 5 * time.Second}, tc.victim)
+			if err == nil || !strings.Contains(err.Error(), "t1") {
+				t.Errorf("attach to t2: %v, want a refusal naming environment t1", err)
+			}
+			if ci, err = r.docker.ContainerInspect(ctx, tc.victim); err != nil {
+				t.Fatal(err)
+			}
+			if got := otherNetworks(ci); !reflect.DeepEqual(got, before) {
+				t.Errorf("%s moved from %v to %v", tc.victim, before, got)
+			}
+			if _, err := r.docker.NetworkInspect(ctx, "compass-net-t2", network.InspectOptions{}); err == nil {
+				t.Errorf("a refused attach created compass-net-t2")
+			}
+		})
+	}
+}
+
+// An open without a valid baseline is refused before anything is created: it used to
+// build networks, sidecar and agent, start them, and only then fail and tear them down.
+func TestOpenWithoutBaselineChangesNothing(t *testing.T) {
+	r := newRig(t, "t18")
+	_, err := r.p.OpenEnv(context.Background(), controller.EnvSpec{Task: "t18", Image: "agent:1", ProxyStartTimeout: 5 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "baseline") {
+		t.Errorf("open without a baseline: %v, want an error naming the baseline", err)
+	}
+	if got := r.ev.all(); len(got) != 0 {
+		t.Errorf("a refused open changed things: %v", got)
+	}
 }

@@ -163,8 +163,18 @@ func (e *Env) inspectWiring(ctx context.Context, st *Status, problem func(string
 			problem("public is intended but the agent is not connected to %s", e.egressNet)
 		}
 		gw, err := e.egressGateway(ctx)
-		if err == nil && !containsAddr(routes, gw) {
+		if err != nil {
+			problem("cannot check the agent's default routes: %v", err)
+			return
+		}
+		if !containsAddr(routes, gw) {
 			problem("public is intended but the agent has no default route via %s", gw)
+		}
+		// The docs promise exactly one: any other is a way out nobody decided on.
+		for _, r := range routes {
+			if r != gw {
+				problem("public is intended but the agent also has a default route via %s", r)
+			}
 		}
 		return
 	}
