@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -23,7 +24,7 @@ type routeTable interface {
 }
 
 // netlinkRoutes edits routes through a netlink handle bound to the namespace of
-// /proc/<pid>/ns/net; the calling thread never changes namespace.
+// /proc/<pid>/ns/net; the calling thread never changes namespace (see handleIn).
 type netlinkRoutes struct{}
 
 func (netlinkRoutes) handle(pid int) (*netlink.Handle, error) {
@@ -42,11 +43,52 @@ func (netlinkRoutes) handle(pid int) (*netlink.Handle, error) {
 	if ns.Equal(self) {
 		return nil, fmt.Errorf("netns: /proc/%d/ns/net is the controller's own network namespace, not a container's: its routes are not touched", pid)
 	}
-	h, err := netlink.NewHandleAt(ns)
+	h, err := handleIn(ns)
 	if err != nil {
 		return nil, fmt.Errorf("netns: netlink handle in /proc/%d/ns/net: %w", pid, err)
 	}
 	return h, nil
+}
+
+// handleIn opens a route netlink handle whose socket lives in ns; every later request
+// on it reaches ns from whatever thread sends it. The socket is made by a goroutine of
+// its own on a locked thread that enters ns and comes back, following the CNI ns
+// package's rules: a thread that cannot come back stays locked, so that the runtime
+// ends it with its goroutine rather than hand it, still in the agent's namespace, to
+// other work. (netlink.NewHandleAt unlocks its thread even when the way back failed.)
+func handleIn(ns netns.NsHandle) (*netlink.Handle, error) {
+	type result struct {
+		h   *netlink.Handle
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		home, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- result{err: fmt.Errorf("read this thread's namespace: %w", err)}
+			return
+		}
+		defer home.Close()
+		if err := netns.Set(ns); err != nil {
+			runtime.UnlockOSThread()
+			done <- result{err: fmt.Errorf("enter: %w", err)}
+			return
+		}
+		h, herr := netlink.NewHandle(unix.NETLINK_ROUTE)
+		if err := netns.Set(home); err != nil {
+			if herr == nil {
+				h.Close()
+			}
+			done <- result{err: fmt.Errorf("return from the namespace (the thread is dropped): %w", err)}
+			return // still locked: the thread ends with this goroutine
+		}
+		runtime.UnlockOSThread()
+		done <- result{h, herr}
+	}()
+	r := <-done
+	return r.h, r.err
 }
 
 func isDefault(r netlink.Route) bool {

@@ -37,8 +37,24 @@ func TestRoutesReadOtherNamespace(t *testing.T) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	got, err := netlinkRoutes{}.DefaultRoutes(cmd.Process.Pid)
-	if err != nil || len(got) != 0 {
-		t.Errorf("DefaultRoutes(pid in a fresh namespace) = %v, %v; want none and no error", got, err)
+	for range 50 {
+		got, err := netlinkRoutes{}.DefaultRoutes(cmd.Process.Pid)
+		if err != nil || len(got) != 0 {
+			t.Fatalf("DefaultRoutes(pid in a fresh namespace) = %v, %v; want none and no error", got, err)
+		}
+	}
+	// No thread of this process was left in the child's namespace.
+	own, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		if ns, err := os.Readlink("/proc/self/task/" + task.Name() + "/ns/net"); err == nil && ns != own {
+			t.Errorf("thread %s is in %s, not in the process's %s", task.Name(), ns, own)
+		}
 	}
 }
