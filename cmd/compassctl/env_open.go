@@ -160,7 +160,7 @@ func newEnvAttachCommand(f *envFlags) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "attach --task ID --container NAME_OR_ID [--plan FILE | --policy POLICY]",
-		Short: "Bring a running container under control (refuses network modes none, host, container:<id>)",
+		Short: "Bring a running container under control (refuses network modes none, host, container:<id>, and privileged or NET_ADMIN/SYS_ADMIN containers)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if task == "" || ctr == "" {
 				return usageError{fmt.Errorf("--task and --container are required")}

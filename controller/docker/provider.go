@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
@@ -190,6 +191,15 @@ func attachable(ci container.InspectResponse) error {
 		return fmt.Errorf("%w: %s uses network mode host: it shares the host's network, which no policy can confine (recreate it on a bridge network)", ErrNotAttachable, ci.Name)
 	case mode.IsContainer():
 		return fmt.Errorf("%w: %s uses network mode %s: it shares another container's namespace, which would bypass its own wiring (attach the owner of that namespace instead)", ErrNotAttachable, ci.Name, mode)
+	}
+	if ci.HostConfig.Privileged {
+		return fmt.Errorf("%w: %s is privileged: it can reach the host's devices and undo any wiring (recreate it unprivileged)", ErrNotAttachable, ci.Name)
+	}
+	for _, c := range ci.HostConfig.CapAdd {
+		switch strings.TrimPrefix(strings.ToUpper(c), "CAP_") {
+		case "NET_ADMIN", "SYS_ADMIN", "ALL":
+			return fmt.Errorf("%w: %s has capability %s: it can re-add the routes and addresses every switch removes (recreate it without)", ErrNotAttachable, ci.Name, c)
+		}
 	}
 	if ci.State == nil || !ci.State.Running {
 		return fmt.Errorf("%w: %s is not running", ErrNotAttachable, ci.Name)

@@ -82,20 +82,28 @@ func TestPoolExhausted(t *testing.T) {
 func TestAttachable(t *testing.T) {
 	running := &container.State{Running: true}
 	tests := []struct {
-		mode    container.NetworkMode
-		state   *container.State
-		wantErr string
+		mode       container.NetworkMode
+		state      *container.State
+		privileged bool
+		caps       []string
+		wantErr    string
 	}{
-		{"bridge", running, ""},
-		{"my-net", running, ""},
-		{"none", running, "network mode none"},
-		{"host", running, "network mode host"},
-		{"container:abc", running, "network mode container:abc"},
-		{"bridge", &container.State{}, "not running"},
+		{"bridge", running, false, nil, ""},
+		{"my-net", running, false, []string{"NET_RAW", "CHOWN"}, ""},
+		{"none", running, false, nil, "network mode none"},
+		{"host", running, false, nil, "network mode host"},
+		{"container:abc", running, false, nil, "network mode container:abc"},
+		{"bridge", &container.State{}, false, nil, "not running"},
+		{"bridge", running, true, nil, "is privileged"},
+		{"bridge", running, false, []string{"NET_ADMIN"}, "capability NET_ADMIN"},
+		{"bridge", running, false, []string{"cap_sys_admin"}, "capability cap_sys_admin"},
+		{"bridge", running, false, []string{"ALL"}, "capability ALL"},
 	}
 	for _, tc := range tests {
 		t.Run(string(tc.mode), func(t *testing.T) {
-			ci := container.InspectResponse{ContainerJSONBase: &container.ContainerJSONBase{Name: "/x", State: tc.state, HostConfig: &container.HostConfig{NetworkMode: tc.mode}}}
+			ci := container.InspectResponse{ContainerJSONBase: &container.ContainerJSONBase{Name: "/x", State: tc.state,
+				HostConfig: &container.HostConfig{NetworkMode: tc.mode, Privileged: tc.privileged}}}
+			ci.HostConfig.CapAdd = tc.caps
 			err := attachable(ci)
 			if tc.wantErr == "" {
 				if err != nil {
