@@ -215,14 +215,23 @@ func TestAttach(t *testing.T) {
 	t.Parallel()
 	ctx := timeout(t, 3*time.Minute)
 	p := h.Provider(t)
-	run := func(mode string) string {
+	run := func(mode string, tune ...func(*container.HostConfig)) string {
 		name := h.Name("victim")
+		hc := &container.HostConfig{NetworkMode: container.NetworkMode(mode)}
+		for _, f := range tune {
+			f(hc)
+		}
 		_, err := h.Docker.ContainerCreate(ctx, &container.Config{Image: h.ProbeImage, Labels: map[string]string{harness.OwnerLabel: h.Owner}},
-			&container.HostConfig{NetworkMode: container.NetworkMode(mode)}, nil, nil, name)
+			hc, nil, nil, name)
 		if err != nil {
 			t.Fatalf("create %s container: %v", mode, err)
 		}
 		t.Cleanup(func() { _ = h.Docker.ContainerRemove(context.Background(), name, container.RemoveOptions{Force: true}) })
+		// Created only: the refusal comes before the running check, and this engine may
+		// not grant what the container asks for.
+		if len(tune) > 0 {
+			return name
+		}
 		if err := h.Docker.ContainerStart(ctx, name, container.StartOptions{}); err != nil {
 			t.Fatalf("start %s container: %v", mode, err)
 		}
@@ -234,6 +243,17 @@ func TestAttach(t *testing.T) {
 		_, err := p.Attach(ctx, controller.EnvSpec{Task: h.Name("attach"), Baseline: policy.NoNetwork}, victim)
 		if !errors.Is(err, docker.ErrNotAttachable) || !strings.Contains(err.Error(), strings.SplitN(mode, ":", 2)[0]) {
 			t.Errorf("attach of a %s container: err = %v, want ErrNotAttachable naming the mode", mode, err)
+		}
+	}
+	// Containers that could put back what a switch removes (routes, addresses).
+	for what, tune := range map[string]func(*container.HostConfig){
+		"privileged": func(hc *container.HostConfig) { hc.Privileged = true },
+		"NET_ADMIN":  func(hc *container.HostConfig) { hc.CapAdd = []string{"NET_ADMIN"} },
+	} {
+		victim := run("bridge", tune)
+		_, err := p.Attach(ctx, controller.EnvSpec{Task: h.Name("attach"), Baseline: policy.NoNetwork}, victim)
+		if !errors.Is(err, docker.ErrNotAttachable) || !strings.Contains(err.Error(), what) {
+			t.Errorf("attach of a %s container: err = %v, want ErrNotAttachable naming it", what, err)
 		}
 	}
 	left, err := h.Leftovers(ctx)
