@@ -545,6 +545,18 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	if w.hijacked {
 		return false, true
 	}
+	// The head of an answer is held until its body's first bytes: one whose body broke
+	// off before any (the upstream closed right after its head) has sent the client
+	// nothing, which is still the proxy's to answer rather than leave it a bare close.
+	if st.answerErr != nil {
+		status, reason := "502 Bad Gateway", "upstream-failed"
+		if errors.Is(st.answerErr, errUpstreamIdle) {
+			status, reason = "504 Gateway Timeout", "upstream-timeout"
+		}
+		if w.replaceUnsent(errorAnswer(status, reason)) && reason == "upstream-failed" && st.entry != nil {
+			f.s.log.Warn("upstream failed", "type", typeHTTP, "host", st.entry.name, "port", st.entry.port, "client", cc.remote, "error", st.answerErr.Error())
+		}
+	}
 	// An answer whose upstream body broke off ends with the connection, never with
 	// the framing of a whole one (a last chunk, a kept connection); so does a request
 	// whose client stopped sending its body, unanswered.

@@ -289,6 +289,20 @@ func (w *responseWriter) finish() bool {
 	return w.err == nil && !w.closeAfter
 }
 
+// replaceUnsent writes answer (a whole response that ends the connection) in place of
+// a response nothing of which has reached the client, and reports whether it did.
+func (w *responseWriter) replaceUnsent(answer string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.headSent || w.hijacked || w.bw == nil {
+		return false
+	}
+	w.headSent = true
+	_, _ = w.bw.WriteString(answer)
+	w.setErr(w.bw.Flush())
+	return true
+}
+
 // sendContinue answers "100 Continue" unless the response has begun or ended.
 func (w *responseWriter) sendContinue() {
 	w.mu.Lock()
