@@ -67,15 +67,16 @@ func TestResumeFreshEvaluation(t *testing.T) {
 	}
 }
 
-func TestResumeClosesLeftovers(t *testing.T) {
-	fake := controllertest.New()
+// diedDuringEvaluation runs task t1 (fresh evaluation) to its end on fake, then makes
+// its record look like a runner that died during evaluation, with the evaluation
+// environment still open.
+func diedDuringEvaluation(t *testing.T, fake *controllertest.Provider) (*controller.Runner, controller.TaskRun, *controller.Record) {
+	t.Helper()
 	tr := task(t, controller.EvaluationFresh)
 	r := newRunner(t, fake)
 	if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
 		t.Fatal(err)
 	}
-	// Make the record look like a runner that died during evaluation, with the
-	// evaluation environment still running.
 	rec := readRecord(t, r, "t1")
 	rec.Status, rec.Ended = controller.StatusRunning, nil
 	rec.Steps = rec.Steps[:len(rec.Steps)-2]
@@ -84,6 +85,12 @@ func TestResumeClosesLeftovers(t *testing.T) {
 			rec.Environments[i].State = controller.EnvOpen
 		}
 	}
+	return r, tr, rec
+}
+
+func TestResumeClosesLeftovers(t *testing.T) {
+	fake := controllertest.New()
+	r, tr, rec := diedDuringEvaluation(t, fake)
 	if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: "t1", Role: controller.RoleEvaluation}); err != nil {
 		t.Fatal(err)
 	}
@@ -179,19 +186,7 @@ func TestResumeLeftoverGoneOrUnreached(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fake := controllertest.New()
-			tr := task(t, controller.EvaluationFresh)
-			r := newRunner(t, fake)
-			if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
-				t.Fatal(err)
-			}
-			rec := readRecord(t, r, "t1")
-			rec.Status, rec.Ended = controller.StatusRunning, nil
-			rec.Steps = rec.Steps[:len(rec.Steps)-2]
-			for i := range rec.Environments {
-				if rec.Environments[i].Role == controller.RoleEvaluation {
-					rec.Environments[i].State = controller.EnvOpen
-				}
-			}
+			r, tr, rec := diedDuringEvaluation(t, fake)
 			if tc.running {
 				if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: "t1", Role: controller.RoleEvaluation, Baseline: policy.Public}); err != nil {
 					t.Fatal(err)
