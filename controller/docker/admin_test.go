@@ -31,24 +31,8 @@ func TestPutPolicyRequiresDigestAndGeneration(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			socket := filepath.Join(t.TempDir(), "admin.sock")
-			l, err := net.Listen("unix", socket)
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := &http.Server{ReadHeaderTimeout: time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-				fmt.Fprint(w, tc.body)
-			})}
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				_ = srv.Serve(l)
-			}()
-			defer func() {
-				_ = srv.Close()
-				<-done
-			}()
-			_, err = newAdminClient(socket).PutPolicy(context.Background(), allowA, "t", "run")
+			socket := serveAdmin(t, func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, tc.body) })
+			_, err := newAdminClient(socket).PutPolicy(context.Background(), allowA, "t", "run")
 			if tc.ok != (err == nil) {
 				t.Fatalf("PutPolicy(%s) error = %v, want ok %t", tc.body, err, tc.ok)
 			}
@@ -73,24 +57,10 @@ func TestAdminReadsLargeAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	ack, _ := json.Marshal(map[string]any{"generation": 2, "digest": big.Digest(), "mode": big.Mode, "policy": big})
-	socket := filepath.Join(t.TempDir(), "admin.sock")
-	l, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{ReadHeaderTimeout: time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	socket := serveAdmin(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		_, _ = w.Write(ack)
-	})}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(l)
-	}()
-	defer func() {
-		_ = srv.Close()
-		<-done
-	}()
+	})
 	c := newAdminClient(socket)
 	if _, err := c.PutPolicy(context.Background(), big, "t", "run"); err != nil {
 		t.Errorf("PUT of a %d-byte answer: %v", len(ack), err)
@@ -98,4 +68,26 @@ func TestAdminReadsLargeAnswers(t *testing.T) {
 	if got, err := c.GetPolicy(context.Background()); err != nil || got.Digest != big.Digest() {
 		t.Errorf("GET of a %d-byte answer: %v", len(ack), err)
 	}
+}
+
+// serveAdmin serves handle on a unix socket, as the sidecar's admin API, until the test
+// ends, and returns the socket's path.
+func serveAdmin(t *testing.T, handle http.HandlerFunc) string {
+	t.Helper()
+	socket := filepath.Join(t.TempDir(), "admin.sock")
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{ReadHeaderTimeout: time.Second, Handler: handle}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(l)
+	}()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		<-done
+	})
+	return socket
 }
