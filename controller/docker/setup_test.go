@@ -75,15 +75,7 @@ func TestFailedOpenRemovesOnlyWhatItMade(t *testing.T) {
 	})
 	t.Run("attach before the move", func(t *testing.T) {
 		r := newRig(t, "t12")
-		if _, err := r.docker.NetworkCreate(ctx, "bridge", network.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.docker.ContainerCreate(ctx, &container.Config{Image: "agent:1"}, &container.HostConfig{NetworkMode: "bridge"}, nil, nil, "user"); err != nil {
-			t.Fatal(err)
-		}
-		if err := r.docker.ContainerStart(ctx, "user", container.StartOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		runUserContainer(t, r)
 		_ = r.admin.srv.Close() // the sidecar never becomes ready
 		_, err := r.p.Attach(ctx, controller.EnvSpec{Task: "t12", Baseline: policy.NoNetwork, ProxyStartTimeout: 300 * time.Millisecond}, "user")
 		if err == nil || !strings.Contains(err.Error(), "not ready") {
@@ -123,15 +115,7 @@ func TestAttachRefusesAContainerOfAnotherEnvironment(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t, "t1")
-			if _, err := r.docker.NetworkCreate(ctx, "bridge", network.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := r.docker.ContainerCreate(ctx, &container.Config{Image: "agent:1"}, &container.HostConfig{NetworkMode: "bridge"}, nil, nil, "user"); err != nil {
-				t.Fatal(err)
-			}
-			if err := r.docker.ContainerStart(ctx, "user", container.StartOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			runUserContainer(t, r)
 			tc.setUp(t, r)
 			startFakeAdmin(t, stateDir(filepath.Join(r.p.cfg.StateDir, "t2")).socket(), r.ev)
 			ci, err := r.docker.ContainerInspect(ctx, tc.victim)
@@ -167,5 +151,21 @@ func TestOpenWithoutBaselineChangesNothing(t *testing.T) {
 	}
 	if got := r.ev.all(); len(got) != 0 {
 		t.Errorf("a refused open changed things: %v", got)
+	}
+}
+
+// runUserContainer starts, on the fake engine, a container "user" on a network
+// "bridge": one that someone else created, for attach.
+func runUserContainer(t *testing.T, r *rig) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := r.docker.NetworkCreate(ctx, "bridge", network.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.docker.ContainerCreate(ctx, &container.Config{Image: "agent:1"}, &container.HostConfig{NetworkMode: "bridge"}, nil, nil, "user"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.docker.ContainerStart(ctx, "user", container.StartOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
