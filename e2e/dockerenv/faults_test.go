@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/network"
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/docker"
@@ -285,4 +286,29 @@ func TestAttach(t *testing.T) {
 	if len(nets) != 0 {
 		t.Errorf("attached container after close is on %v, want no network", nets)
 	}
+}
+
+// Networks someone connected the agent to between phases (the egress network, a bridge
+// of their own) are ways out past the sidecar: the next switch detaches the agent from
+// them, and from inside it the fake internet is out of reach again.
+func TestSwitchDetachesStrayNetworks(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	ctx := timeout(t, 3*time.Minute)
+	p := h.Provider(t)
+	e := h.Open(t, p, "stray", allowlist)
+	stray := h.Name("stray-net")
+	if _, err := h.Docker.NetworkCreate(ctx, stray, network.CreateOptions{Driver: "bridge", Labels: map[string]string{harness.OwnerLabel: h.Owner}}); err != nil {
+		t.Fatalf("create %s: %v", stray, err)
+	}
+	t.Cleanup(func() { _ = h.Docker.NetworkRemove(context.Background(), stray) })
+	for _, n := range []string{h.EgressNetwork, stray} {
+		if err := h.Docker.NetworkConnect(ctx, n, e.AgentContainer(), &network.EndpointSettings{}); err != nil {
+			t.Fatalf("connect the agent to %s: %v", n, err)
+		}
+	}
+	if _, err := e.Apply(ctx, denylist, controller.PhaseLabel{Phase: "run"}); err != nil {
+		t.Fatalf("switch: %v", err)
+	}
+	assertState(t, e, policy.ModeDenylist)
 }
