@@ -1,0 +1,57 @@
+package dockerenv
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// The sidecar runs as the image's numeric non-root user, and its HEALTHCHECK
+// (`compass-proxy healthcheck`, as that user, against the admin socket the controller
+// bind-mounts) reports it healthy: the permissions of the socket's directory on the
+// host are what only a real container shows.
+func TestSidecarHealthyAsItsUser(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	ctx := timeout(t, 2*time.Minute)
+	e := h.Open(t, h.Provider(t), "health", policy.NoNetwork)
+	var ci container.InspectResponse
+	for {
+		var err error
+		if ci, err = h.Docker.ContainerInspect(ctx, e.SidecarContainer()); err != nil {
+			t.Fatalf("inspect sidecar: %v", err)
+		}
+		if ci.State == nil || ci.State.Health == nil {
+			t.Fatalf("the sidecar has no health state: its image's HEALTHCHECK was lost")
+		}
+		if ci.State.Health.Status == container.Healthy {
+			break
+		}
+		if ci.State.Health.Status == container.Unhealthy {
+			t.Fatalf("sidecar unhealthy: %+v", ci.State.Health.Log)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("sidecar not healthy before the deadline: %s %+v", ci.State.Health.Status, ci.State.Health.Log)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	if ci.Config.User != "65532:65532" {
+		t.Errorf("sidecar user %q, want 65532:65532", ci.Config.User)
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", ci.State.Pid))
+	if err != nil {
+		t.Fatalf("the sidecar's process: %v", err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(line, "Uid:") && strings.Fields(line)[1] != "65532" {
+			t.Errorf("the sidecar's process runs as %q, want uid 65532", line)
+		}
+	}
+}
