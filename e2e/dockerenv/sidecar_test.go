@@ -3,12 +3,15 @@ package dockerenv
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
 
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/controller/docker"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -53,5 +56,31 @@ func TestSidecarHealthyAsItsUser(t *testing.T) {
 		if strings.HasPrefix(line, "Uid:") && strings.Fields(line)[1] != "65532" {
 			t.Errorf("the sidecar's process runs as %q, want uid 65532", line)
 		}
+	}
+}
+
+// An open whose agent image the engine does not have fails (nothing is pulled) and
+// removes what it made before the failure: no container, network or state directory of
+// the task is left.
+func TestFailedOpenLeavesNothing(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	ctx := timeout(t, 2*time.Minute)
+	task := h.Name("absent")
+	if _, err := h.Provider(t).OpenEnv(ctx, controller.EnvSpec{Task: task, Image: task + ":none", Baseline: policy.NoNetwork}); err == nil {
+		t.Fatal("an open with an image the engine does not have succeeded")
+	}
+	left, err := h.Leftovers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range left {
+		if strings.Contains(l, task) {
+			t.Errorf("the failed open left %s", l)
+		}
+	}
+	dir := filepath.Join(h.StateDir, docker.EnvID(task, controller.RoleAgent))
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the failed open left its state directory %s (%v)", dir, err)
 	}
 }
