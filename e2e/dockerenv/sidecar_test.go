@@ -1,10 +1,12 @@
 package dockerenv
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -83,4 +85,36 @@ func TestFailedOpenLeavesNothing(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("the failed open left its state directory %s (%v)", dir, err)
 	}
+}
+
+// Two opens of one task at once, on the real engine: exactly one succeeds, the other
+// says the environment exists and removes nothing of the winner's, which stays in force.
+func TestConcurrentOpensOfOneTask(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	ctx := timeout(t, 3*time.Minute)
+	p := h.Provider(t)
+	spec := controller.EnvSpec{Task: h.Name("dup"), Image: h.ProbeImage, Baseline: policy.NoNetwork}
+	envs := make([]*docker.Env, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range envs {
+		wg.Go(func() { envs[i], errs[i] = p.OpenEnv(ctx, spec) })
+	}
+	wg.Wait()
+	won := 0
+	if errs[0] != nil {
+		won = 1
+	}
+	if envs[won] != nil {
+		t.Cleanup(func() {
+			if err := envs[won].Close(context.Background(), false); err != nil {
+				t.Errorf("close: %v", err)
+			}
+		})
+	}
+	if errs[won] != nil || errs[1-won] == nil || !strings.Contains(errs[1-won].Error(), "already exists") {
+		t.Fatalf("opens: %v, %v; want one success and one saying the environment exists", errs[0], errs[1])
+	}
+	assertState(t, envs[won], policy.ModeNoNetwork)
 }
