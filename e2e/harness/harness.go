@@ -3,6 +3,8 @@
 // the probe, the fake internet), creates an egress network with the fake internet on it,
 // names everything uniquely, labels everything with the package's own owner label, and
 // removes what it made, including what a killed earlier run of the same package left.
+// Runs of one package on a machine take turns (runLock), so that sweep never removes
+// what a live run is using.
 //
 // Use it from TestMain:
 //
@@ -66,6 +68,7 @@ type Harness struct {
 
 	skipReason string
 	short      bool
+	unlock     func() // ends this run's turn (runLock)
 }
 
 // Main runs the package's tests with a harness in *h, and tears it down afterwards. If
@@ -119,9 +122,9 @@ func (h *Harness) Need(t testing.TB) {
 	t.Skipf("SKIPPING e2e, Docker unavailable: %s", h.skipReason)
 }
 
-// Setup builds binaries and images, removes leftovers of earlier runs of pkg, and
-// starts the egress network and the fake internet.
-func Setup(ctx context.Context, pkg string) (*Harness, error) {
+// Setup waits for any live run of pkg to finish, builds binaries and images, removes
+// leftovers of earlier runs of pkg, and starts the egress network and the fake internet.
+func Setup(ctx context.Context, pkg string) (_ *Harness, err error) {
 	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
 	if err != nil {
 		return nil, fmt.Errorf("harness: docker client: %w", err)
@@ -130,10 +133,23 @@ func Setup(ctx context.Context, pkg string) (*Harness, error) {
 		cli.Close()
 		return nil, fmt.Errorf("harness: docker not reachable: %w", err)
 	}
+	waitCtx, cancel := context.WithTimeout(context.Background(), runLockWait)
+	unlock, err := runLock(waitCtx, os.TempDir(), pkg)
+	cancel()
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			unlock()
+		}
+	}()
 	h := &Harness{
 		Docker: cli,
 		Owner:  "e2e-" + pkg,
 		Prefix: fmt.Sprintf("ce2e-%s-%d", pkg, os.Getpid()%100000),
+		unlock: unlock,
 	}
 	h.ProxyImage = "compass-e2e-proxy:" + pkg
 	h.ProbeImage = "compass-e2e-probe:" + pkg
@@ -353,5 +369,6 @@ func (h *Harness) Teardown(ctx context.Context) error {
 	}
 	errs = append(errs, os.RemoveAll(filepath.Dir(h.StateDir)))
 	h.Docker.Close()
+	h.unlock()
 	return errors.Join(errs...)
 }
