@@ -48,6 +48,9 @@ func (s *Server) Apply(p policy.Policy, task, phase *string, source string) Appl
 		rs.Phase = *phase
 	}
 	s.current.Store(rs)
+	if s.ownResolver != nil {
+		s.ownResolver.startAfresh()
+	}
 
 	closed := 0
 	var prev *BlockedSummary

@@ -245,6 +245,17 @@ func (r *UpstreamResolver) LookupNetIP(ctx context.Context, name string) ([]neti
 	}
 }
 
+// startAfresh makes the lookups that follow send queries of their own instead of waiting
+// on those already in flight, which still answer the decisions waiting on them. A swap
+// calls it: the switch that puts a rule set may come with a repaired way out (the
+// sidecar reconnected to its egress network), and a decision under the new rule set
+// must not inherit the failure of a lookup sent while that way was cut.
+func (r *UpstreamResolver) startAfresh() {
+	r.mu.Lock()
+	r.inflight = map[string]*lookup{}
+	r.mu.Unlock()
+}
+
 // lookupBudget bounds a decision's lookup: two tries of timeout per upstream, so that
 // one lost datagram (Exchange asks a silent upstream once more) does not fail it.
 func lookupBudget(timeout time.Duration, upstreams int) time.Duration {
@@ -260,7 +271,9 @@ func (r *UpstreamResolver) resolve(name string, l *lookup) {
 	addrs, ttl, err := r.query(ctx, name)
 	l.addrs, l.err = addrs, err
 	r.mu.Lock()
-	delete(r.inflight, name)
+	if r.inflight[name] == l { // else startAfresh let a later lookup take its place
+		delete(r.inflight, name)
+	}
 	if err == nil && ttl > 0 && len(addrs) <= resolverMaxCachedAddrs {
 		if len(r.cache) >= resolverCacheSize {
 			for k := range r.cache { // evict an arbitrary entry
