@@ -1,0 +1,136 @@
+package dockerenv
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/network"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/e2e/harness"
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// probeEgress makes the requests that tell a restricted agent's egress from inside it:
+// an allowed and a blocked destination through the sidecar, and the fake internet
+// directly.
+func probeEgress(t *testing.T, ctr string, sidecar netip.Addr) map[string]harness.Result {
+	t.Helper()
+	ctx := timeout(t, 2*time.Minute)
+	proxy := netip.AddrPortFrom(sidecar, 3128).String()
+	res, err := h.ExecProbe(ctx, ctr, []harness.Check{
+		{Name: "allowed", Kind: "proxy", Target: "allowed.test:443", Proxy: proxy},
+		{Name: "blocked", Kind: "proxy", Target: "blocked.test:443", Proxy: proxy},
+		{Name: "direct", Kind: "tcp", Target: netip.AddrPortFrom(h.Fakenet, 443).String(), TimeoutMS: 1500},
+	})
+	if err != nil {
+		t.Fatalf("probe in agent: %v", err)
+	}
+	return res
+}
+
+// A restarted agent gets a fresh network namespace, and Docker gives it back the default
+// route through the internal network's gateway that every switch removes (DESIGN.md,
+// fact 1). It must still have no way out but the sidecar; status must name the route;
+// a switch to the intended policy removes it.
+func TestRestartedAgentStaysClosed(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	ctx := timeout(t, 3*time.Minute)
+	e := h.Open(t, h.Provider(t), "restart", allowlist)
+	before, err := h.Docker.ContainerInspect(ctx, e.AgentContainer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	zero := 0
+	if err := h.Docker.ContainerRestart(ctx, e.AgentContainer(), container.StopOptions{Timeout: &zero}); err != nil {
+		t.Fatalf("restart agent: %v", err)
+	}
+	after, err := h.Docker.ContainerInspect(ctx, e.AgentContainer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.State.Pid == before.State.Pid {
+		t.Fatalf("the agent kept pid %d: not restarted", after.State.Pid)
+	}
+
+	res := probeEgress(t, e.AgentContainer(), e.SidecarAddr())
+	if !res["allowed"].Reachable {
+		t.Errorf("after the restart the allowed destination fails through the sidecar: %s", res["allowed"].Detail)
+	}
+	for _, name := range []string{"blocked", "direct"} {
+		if res[name].Reachable {
+			t.Errorf("after the restart %s works: %s", name, res[name].Detail)
+		}
+	}
+
+	routes, err := h.DefaultRoutes(ctx, e.AgentContainer())
+	if err != nil {
+		t.Fatalf("agent routes: %v", err)
+	}
+	st, err := e.Status(ctx)
+	if err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	problems := strings.Join(st.Problems, "\n")
+	if len(routes) > 0 && (st.OK || !strings.Contains(problems, "the agent has default routes")) {
+		t.Errorf("the restarted agent has default routes %v and status does not say so: %+v", routes, st.Problems)
+	}
+	if len(routes) == 0 && !st.OK {
+		t.Errorf("the restarted agent has no default route, yet status reports: %+v", st.Problems)
+	}
+	t.Logf("after the restart Docker gave the agent default routes %v", routes)
+
+	if _, err := e.Apply(ctx, allowlist, controller.PhaseLabel{Phase: "repair"}); err != nil {
+		t.Fatalf("repairing switch: %v", err)
+	}
+	assertState(t, e, policy.ModeAllowlist)
+}
+
+// A sidecar cut from the egress network by someone else leaves the agent with nothing
+// (the sidecar has no way out either) and keeps refusing what the policy refuses;
+// status names the cut; a switch reconnects it.
+func TestSidecarCutFromEgress(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	ctx := timeout(t, 3*time.Minute)
+	e := h.Open(t, h.Provider(t), "cutsc", allowlist)
+	if err := h.Docker.NetworkDisconnect(ctx, h.EgressNetwork, e.SidecarContainer(), true); err != nil {
+		t.Fatalf("cut the sidecar from %s: %v", h.EgressNetwork, err)
+	}
+	res := probeEgress(t, e.AgentContainer(), e.SidecarAddr())
+	for name, r := range res {
+		if r.Reachable {
+			t.Errorf("with the sidecar cut from egress, %s works: %s", name, r.Detail)
+		}
+	}
+	st, err := e.Status(ctx)
+	if err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	if want := "sidecar is not connected to " + h.EgressNetwork; st.OK || !strings.Contains(strings.Join(st.Problems, "\n"), want) {
+		t.Errorf("status does not report the cut (%q): %+v", want, st.Problems)
+	}
+	if _, err := e.Apply(ctx, allowlist, controller.PhaseLabel{Phase: "repair"}); err != nil {
+		t.Fatalf("repairing switch: %v", err)
+	}
+	ci, err := h.Docker.ContainerInspect(ctx, e.SidecarContainer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := ci.NetworkSettings.Networks[h.EgressNetwork]; !ok {
+		t.Errorf("the switch did not reconnect the sidecar to %s: %v", h.EgressNetwork, keys(ci.NetworkSettings.Networks))
+	}
+	assertState(t, e, policy.ModeAllowlist)
+}
+
+func keys(m map[string]*network.EndpointSettings) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
