@@ -2,7 +2,10 @@ package dockerenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +14,7 @@ import (
 	"time"
 
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/network"
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/docker"
@@ -117,4 +121,75 @@ func TestConcurrentOpensOfOneTask(t *testing.T) {
 		t.Fatalf("opens: %v, %v; want one success and one saying the environment exists", errs[0], errs[1])
 	}
 	assertState(t, envs[won], policy.ModeNoNetwork)
+}
+
+// A pool with room for one task network: the second open fails naming the exhausted
+// pool and leaves nothing; once the first environment is closed its subnet serves the
+// next open.
+func TestPoolExhaustion(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	ctx := timeout(t, 3*time.Minute)
+	used, err := h.Docker.NetworkList(ctx, network.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One /28 of 10.214.0.0/16 that no network on the engine overlaps.
+	var pool netip.Prefix
+	for start, i := rand.IntN(4096), 0; i < 4096 && !pool.IsValid(); i++ {
+		n := (start + i) % 4096
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 214, byte(n >> 4), byte(n&15) << 4}), 28)
+		pool = p
+		for _, nw := range used {
+			for _, c := range nw.IPAM.Config {
+				if q, err := netip.ParsePrefix(c.Subnet); err == nil && q.Overlaps(p) {
+					pool = netip.Prefix{}
+				}
+			}
+		}
+	}
+	cfg := h.Config()
+	cfg.Pool, cfg.SubnetBits = pool, 28
+	p, err := docker.New(h.Docker, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := p.OpenEnv(ctx, controller.EnvSpec{Task: h.Name("pool1"), Image: h.ProbeImage, Baseline: policy.NoNetwork})
+	if err != nil {
+		t.Fatalf("first open: %v", err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = first.Close(context.Background(), false)
+		}
+	})
+
+	second := h.Name("pool2")
+	_, err = p.OpenEnv(ctx, controller.EnvSpec{Task: second, Image: h.ProbeImage, Baseline: policy.NoNetwork})
+	if !errors.Is(err, docker.ErrPoolExhausted) || !strings.Contains(err.Error(), pool.String()) {
+		t.Fatalf("second open in a full pool: %v; want %v naming %s", err, docker.ErrPoolExhausted, pool)
+	}
+	left, err := h.Leftovers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range left {
+		if strings.Contains(l, second) {
+			t.Errorf("the refused open left %s", l)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(h.StateDir, docker.EnvID(second, controller.RoleAgent))); !os.IsNotExist(err) {
+		t.Errorf("the refused open left its state directory (%v)", err)
+	}
+
+	closed = true
+	if err := first.Close(ctx, false); err != nil {
+		t.Fatalf("close the first: %v", err)
+	}
+	again := h.Open(t, p, "pool3", policy.NoNetwork)
+	if !pool.Contains(again.SidecarAddr()) {
+		t.Errorf("the open after the close got sidecar %s, outside the pool %s", again.SidecarAddr(), pool)
+	}
+	assertState(t, again, policy.ModeNoNetwork)
 }
