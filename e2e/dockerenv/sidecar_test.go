@@ -18,6 +18,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/docker"
+	"github.com/compass-egress/compass-egress/e2e/harness"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -192,4 +193,68 @@ func TestPoolExhaustion(t *testing.T) {
 		t.Errorf("the open after the close got sidecar %s, outside the pool %s", again.SidecarAddr(), pool)
 	}
 	assertState(t, again, policy.ModeNoNetwork)
+}
+
+// The image's HEALTHCHECK fails a sidecar that would route: with IPv4 forwarding on in
+// its namespace it turns unhealthy, naming the sysctl, where the same container with
+// forwarding off turns healthy.
+func TestSidecarUnhealthyWhenForwarding(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	ctx := timeout(t, 2*time.Minute)
+	for _, forward := range []string{"0", "1"} {
+		t.Run("ip_forward="+forward, func(t *testing.T) {
+			name := h.Name("fwd" + forward)
+			_, err := h.Docker.ContainerCreate(ctx,
+				&container.Config{Image: h.ProxyImage, Labels: map[string]string{harness.OwnerLabel: h.Owner},
+					Cmd: []string{"--listen", "127.0.0.1:3128", "--dns-listen", "127.0.0.1:5353",
+						"--dns-upstream", "127.0.0.1:53", "--admin-socket", "/run/compass/admin.sock"},
+					// The image's test command, run every second, unhealthy at its first failure.
+					Healthcheck: &container.HealthConfig{Interval: time.Second, Retries: 1}},
+				&container.HostConfig{NetworkMode: "none",
+					Sysctls: map[string]string{"net.ipv4.ip_forward": forward, "net.ipv6.conf.all.forwarding": "0"},
+					Tmpfs:   map[string]string{"/run/compass": "uid=65532,gid=65532,mode=0700"}},
+				nil, nil, name)
+			if err != nil {
+				t.Fatalf("create: %v", err)
+			}
+			t.Cleanup(func() {
+				_ = h.Docker.ContainerRemove(context.Background(), name, container.RemoveOptions{Force: true})
+			})
+			if err := h.Docker.ContainerStart(ctx, name, container.StartOptions{}); err != nil {
+				t.Fatalf("start: %v", err)
+			}
+			var ci container.InspectResponse
+			for {
+				if ci, err = h.Docker.ContainerInspect(ctx, name); err != nil {
+					t.Fatal(err)
+				}
+				if !ci.State.Running {
+					t.Fatalf("the sidecar exited: %+v", ci.State)
+				}
+				if ci.State.Health != nil && ci.State.Health.Status != container.Starting {
+					break
+				}
+				select {
+				case <-ctx.Done():
+					t.Fatalf("no health verdict before the deadline: %+v", ci.State)
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+			want := container.Healthy
+			if forward == "1" {
+				want = container.Unhealthy
+			}
+			var log []string
+			for _, r := range ci.State.Health.Log {
+				log = append(log, strings.TrimSpace(r.Output))
+			}
+			if ci.State.Health.Status != want {
+				t.Fatalf("health %s, want %s: %q", ci.State.Health.Status, want, log)
+			}
+			if forward == "1" && !strings.Contains(strings.Join(log, "\n"), "ip_forward is 1") {
+				t.Errorf("the failing check does not say why: %q", log)
+			}
+		})
+	}
 }
