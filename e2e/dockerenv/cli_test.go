@@ -1,12 +1,17 @@
 package dockerenv
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/docker/docker/api/types/image"
 
 	"github.com/compass-egress/compass-egress/controller/docker"
 	"github.com/compass-egress/compass-egress/policy"
@@ -94,5 +99,62 @@ func TestDoctorAndList(t *testing.T) {
 	}
 	if len(mine) != 1 || mine[0].Env != e.ID() || mine[0].Role != "agent" || mine[0].Sidecar != e.SidecarContainer() || mine[0].State != "running" {
 		t.Errorf("env ls lists %+v for task %s, want its one running environment %s", mine, e.Task(), e.ID())
+	}
+}
+
+// The air-gapped path on the real engine: `env image save` writes the sidecar image to a
+// file, `env image load` brings it back after it was removed (same image ID), and an
+// environment opens on the loaded image; a damaged archive is refused, naming the file.
+func TestImageSaveLoad(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	ctx := timeout(t, 3*time.Minute)
+	tag := "compass-e2e-saved:" + h.Name("img")
+	if err := h.Docker.ImageTag(ctx, h.ProxyImage, tag); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = h.Docker.ImageRemove(context.Background(), tag, image.RemoveOptions{}) })
+	want, err := h.Docker.ImageInspect(ctx, tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "images.tar")
+	var saved map[string]any
+	if code := compassctlJSON(t, &saved, []string{"COMPASS_PROXY_IMAGE=" + tag}, "env", "image", "save", file); code != 0 {
+		t.Fatalf("image save exited %d: %v", code, saved)
+	}
+	if _, err := h.Docker.ImageRemove(ctx, tag, image.RemoveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Docker.ImageInspect(ctx, tag); err == nil {
+		t.Fatalf("%s still present after its removal", tag)
+	}
+	var loaded map[string]any
+	if code := compassctlJSON(t, &loaded, nil, "env", "image", "load", file); code != 0 {
+		t.Fatalf("image load exited %d: %v", code, loaded)
+	}
+	got, err := h.Docker.ImageInspect(ctx, tag)
+	if err != nil {
+		t.Fatalf("%s after load: %v", tag, err)
+	}
+	if got.ID != want.ID {
+		t.Errorf("loaded %s is %s, saved %s", tag, got.ID, want.ID)
+	}
+
+	cfg := h.Config()
+	cfg.ProxyImage = tag
+	p, err := docker.New(h.Docker, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertState(t, h.Open(t, p, "loaded", allowlist), policy.ModeAllowlist)
+
+	damaged := filepath.Join(t.TempDir(), "damaged.tar")
+	if err := os.WriteFile(damaged, []byte("not an image archive"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := h.Compassctl(ctx, "env", "image", "load", damaged).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), damaged) {
+		t.Errorf("loading a damaged archive: %v, %q; want a failure naming the file", err, out)
 	}
 }
