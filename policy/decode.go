@@ -246,6 +246,10 @@ func describe(v any) string {
 	return fmt.Sprintf("%T", v)
 }
 
+// Display renders a decoded value (see DecodeDocument) for an error message as this
+// package's own errors do: strings quoted, anything else as JSON, both cut short.
+func Display(v any) string { return display(v) }
+
 // displayMax is how much of a value an error message shows.
 const displayMax = 80
 

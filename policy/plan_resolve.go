@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -97,15 +98,15 @@ func (pl *Planner) Plan(t Task) (*Plan, error) {
 		return nil, &TaskError{TaskID: t.ID, Errs: ErrorList{{Rule: fmt.Sprintf("cannot plan provider %s in evaluation mode %s", Quote(plan.Provider), Quote(string(plan.EvaluationMode)))}}}
 	}
 	var errs ErrorList
-	if _, set := pl.Override.Policies[PhaseEvaluationBaseline]; set && plan.EvaluationMode != EvaluationFresh {
-		errs.add(&FieldError{Path: PhaseEvaluationBaseline.Field(), Rule: "an override of the evaluation baseline is only legal in fresh mode; this task is planned in shared mode, where the evaluation runs in the agent's environment under its baseline"})
+	if p, set := pl.Override.Policies[PhaseEvaluationBaseline]; set && plan.EvaluationMode != EvaluationFresh {
+		errs.add(&FieldError{Path: PhaseEvaluationBaseline.Field(), Value: Clip(p.String()), Rule: "an override of the evaluation baseline is only legal in fresh mode; this task is planned in shared mode, where the evaluation runs in the agent's environment under its baseline"})
 	}
 	if plan.Provider != ProviderDocker {
 		if pl.Override.Network != "" {
 			errs.add(&FieldError{Path: "network", Value: Quote(pl.Override.Network), Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
 		}
 		if pl.Override.ProxyStartTimeout != 0 {
-			errs.add(&FieldError{Path: "allowlist_proxy_start_timeout", Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
+			errs.add(&FieldError{Path: "allowlist_proxy_start_timeout", Value: strconv.FormatFloat(pl.Override.ProxyStartTimeout.Seconds(), 'f', -1, 64), Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
 		}
 	}
 

@@ -240,7 +240,7 @@ func TestPlanFreshEvaluationBaseline(t *testing.T) {
 			name:    "request-level evaluation baseline is an error in shared mode",
 			task:    `{"task_id":"t","evaluation_mode":"shared"}`,
 			env:     `{"evaluation_baseline_network_policy":"public"}`,
-			wantErr: []string{`task "t": evaluation_baseline_network_policy: an override of the evaluation baseline is only legal in fresh mode`},
+			wantErr: []string{`task "t": evaluation_baseline_network_policy "public": an override of the evaluation baseline is only legal in fresh mode`},
 		},
 		{
 			name:    "shared is the default mode, so the override is an error there too",

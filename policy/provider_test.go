@@ -162,7 +162,7 @@ func TestDockerOptionsRefusedForOtherProviders(t *testing.T) {
 	pl := Planner{Override: planTestEnv(t, `{"network":"bridge","allowlist_proxy_start_timeout":5}`), Provider: ProviderModal}
 	_, err := pl.Plan(planTestTask(t, `{"task_id":"t"}`))
 	want := `task "t": network "bridge": is a docker option; provider modal does not take it` + "\n" +
-		`task "t": allowlist_proxy_start_timeout: is a docker option; provider modal does not take it`
+		`task "t": allowlist_proxy_start_timeout 5: is a docker option; provider modal does not take it`
 	if err == nil || err.Error() != want {
 		t.Errorf("error =\n%v\nwant\n%s", err, want)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/docker"
 )
 
@@ -91,6 +92,8 @@ func newEnvCommand() *cobra.Command {
 		Short: "Open, switch, verify and close Docker environments under egress control",
 		Long: `env drives the Docker provider: each environment is an agent container on a
 per-task internal network whose only way out is a compass-proxy sidecar. See docs/docker.md.`,
+		Args: groupArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&f.stateDir, "state-dir", envOr("COMPASS_STATE_DIR", docker.DefaultStateDir), "state directory (admin sockets, intended policies, transitions.jsonl); env COMPASS_STATE_DIR")
@@ -113,6 +116,16 @@ per-task internal network whose only way out is a compass-proxy sidecar. See doc
 		cmd.AddCommand(sub(f))
 	}
 	return cmd
+}
+
+// parseRole checks --role before anything starts: an environment opened under any other
+// role would carry it in its labels, and its task's commands could not find it again.
+func parseRole(s string) (controller.Role, error) {
+	switch r := controller.Role(s); r {
+	case controller.RoleAgent, controller.RoleEvaluation:
+		return r, nil
+	}
+	return "", usageError{fmt.Errorf("--role %q: unknown role; use %s or %s", s, controller.RoleAgent, controller.RoleEvaluation)}
 }
 
 func splitList(s string) []string {

@@ -19,18 +19,23 @@ func newEnvCloseCommand(f *envFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "close --task ID [--retain]",
 		Short: "Remove what open/attach made (idempotent); --retain keeps the environment running",
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if task == "" {
 				return usageError{fmt.Errorf("--task is required")}
+			}
+			envRole, err := parseRole(role)
+			if err != nil {
+				return err
 			}
 			p, done, err := f.provider()
 			if err != nil {
 				return err
 			}
 			defer done()
-			env := docker.EnvID(task, controller.Role(role))
+			env := docker.EnvID(task, envRole)
 			result := map[string]any{"env": env, "retained": retain}
-			e, err := p.LookupTask(cmd.Context(), task, controller.Role(role))
+			e, err := p.LookupTask(cmd.Context(), task, envRole)
 			switch {
 			case errors.Is(err, docker.ErrNoEnvironment):
 				// Idempotent: a second close, or one after a half-finished open, removes

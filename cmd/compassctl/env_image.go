@@ -15,12 +15,15 @@ func newEnvImageCommand(f *envFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "image build | save FILE | load FILE",
 		Short: "Build the sidecar (and probe) images offline from static binaries, export and import them",
+		Args:  groupArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	var binary, probeBinary string
 	var probe bool
 	build := &cobra.Command{
 		Use:   "build [--binary PATH] [--probe [--probe-binary PATH]]",
 		Short: "Build the compass-proxy image FROM scratch from the static binary (no registry needed)",
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, done, err := f.provider()
 			if err != nil {
@@ -57,7 +60,7 @@ func newEnvImageCommand(f *envFlags) *cobra.Command {
 	save := &cobra.Command{
 		Use:   "save FILE",
 		Short: "Export the sidecar and probe images to a tar archive",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, done, err := f.provider()
 			if err != nil {
@@ -86,7 +89,7 @@ func newEnvImageCommand(f *envFlags) *cobra.Command {
 	load := &cobra.Command{
 		Use:   "load FILE",
 		Short: "Import images exported by `image save` (air-gapped hosts)",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cli, err := docker.NewClient()
 			if err != nil {

@@ -32,20 +32,40 @@ func (r openResult) text(w io.Writer) {
 // policySource is the --policy / --phase --plan pair shared by open and switch.
 type policySource struct {
 	policy, phase, plan string
+	cmd                 *cobra.Command
 }
 
 func (s *policySource) bind(cmd *cobra.Command, phaseHelp string) {
+	s.cmd = cmd
 	cmd.Flags().StringVar(&s.policy, "policy", "", `policy in the shared wire format, e.g. '"no-network"' or '{"network_mode":"allowlist","allowed_hosts":["pypi.org"]}'`)
 	cmd.Flags().StringVar(&s.plan, "plan", "", "plan file to take the phase's policy from")
 	cmd.Flags().StringVar(&s.phase, "phase", "", phaseHelp)
 }
 
+// checkGiven refuses --policy or --plan given empty (an unset shell variable): read as
+// absent, open and attach would start under the runtime default, public.
+func (s *policySource) checkGiven() error {
+	if s.cmd.Flags().Changed("policy") && s.policy == "" {
+		return usageError{fmt.Errorf(`--policy "": is empty; give a policy ('"public"' for no restriction)`)}
+	}
+	if s.cmd.Flags().Changed("plan") && s.plan == "" {
+		return usageError{fmt.Errorf(`--plan "": is empty; give a plan file`)}
+	}
+	return nil
+}
+
 // resolve returns the policy and the phase label. def is the phase used with --plan
 // when --phase is absent; task picks the task's plan out of a multi-task plan file.
 func (s *policySource) resolve(task, def string) (policy.Policy, string, error) {
+	if err := s.checkGiven(); err != nil {
+		return policy.Policy{}, "", err
+	}
 	switch {
 	case s.policy != "" && s.plan != "":
 		return policy.Policy{}, "", usageError{fmt.Errorf("give --policy or --plan, not both")}
+	case s.policy == "" && s.plan == "" && s.phase != "":
+		// Dropped, it would leave the runtime default (public) in force.
+		return policy.Policy{}, "", usageError{fmt.Errorf("--phase %q needs --plan FILE to take the policy from", s.phase)}
 	case s.policy != "":
 		p, err := policy.Parse([]byte(s.policy))
 		if err != nil {
@@ -70,10 +90,16 @@ func (s *policySource) resolve(task, def string) (policy.Policy, string, error) 
 	return policy.Policy{}, "", nil
 }
 
-// baseline is the policy an environment opens under: the one given, or the runtime
-// default (public) when neither --policy nor --plan is.
-func (s *policySource) baseline(task string) (policy.Policy, error) {
-	p, _, err := s.resolve(task, "baseline")
+// baseline is the policy an environment of the role opens under: the one given, or the
+// runtime default (public) when neither --policy nor --plan is. From a plan it is the
+// role's own baseline: fresh mode's evaluation environment opens under
+// evaluation_baseline, never under the agent's (SPEC §4).
+func (s *policySource) baseline(task string, role controller.Role) (policy.Policy, error) {
+	def := string(policy.PhaseBaseline)
+	if role == controller.RoleEvaluation {
+		def = string(policy.PhaseEvaluationBaseline)
+	}
+	p, _, err := s.resolve(task, def)
 	if err != nil {
 		return policy.Policy{}, err
 	}
@@ -97,8 +123,15 @@ func newEnvOpenCommand(f *envFlags) *cobra.Command {
 			if task == "" || image == "" {
 				return usageError{fmt.Errorf("--task and --image are required")}
 			}
-			baseline, err := src.baseline(task)
+			envRole, err := parseRole(role)
 			if err != nil {
+				return err
+			}
+			baseline, err := src.baseline(task, envRole)
+			if err != nil {
+				return err
+			}
+			if err := checkProxyStartTimeout(timeout); err != nil {
 				return err
 			}
 			vars, err := parseEnvVars(env)
@@ -114,7 +147,7 @@ func newEnvOpenCommand(f *envFlags) *cobra.Command {
 			defer cancel()
 			start := time.Now()
 			e, err := p.OpenEnv(ctx, controller.EnvSpec{
-				Task: task, Role: controller.Role(role), Image: image, Env: vars, Cmd: args,
+				Task: task, Role: envRole, Image: image, Env: vars, Cmd: args,
 				Baseline: baseline, ProxyStartTimeout: timeout,
 			})
 			if err != nil {
@@ -129,7 +162,7 @@ func newEnvOpenCommand(f *envFlags) *cobra.Command {
 	cmd.Flags().StringVar(&role, "role", string(controller.RoleAgent), "agent or evaluation (fresh mode's second environment, named <task>-eval)")
 	cmd.Flags().StringArrayVar(&env, "env", nil, "environment variable K=V for the agent (repeatable)")
 	cmd.Flags().DurationVar(&timeout, "proxy-start-timeout", 30*time.Second, "how long the sidecar may take to become ready")
-	src.bind(cmd, "phase of --plan to open under (default baseline)")
+	src.bind(cmd, "phase of --plan to open under (default baseline; evaluation_baseline with --role evaluation)")
 	return cmd
 }
 
@@ -140,12 +173,27 @@ func describeEnv(e *docker.Env, d time.Duration) openResult {
 	}
 }
 
+// checkProxyStartTimeout bounds --proxy-start-timeout as allowlist_proxy_start_timeout is
+// bounded: the provider would silently replace zero or less by its default.
+func checkProxyStartTimeout(d time.Duration) error {
+	switch {
+	case d <= 0:
+		return usageError{fmt.Errorf("--proxy-start-timeout %s: must be positive", d)}
+	case d > policy.MaxProxyStartTimeout:
+		return usageError{fmt.Errorf("--proxy-start-timeout %s: must be at most %s", d, policy.MaxProxyStartTimeout)}
+	}
+	return nil
+}
+
 func parseEnvVars(list []string) (map[string]string, error) {
 	out := map[string]string{}
 	for _, kv := range list {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
 			return nil, usageError{fmt.Errorf("--env %q: want K=V", kv)}
+		}
+		if _, dup := out[k]; dup {
+			return nil, usageError{fmt.Errorf("--env %q: %s is given twice", kv, k)}
 		}
 		out[k] = v
 	}
@@ -161,12 +209,20 @@ func newEnvAttachCommand(f *envFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "attach --task ID --container NAME_OR_ID [--plan FILE | --policy POLICY]",
 		Short: "Bring a running container under control (refuses network modes none, host, container:<id>, and privileged or NET_ADMIN/SYS_ADMIN containers)",
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if task == "" || ctr == "" {
 				return usageError{fmt.Errorf("--task and --container are required")}
 			}
-			baseline, err := src.baseline(task)
+			envRole, err := parseRole(role)
 			if err != nil {
+				return err
+			}
+			baseline, err := src.baseline(task, envRole)
+			if err != nil {
+				return err
+			}
+			if err := checkProxyStartTimeout(timeout); err != nil {
 				return err
 			}
 			p, done, err := f.provider()
@@ -177,7 +233,7 @@ func newEnvAttachCommand(f *envFlags) *cobra.Command {
 			ctx, cancel := signalContext(cmd)
 			defer cancel()
 			start := time.Now()
-			e, err := p.Attach(ctx, controller.EnvSpec{Task: task, Role: controller.Role(role), Baseline: baseline, ProxyStartTimeout: timeout}, ctr)
+			e, err := p.Attach(ctx, controller.EnvSpec{Task: task, Role: envRole, Baseline: baseline, ProxyStartTimeout: timeout}, ctr)
 			if err != nil {
 				return err
 			}
@@ -189,6 +245,6 @@ func newEnvAttachCommand(f *envFlags) *cobra.Command {
 	cmd.Flags().StringVar(&ctr, "container", "", "the container to attach")
 	cmd.Flags().StringVar(&role, "role", string(controller.RoleAgent), "agent or evaluation")
 	cmd.Flags().DurationVar(&timeout, "proxy-start-timeout", 30*time.Second, "how long the sidecar may take to become ready")
-	src.bind(cmd, "phase of --plan to attach under (default baseline)")
+	src.bind(cmd, "phase of --plan to attach under (default baseline; evaluation_baseline with --role evaluation)")
 	return cmd
 }

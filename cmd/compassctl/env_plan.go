@@ -33,6 +33,9 @@ func policyFromPlan(path, task, phase string) (policy.Policy, error) {
 	if !ok {
 		return policy.Policy{}, fmt.Errorf("--plan %s: want a task plan object or a list of them", path)
 	}
+	if id, named := obj["task_id"]; named && id != task {
+		return policy.Policy{}, fmt.Errorf("--plan %s: task_id %s: the plan is another task's than --task %q", path, policy.Display(id), task)
+	}
 	field := phase + "_network_policy"
 	raw, ok := obj[field]
 	if !ok {
@@ -47,7 +50,7 @@ func policyFromPlan(path, task, phase string) (policy.Policy, error) {
 	if !ok {
 		return policy.Policy{}, fmt.Errorf("--plan %s: no policy for phase %q (looked for %s and policies.%s)", path, phase, field, phase)
 	}
-	if m, isMap := raw.(map[string]any); isMap {
+	if m, isMap := raw.(map[string]any); isMap && isPlanEntry(m) {
 		for _, key := range []string{"policy", "Policy"} {
 			if inner, has := m[key]; has {
 				raw = inner
@@ -60,6 +63,23 @@ func policyFromPlan(path, task, phase string) (policy.Policy, error) {
 		return policy.Policy{}, fmt.Errorf("--plan %s: %w", path, err)
 	}
 	return p, nil
+}
+
+// isPlanEntry reports whether m is a plan's {policy, source} entry rather than a policy
+// object. Only those keys count: a policy object with a stray "policy" key is left for the
+// parser to refuse, not read as that key's value (which could be broader).
+func isPlanEntry(m map[string]any) bool {
+	found := false
+	for k := range m {
+		switch k {
+		case "policy", "Policy":
+			found = true
+		case "source", "Source":
+		default:
+			return false
+		}
+	}
+	return found
 }
 
 // planOfTask picks the plan whose task_id is task out of a list of plans.

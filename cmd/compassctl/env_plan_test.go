@@ -5,6 +5,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
+
+	"github.com/compass-egress/compass-egress/controller"
 )
 
 func TestPolicyFromPlan(t *testing.T) {
@@ -16,8 +20,16 @@ func TestPolicyFromPlan(t *testing.T) {
 		{"policies map", "policies:\n  evaluation:\n    policy: public\n", "evaluation", `"public"`, ""},
 		{"plan --json list", `[{"task_id": "other", "policies": {"run": {"policy": "public"}}}, {"task_id": "t1", "policies": {"run": {"policy": "no-network", "source": "task"}}}]`, "run", `"no-network"`, ""},
 		{"plan list without the task", `[{"task_id": "other", "policies": {"run": {"policy": "public"}}}]`, "run", "", `no plan for task "t1" in the list (it has other)`},
+		{"one plan object of the task", `{"task_id": "t1", "run_network_policy": "no-network"}`, "run", `"no-network"`, ""},
+		// One object of plan --json output names its task: another task's policy may be
+		// broader than this task's.
+		{"one plan object of another task", `{"task_id": "other", "run_network_policy": "public"}`, "run", "", `task_id "other": the plan is another task's than --task "t1"`},
 		{"missing phase", `{"run_network_policy": "public"}`, "baseline", "", "no policy for phase"},
 		{"invalid policy", `{"run_network_policy": "everything"}`, "run", "", "unknown network mode"},
+		// A policy object is not a plan entry because it has a "policy" key: read as one,
+		// this no-network policy became public.
+		{"policy object with a stray policy key", `{"run_network_policy": {"network_mode": "no-network", "policy": "public"}}`, "run", "", "run_network_policy.policy: unknown key"},
+		{"plan entry with a stray key", `{"policies": {"run": {"policy": "public", "allowed_hosts": []}}}`, "run", "", "run_network_policy.policy: unknown key"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -56,5 +68,35 @@ func TestPolicyFromPlanReadsPlanOutput(t *testing.T) {
 	}
 	if p.String() != `"no-network"` {
 		t.Errorf("run policy of swe-2 = %s", p)
+	}
+}
+
+// TestOpenBaselineOfRole: an environment opened from a plan without --phase starts under
+// its own role's baseline. Fresh mode's evaluation environment opens under
+// evaluation_baseline (SPEC §4, step 8), not under the agent's baseline, which may be
+// broader.
+func TestOpenBaselineOfRole(t *testing.T) {
+	plan := writeTemp(t, "plan.json", `{"baseline_network_policy": "public", "evaluation_baseline_network_policy": "no-network"}`)
+	tests := []struct {
+		role controller.Role
+		want string
+	}{
+		{controller.RoleAgent, `"public"`},
+		{controller.RoleEvaluation, `"no-network"`},
+	}
+	for _, tc := range tests {
+		var src policySource
+		cmd := &cobra.Command{}
+		src.bind(cmd, "")
+		if err := cmd.Flags().Set("plan", plan); err != nil {
+			t.Fatal(err)
+		}
+		p, err := src.baseline("t1", tc.role)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.role, err)
+		}
+		if p.String() != tc.want {
+			t.Errorf("%s environment opens under %s, want %s", tc.role, p, tc.want)
+		}
 	}
 }

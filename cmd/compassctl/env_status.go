@@ -17,16 +17,21 @@ func newEnvStatusCommand(f *envFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status --task ID",
 		Short: "Compare the intended policy with the sidecar, the Docker wiring and the agent's routes",
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if task == "" {
 				return usageError{fmt.Errorf("--task is required")}
+			}
+			envRole, err := parseRole(role)
+			if err != nil {
+				return err
 			}
 			p, done, err := f.provider()
 			if err != nil {
 				return err
 			}
 			defer done()
-			e, err := p.LookupTask(cmd.Context(), task, controller.Role(role))
+			e, err := p.LookupTask(cmd.Context(), task, envRole)
 			if err != nil {
 				return err
 			}
@@ -76,6 +81,7 @@ func newEnvListCommand(f *envFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "ls",
 		Short: "List the environments this controller manages on this host",
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, done, err := f.provider()
 			if err != nil {
@@ -102,6 +108,7 @@ func newEnvDoctorCommand(f *envFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "doctor",
 		Short: "Check Docker, images, namespace access, the address pool and br_netfilter; print each fix",
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, done, err := f.provider()
 			if err != nil {

@@ -20,12 +20,23 @@ func newEnvSwitchCommand(f *envFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "switch --task ID (--policy POLICY | --phase baseline|run|evaluation [--plan FILE]) [--label-phase NAME]",
 		Short: "Put a policy in force; returns when the sidecar acknowledged it and the wiring matches",
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if task == "" {
 				return usageError{fmt.Errorf("--task is required")}
 			}
+			if err := src.checkGiven(); err != nil {
+				return err
+			}
 			if src.policy == "" && src.plan == "" {
 				return usageError{fmt.Errorf("give --policy, or --phase with --plan")}
+			}
+			if src.plan != "" && src.phase == "" {
+				return usageError{fmt.Errorf("--plan needs --phase (baseline, run, evaluation or evaluation_baseline)")}
+			}
+			envRole, err := parseRole(role)
+			if err != nil {
+				return err
 			}
 			pol, phase, err := src.resolve(task, "switch")
 			if err != nil {
@@ -41,7 +52,7 @@ func newEnvSwitchCommand(f *envFlags) *cobra.Command {
 			defer done()
 			ctx, cancel := signalContext(cmd)
 			defer cancel()
-			e, err := p.LookupTask(ctx, task, controller.Role(role))
+			e, err := p.LookupTask(ctx, task, envRole)
 			if err != nil {
 				return err
 			}

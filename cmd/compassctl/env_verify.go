@@ -21,9 +21,14 @@ func newEnvVerifyCommand(f *envFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "verify --task ID [--allowed HOST:PORT]... [--blocked HOST:PORT]...",
 		Short: "Adversarial check from inside the agent's network namespace; exit 1 on any unexpected outcome",
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if task == "" {
 				return usageError{fmt.Errorf("--task is required")}
+			}
+			envRole, err := parseRole(role)
+			if err != nil {
+				return err
 			}
 			opts := docker.VerifyOptions{Allowed: allowed, Blocked: blocked, OutsidePort: outsidePort}
 			if outside != "" {
@@ -38,7 +43,7 @@ func newEnvVerifyCommand(f *envFlags) *cobra.Command {
 				return err
 			}
 			defer done()
-			e, err := p.LookupTask(cmd.Context(), task, controller.Role(role))
+			e, err := p.LookupTask(cmd.Context(), task, envRole)
 			if err != nil {
 				return err
 			}

@@ -25,12 +25,24 @@ func newRootCommand() *cobra.Command {
 		Version:       buildinfo.Version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Args:          groupArgs,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	for _, add := range subcommands {
 		root.AddCommand(add())
 	}
 	return root
+}
+
+// groupArgs refuses any argument to a command that only groups subcommands: left to
+// cobra, a mistyped subcommand printed the help and exited 0 (1 at the root), which a
+// script reads as success.
+func groupArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath())}
+	}
+	return nil
 }
 
 // subcommands is filled by each command's file in init, so that each command lives in

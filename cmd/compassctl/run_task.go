@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/controller/docker"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -58,6 +60,11 @@ func taskRunOf(p *policy.Plan) (controller.TaskRun, error) {
 	if p.Provider != "docker" {
 		d.fail("provider", fmt.Sprintf("%q: compassctl run drives the docker provider only", p.Provider))
 	}
+	// Docker's names are shorter than the planner's IDs: refused here, before any task
+	// of the run starts, not when this one opens.
+	if err := docker.ValidateTask(p.TaskID); err != nil {
+		d.fail("task_id", err.Error())
+	}
 	// The Docker provider wires each task onto its own internal network behind the
 	// sidecar; any other network asked for would be silently replaced, so refuse it.
 	if p.Network != "" && p.Network != "bridge" {
@@ -94,6 +101,11 @@ func (d *fieldDecoder) fail(field, rule string) {
 	d.errs = append(d.errs, fmt.Errorf("task %q: %s: %s", d.task, field, rule))
 }
 
+// failValue is fail for a value that is there but wrong: the message shows it.
+func (d *fieldDecoder) failValue(field string, raw any, rule string) {
+	d.fail(field+" "+policy.Display(raw), rule)
+}
+
 func (d *fieldDecoder) str(f map[string]any, key string, required bool) string {
 	raw, ok := f[key]
 	if !ok {
@@ -104,7 +116,7 @@ func (d *fieldDecoder) str(f map[string]any, key string, required bool) string {
 	}
 	s, ok := raw.(string)
 	if !ok || strings.TrimSpace(s) == "" {
-		d.fail(key, "must be a non-empty string")
+		d.failValue(key, raw, "must be a non-empty string")
 	}
 	return s
 }
@@ -116,7 +128,7 @@ func (d *fieldDecoder) boolean(f map[string]any, key string, def bool) bool {
 	}
 	b, ok := raw.(bool)
 	if !ok {
-		d.fail(key, "must be true or false")
+		d.failValue(key, raw, "must be true or false")
 	}
 	return b
 }
@@ -128,14 +140,14 @@ func (d *fieldDecoder) strings(f map[string]any, key string) []string {
 	}
 	list, ok := raw.([]any)
 	if !ok {
-		d.fail(key, "must be a list of strings")
+		d.failValue(key, raw, "must be a list of strings")
 		return nil
 	}
 	out := make([]string, 0, len(list))
 	for i, v := range list {
 		s, ok := v.(string)
 		if !ok || s == "" {
-			d.fail(fmt.Sprintf("%s[%d]", key, i), "must be a non-empty string")
+			d.failValue(fmt.Sprintf("%s[%d]", key, i), v, "must be a non-empty string")
 			continue
 		}
 		out = append(out, s)
@@ -156,7 +168,7 @@ func (d *fieldDecoder) commands(f map[string]any, key string) []controller.Comma
 func (d *fieldDecoder) commandList(raw any, path string) []controller.Command {
 	list, ok := raw.([]any)
 	if !ok {
-		d.fail(path, "must be a list of commands")
+		d.failValue(path, raw, "must be a list of commands")
 		return nil
 	}
 	var out []controller.Command
@@ -175,7 +187,7 @@ func (d *fieldDecoder) commandList(raw any, path string) []controller.Command {
 			for _, a := range c {
 				s, ok := a.(string)
 				if !ok {
-					d.fail(at, "argument lists hold strings only")
+					d.failValue(at, a, "argument lists hold strings only")
 					break
 				}
 				argv = append(argv, s)
@@ -186,7 +198,7 @@ func (d *fieldDecoder) commandList(raw any, path string) []controller.Command {
 			}
 			out = append(out, argv)
 		default:
-			d.fail(at, "must be a string or a list of strings")
+			d.failValue(at, v, "must be a string or a list of strings")
 		}
 	}
 	return out
@@ -195,11 +207,18 @@ func (d *fieldDecoder) commandList(raw any, path string) []controller.Command {
 func (d *fieldDecoder) harness(raw any) *controller.HarnessSession {
 	obj, ok := raw.(map[string]any)
 	if !ok {
-		d.fail("harness", "must be an object with start and close")
+		d.failValue("harness", raw, "must be an object with start and close")
 		return nil
 	}
 	h := &controller.HarnessSession{}
-	for k, v := range obj {
+	// In key order, so that the problems come in the same order on every run.
+	keys := make([]string, 0, len(obj))
+	for k := range obj {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := obj[k]
 		switch k {
 		case "start":
 			h.Start = d.commandList(v, "harness.start")
@@ -219,7 +238,7 @@ func (d *fieldDecoder) timeouts(f map[string]any) map[controller.StepName]time.D
 	}
 	obj, ok := raw.(map[string]any)
 	if !ok {
-		d.fail("timeouts", "must be an object of step: duration")
+		d.failValue("timeouts", raw, "must be an object of step: duration")
 		return nil
 	}
 	known := map[string]bool{}
@@ -260,8 +279,13 @@ func parseTimeout(v any) (time.Duration, error) {
 		dur = dd
 	case json.Number:
 		f, err := strconv.ParseFloat(string(x), 64)
-		if err != nil {
+		if err != nil || math.IsNaN(f) {
 			return 0, fmt.Errorf("%s is not a number of seconds", x)
+		}
+		// Checked before converting: a float beyond int64 converts to whatever the
+		// platform gives (negative on amd64, the maximum on arm64).
+		if f >= float64(math.MaxInt64)/float64(time.Second) {
+			return 0, fmt.Errorf("%s seconds is longer than the longest timeout, %s", x, time.Duration(math.MaxInt64))
 		}
 		dur = time.Duration(f * float64(time.Second))
 	default:

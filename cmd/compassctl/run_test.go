@@ -118,8 +118,18 @@ func TestTaskRunOfRefusals(t *testing.T) {
 		{"bad timeout", "task_id: a\nimage: i\nrun: [x]\ntimeouts: {run: soon}\n", `timeouts.run: "soon" is not a duration`},
 		{"unknown timeout step", "task_id: a\nimage: i\nrun: [x]\ntimeouts: {lunch: 1m}\n", "timeouts.lunch: unknown step"},
 		{"unknown harness key", "task_id: a\nimage: i\nrun: [x]\nharness: {begin: [x]}\n", "harness.begin: unknown key"},
-		{"save_artifacts not a bool", "task_id: a\nimage: i\nrun: [x]\nsave_artifacts: yes please\n", "save_artifacts: must be true or false"},
+		{"save_artifacts not a bool", "task_id: a\nimage: i\nrun: [x]\nsave_artifacts: yes please\n", `save_artifacts "yes please": must be true or false`},
+		{"image not a string", "task_id: a\nimage: [i]\nrun: [x]\n", `image ["i"]: must be a non-empty string`},
+		{"artifact not a string", "task_id: a\nimage: i\nrun: [x]\nartifacts: [/out, 7]\n", `artifacts[1] 7: must be a non-empty string`},
+		{"argument not a string", "task_id: a\nimage: i\nrun: [[grade, {x: 1}]]\n", `run[0] {"x":1}: argument lists hold strings only`},
+		{"harness not an object", "task_id: a\nimage: i\nrun: [x]\nharness: [hs]\n", `harness ["hs"]: must be an object with start and close`},
+		// 1e10 s does not fit a time.Duration: converted as it stood, it became negative
+		// ("must be positive") on amd64 and was accepted as 292 years on arm64.
+		{"timeout too long", "task_id: a\nimage: i\nrun: [x]\ntimeouts: {run: 1e10}\n", "timeouts.run: 1e10 seconds is longer than the longest timeout"},
 		{"other provider", "task_id: a\nprovider: modal\nimage: i\nrun: [x]\n", "drives the docker provider only"},
+		// The planner takes 64 characters; Docker names take 63, and the open that refused
+		// it came after other tasks of the run had started.
+		{"task ID too long for docker", "task_id: " + strings.Repeat("t", 64) + "\nimage: i\nrun: [x]\n", "task_id: docker: task ID"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -128,6 +138,23 @@ func TestTaskRunOfRefusals(t *testing.T) {
 				t.Errorf("err = %v, want it to contain %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestTaskRunOfErrorOrder: the problems of a task come in the same order on every run
+// (keys sorted), so that reruns and tests compare like for like.
+func TestTaskRunOfErrorOrder(t *testing.T) {
+	p := planOf(t, "task_id: a\nimage: i\nrun: [x]\nharness: {zeta: [x], eta: [x], delta: [x], close: 5, beta: [x], alpha: [x]}\n")
+	want := `task "a": harness.alpha: unknown key (known: start, close)
+task "a": harness.beta: unknown key (known: start, close)
+task "a": harness.close 5: must be a list of commands
+task "a": harness.delta: unknown key (known: start, close)
+task "a": harness.eta: unknown key (known: start, close)
+task "a": harness.zeta: unknown key (known: start, close)`
+	for range 5 {
+		if _, err := taskRunOf(p); err == nil || err.Error() != want {
+			t.Fatalf("err =\n%v\nwant\n%s", err, want)
+		}
 	}
 }
 
