@@ -258,7 +258,7 @@ func (o *options) check(resolvConf string) error {
 		c.AllowInternal = append(c.AllowInternal, p.Masked())
 	}
 	for _, u := range o.upstreams {
-		addr, err := upstreamAddr(u)
+		addr, err := proxy.ParseDNSUpstream(u)
 		if err != nil {
 			fail("dns-upstream", "%q: %v", u, err)
 			continue
@@ -280,26 +280,6 @@ func (o *options) check(resolvConf string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// upstreamAddr is an upstream resolver as ip:port. A bare address gets port 53, as
-// resolv.conf writes nameservers; a name is refused, since resolving it would need the
-// resolver it names.
-func upstreamAddr(s string) (string, error) {
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		if ap.Port() == 0 {
-			return "", errors.New("port 0: want 1-65535")
-		}
-		return ap.String(), nil
-	}
-	bare := s
-	if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
-		bare = s[1 : len(s)-1]
-	}
-	if a, err := netip.ParseAddr(bare); err == nil {
-		return netip.AddrPortFrom(a, 53).String(), nil
-	}
-	return "", errors.New("want an IP address with an optional port (10.0.0.2, 10.0.0.2:53, fd00::2, [fd00::2]:53)")
 }
 
 // run installs the signal handlers first, so that a SIGHUP or SIGTERM during start-up is

@@ -103,7 +103,7 @@ per-task internal network whose only way out is a compass-proxy sidecar. See doc
 	pf.StringVar(&f.proxyImage, "proxy-image", envOr("COMPASS_PROXY_IMAGE", docker.DefaultProxyImage), "compass-proxy sidecar image; env COMPASS_PROXY_IMAGE")
 	pf.StringVar(&f.probeImage, "probe-image", envOr("COMPASS_PROBE_IMAGE", docker.DefaultProbeImage), "verify probe image; env COMPASS_PROBE_IMAGE")
 	pf.StringVar(&f.owner, "owner", envOr("COMPASS_OWNER", docker.DefaultOwner), "owner label value: the controller manages only objects carrying it; env COMPASS_OWNER")
-	pf.StringArrayVar(&f.dnsUpstreams, "dns-upstream", splitList(os.Getenv("COMPASS_DNS_UPSTREAM")), "resolver host:port the sidecar forwards allowed names to (repeatable); env COMPASS_DNS_UPSTREAM (comma-separated)")
+	pf.StringArrayVar(&f.dnsUpstreams, "dns-upstream", splitList(os.Getenv("COMPASS_DNS_UPSTREAM")), "resolver the sidecar forwards allowed names to: an IP address, port optional (default 53); repeatable; env COMPASS_DNS_UPSTREAM (comma-separated)")
 	pf.StringArrayVar(&f.proxyArgs, "proxy-arg", nil, "extra compass-proxy flag for new sidecars (repeatable)")
 	pf.DurationVar(&f.stepDelay, "step-delay", 0, "pause between the steps of a switch (testing: lets a kill land mid-switch)")
 	_ = pf.MarkHidden("step-delay")

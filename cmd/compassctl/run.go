@@ -78,7 +78,7 @@ func addProviderFlags(cmd *cobra.Command, e *envFlags) {
 	f.IntVar(&e.subnetBits, "subnet-bits", docker.DefaultSubnetBits, "prefix length of one per-task network")
 	f.StringVar(&e.proxyImage, "proxy-image", envOr("COMPASS_PROXY_IMAGE", docker.DefaultProxyImage), "compass-proxy sidecar image; env COMPASS_PROXY_IMAGE")
 	f.StringVar(&e.owner, "owner", envOr("COMPASS_OWNER", docker.DefaultOwner), "owner label value; env COMPASS_OWNER")
-	f.StringArrayVar(&e.dnsUpstreams, "dns-upstream", splitList(os.Getenv("COMPASS_DNS_UPSTREAM")), "resolver host:port the sidecars forward allowed names to; env COMPASS_DNS_UPSTREAM")
+	f.StringArrayVar(&e.dnsUpstreams, "dns-upstream", splitList(os.Getenv("COMPASS_DNS_UPSTREAM")), "resolver the sidecars forward allowed names to: an IP address, port optional (default 53); repeatable; env COMPASS_DNS_UPSTREAM")
 	f.StringArrayVar(&e.proxyArgs, "proxy-arg", nil, "extra compass-proxy flag for new sidecars (repeatable)")
 	f.BoolVarP(&e.verbose, "verbose", "v", false, "log each lifecycle event (JSON on stderr)")
 }

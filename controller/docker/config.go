@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"regexp"
 	"time"
+
+	"github.com/compass-egress/compass-egress/proxy"
 )
 
 // Defaults of Config.
@@ -33,7 +35,7 @@ type Config struct {
 	SubnetBits    int          // prefix length of one per-task network
 	ProxyImage    string       // the compass-proxy sidecar image
 	ProbeImage    string       // the verify probe image
-	DNSUpstreams  []string     // host:port resolvers the sidecar forwards allowed names to
+	DNSUpstreams  []string     // resolvers the sidecar forwards allowed names to: IP addresses, port optional (53)
 	Owner         string       // label value marking what this controller owns
 	Clock         Clock        // time source of transition records and durations
 	ExtraProxyArg []string     // extra compass-proxy flags (tests: --allow-internal ...)
@@ -81,6 +83,13 @@ func (c Config) validate() error {
 	}
 	if !nameRE.MatchString(c.EgressNetwork) {
 		return fmt.Errorf("docker: egress network name %q is not a valid Docker name", c.EgressNetwork)
+	}
+	// Checked here, by the sidecar's own rule, so that a bad resolver fails the command
+	// rather than every sidecar it starts.
+	for _, u := range c.DNSUpstreams {
+		if _, err := proxy.ParseDNSUpstream(u); err != nil {
+			return fmt.Errorf("docker: dns upstream %q: %w", u, err)
+		}
 	}
 	return nil
 }
