@@ -258,3 +258,34 @@ func TestSidecarUnhealthyWhenForwarding(t *testing.T) {
 		})
 	}
 }
+
+// Under public the sidecar still refuses to be its own upstream: its listening address
+// on the task network and its loopback, whatever the port, are internal to it (SPEC §7),
+// while the fake internet answers through it.
+func TestSidecarRefusesItsOwnAddresses(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	e := h.Open(t, h.Provider(t), "ownaddr", policy.Public)
+	proxy := netip.AddrPortFrom(e.SidecarAddr(), 3128).String()
+	checks := []harness.Check{{Name: "control", Kind: "proxy", Target: "allowed.test:443", Proxy: proxy}}
+	for _, target := range []string{
+		netip.AddrPortFrom(e.SidecarAddr(), 3128).String(),
+		netip.AddrPortFrom(e.SidecarAddr(), 53).String(),
+		"127.0.0.1:3128",
+		"[::1]:3128",
+	} {
+		checks = append(checks, harness.Check{Name: target, Kind: "proxy", Target: target, Proxy: proxy})
+	}
+	res, err := h.ExecProbe(timeout(t, 2*time.Minute), e.AgentContainer(), checks)
+	if err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	if !res["control"].Reachable {
+		t.Fatalf("public: the fake internet fails through the sidecar: %s", res["control"].Detail)
+	}
+	for _, c := range checks[1:] {
+		if r := res[c.Name]; r.Reachable || !strings.Contains(r.Detail, "403") {
+			t.Errorf("public: CONNECT %s through the sidecar: %s, want 403", c.Name, r.Detail)
+		}
+	}
+}
