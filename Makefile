@@ -22,9 +22,10 @@ vet:
 	$(GO) vet ./...
 
 # The one test command (README, .ci/run): formatting, vet, then every test with the race
-# detector, the e2e tests against the real Docker Engine included.
+# detector, the e2e tests against the real Docker Engine included. internal/testreport
+# prints what go test prints, then lists every skipped test with its reason.
 test: fmt-check vet
-	$(GO) test -race -count=1 -timeout 18m ./...
+	$(GO) run ./internal/testreport -race -count=1 -timeout 18m ./...
 
 # Unit tests only (no Docker): quick feedback while editing.
 unit:
