@@ -84,6 +84,9 @@ type FieldError struct {
 	// more is set on the last entry of a full ErrorList, which stands for the errors
 	// left out of it: how many ("and 12 more errors").
 	more int
+	// entry is 1 + the index of the host-list entry a provider refused, 0 for none: the
+	// planner tells an entry a recipe added from one the policy was written with.
+	entry int
 }
 
 func (e *FieldError) Error() string {

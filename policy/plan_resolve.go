@@ -121,17 +121,31 @@ func (pl *Planner) Plan(t Task) (*Plan, error) {
 		plan.AppliedRecipes = []string{}
 	}
 
+	// The entries a recipe added follow the ones the policy was written with.
+	type addition struct {
+		recipe  string
+		written int
+	}
+	added := map[Phase]addition{}
 	for _, ph := range plan.Phases() {
 		rp, supplier := pl.resolve(ph, t, matched, plan)
 		if supplier != nil && rp.Policy.Mode == ModeAllowlist {
+			written := len(rp.Policy.Targets)
 			rp.Policy = inferEndpoints(rp.Policy, ph, supplier)
+			added[ph] = addition{supplier.Name, written}
 		}
 		plan.Policies[ph] = rp
 	}
 
 	errs.add(checkRequiredEndpoints(plan, matched)...)
 	for _, ph := range plan.Phases() {
-		errs.add(capability.Check(ph, plan.Policy(ph))...)
+		for _, e := range capability.Check(ph, plan.Policy(ph)) {
+			if a, ok := added[ph]; ok && e.entry > a.written {
+				e.Rule += fmt.Sprintf(" (recipe %s added this entry, an endpoint it requires; an entry of the policy's source, %s, that allows the endpoint makes the addition unneeded)",
+					Quote(a.recipe), plan.Policies[ph].Source)
+			}
+			errs.add(e)
+		}
 	}
 	if plan.Provider == ProviderDocker {
 		errs.add(checkDockerNetwork(plan.Network, plan)...)

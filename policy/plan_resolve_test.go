@@ -519,3 +519,30 @@ func TestPlanNotice(t *testing.T) {
 		})
 	}
 }
+
+// A provider's refusal of an entry a recipe added says so: the policy's author never
+// wrote it. One the author wrote is refused without that note.
+func TestPlanRefusalNamesTheRecipeThatAddedAnEntry(t *testing.T) {
+	recipe := `{"name":"model-endpoint","run_network_policy":{"network_mode":"allowlist","allowed_hosts":["judge.test"]},
+		"required_endpoints":[{"host":"model.test","port":443,"phase":"run"}]}`
+	for _, tc := range []struct {
+		name, task, want string
+		added            bool
+	}{
+		{"added by the recipe", `{"task_id":"t1"}`,
+			`run_network_policy.allowed_hosts[1] "model.test:443": provider daytona, run phase: port-specific targets cannot be enforced; write the host without a port (recipe "model-endpoint" added this entry, an endpoint it requires; an entry of the policy's source, recipe:model-endpoint, that allows the endpoint makes the addition unneeded)`, true},
+		{"written in the task", `{"task_id":"t1","run_network_policy":` + allowModel + `}`,
+			`run_network_policy.allowed_hosts[0] "model.test:443": provider daytona, run phase: port-specific targets cannot be enforced; write the host without a port`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pl := Planner{Recipes: planTestRecipes(t, recipe), Provider: ProviderDaytona}
+			_, err := pl.Plan(planTestTask(t, tc.task))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error\n%v\nwant it to contain\n%s", err, tc.want)
+			}
+			if !tc.added && strings.Contains(err.Error(), "added this entry") {
+				t.Errorf("an entry the task wrote is said to be a recipe's: %v", err)
+			}
+		})
+	}
+}

@@ -144,7 +144,9 @@ func (c Capability) refuse(ph Phase, sub, value, rule string) *FieldError {
 
 // refuseEntry refuses the i-th entry of the policy's host list.
 func (c Capability) refuseEntry(ph Phase, p Policy, i int, rule string) *FieldError {
-	return c.refuse(ph, fmt.Sprintf("%s[%d]", p.Mode.listKey(), i), fmt.Sprintf("%q", p.Targets[i].String()), rule)
+	e := c.refuse(ph, fmt.Sprintf("%s[%d]", p.Mode.listKey(), i), fmt.Sprintf("%q", p.Targets[i].String()), rule)
+	e.entry = i + 1
+	return e
 }
 
 // refusePorts refuses every entry that carries a port, for providers that enforce
