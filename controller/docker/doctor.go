@@ -2,14 +2,18 @@ package docker
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/network"
+	"golang.org/x/sys/unix"
 )
 
 // Finding is one doctor check: what was checked, whether it passed, and the fix.
@@ -76,12 +80,39 @@ func (p *Provider) Doctor(ctx context.Context) []Finding {
 
 	p.checkEgressNetwork(ctx, bridgeNetFilter(), add)
 
-	if err := os.MkdirAll(p.cfg.StateDir, 0o750); err != nil {
-		add("state directory", false, err.Error(), "create "+p.cfg.StateDir+" writable by the controller, or pass --state-dir / COMPASS_STATE_DIR")
-	} else {
-		add("state directory", true, p.cfg.StateDir+" writable", "")
-	}
+	ok, detail := stateDirUsable(p.cfg.StateDir)
+	add("state directory", ok, detail, "create "+p.cfg.StateDir+" writable by the controller, or pass --state-dir / COMPASS_STATE_DIR")
 	return out
+}
+
+// stateDirUsable says whether the controller can keep its state in dir, without creating
+// it (doctor changes nothing): dir writable, or absent under a writable ancestor, which
+// the first open then creates it in.
+func stateDirUsable(dir string) (bool, string) {
+	fi, err := os.Stat(dir)
+	switch {
+	case err == nil && !fi.IsDir():
+		return false, dir + " is not a directory"
+	case err == nil:
+		if err := unix.Access(dir, unix.W_OK|unix.X_OK); err != nil {
+			return false, dir + " not writable: " + err.Error()
+		}
+		return true, dir + " writable"
+	case !errors.Is(err, fs.ErrNotExist):
+		return false, err.Error()
+	}
+	for parent := filepath.Dir(dir); ; parent = filepath.Dir(parent) {
+		fi, err := os.Stat(parent)
+		if err == nil && fi.IsDir() {
+			if err := unix.Access(parent, unix.W_OK|unix.X_OK); err != nil {
+				return false, dir + " absent, and " + parent + " not writable to create it in: " + err.Error()
+			}
+			return true, dir + " absent: the first open creates it in " + parent
+		}
+		if err == nil || !errors.Is(err, fs.ErrNotExist) || parent == filepath.Dir(parent) {
+			return false, dir + " absent, and no directory above it to create it in"
+		}
+	}
 }
 
 func apiAtLeast(v string, major, minor int) bool {
