@@ -56,7 +56,7 @@ func task(t *testing.T, mode controller.EvaluationMode) controller.TaskRun {
 }
 
 func newRunner(t *testing.T, p controller.Provider) *controller.Runner {
-	return &controller.Runner{Provider: p, OutDir: t.TempDir(), ControlTimeout: 5 * time.Second}
+	return &controller.Runner{Provider: p, OutDir: t.TempDir()}
 }
 
 func readRecord(t *testing.T, r *controller.Runner, task string) *controller.Record {

@@ -120,11 +120,11 @@ func TestAnswerEndsWhenClientStopsReading(t *testing.T) {
 			select {
 			case at := <-closed:
 				t.Logf("upstream connection closed %v after the request", at.Sub(start).Round(time.Millisecond))
-			case <-time.After(5 * time.Second):
-				t.Fatal("upstream connection still open 5 s after the client stopped reading")
+			case <-time.After(hangGuard):
+				t.Fatalf("upstream connection still open %v after the client stopped reading", hangGuard)
 			}
 			requestSettled(t, h, "client")
-			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_ = c.SetReadDeadline(time.Now().Add(hangGuard))
 			got, err := io.ReadAll(c)
 			if err != nil {
 				t.Fatalf("client read %v after %d bytes, want EOF (closed by the proxy)", err, len(got))
@@ -190,7 +190,7 @@ func TestAnswerEndsWhenUpstreamGoesSilent(t *testing.T) {
 			if _, err := io.WriteString(c, answerRequest(method, port)); err != nil {
 				t.Fatal(err)
 			}
-			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_ = c.SetReadDeadline(time.Now().Add(hangGuard))
 			start := time.Now()
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil {
@@ -203,8 +203,8 @@ func TestAnswerEndsWhenUpstreamGoesSilent(t *testing.T) {
 			t.Logf("answer broken off %v after the request", time.Since(start).Round(time.Millisecond))
 			select {
 			case <-closed:
-			case <-time.After(5 * time.Second):
-				t.Fatal("upstream connection still open")
+			case <-time.After(hangGuard):
+				t.Fatalf("upstream connection still open %v after the answer broke off", hangGuard)
 			}
 			requestSettled(t, h, "upstream")
 		})
@@ -246,7 +246,9 @@ func TestAnswerFromSlowUpstreamCompletes(t *testing.T) {
 
 // An idleWriter's write that the client takes longer than the timeout to read, but
 // reads some of every moment, completes; one the client stops reading fails with
-// errClientIdle a timeout after the last byte it took.
+// errClientIdle, no sooner than a timeout after the last byte it took (each byte read
+// moves the bound on). When it fails is a lower bound only: a write that never fails is
+// caught by the hang guard, however late a loaded machine lets it return.
 func TestIdleWriterCountsPartialProgress(t *testing.T) {
 	const timeout = 200 * time.Millisecond
 	for _, tc := range []struct {
@@ -274,10 +276,26 @@ func TestIdleWriterCountsPartialProgress(t *testing.T) {
 			}()
 			w := new(idleWriter)
 			*w = newIdleWriter(c, timeout, errClientIdle)
+			type result struct {
+				n   int
+				err error
+			}
+			wrote := make(chan result, 1)
 			start := time.Now()
-			n, err := w.Write(make([]byte, 16<<10))
-			if !errors.Is(err, tc.want) || n != tc.reads<<10 {
-				t.Fatalf("wrote %d, %v; want %d, %v", n, err, tc.reads<<10, tc.want)
+			go func() {
+				n, err := w.Write(make([]byte, 16<<10))
+				wrote <- result{n, err}
+			}()
+			var r result
+			select {
+			case r = <-wrote:
+			case <-time.After(hangGuard):
+				c.Close()
+				<-wrote
+				t.Fatalf("the write still blocked %v after it began: a stalled reader is never noticed", hangGuard)
+			}
+			if !errors.Is(r.err, tc.want) || r.n != tc.reads<<10 {
+				t.Fatalf("wrote %d, %v; want %d, %v", r.n, r.err, tc.reads<<10, tc.want)
 			}
 			if tc.want == nil {
 				if d := time.Since(start); d < 2*timeout {
@@ -285,8 +303,8 @@ func TestIdleWriterCountsPartialProgress(t *testing.T) {
 				}
 				return
 			}
-			if idle := time.Since(time.Unix(0, last.Load())); idle < timeout || idle > 3*timeout {
-				t.Fatalf("write failed %v after the last byte read, want about %v", idle, timeout)
+			if idle := time.Since(time.Unix(0, last.Load())); idle < timeout {
+				t.Fatalf("write failed %v after the last byte read, before the timeout %v", idle, timeout)
 			}
 		})
 	}

@@ -64,7 +64,7 @@ func TestWatchKeepsAPipelinedRequest(t *testing.T) {
 			time.Sleep(3 * testWatchDelay) // the watch is reading
 		}
 	}
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(hangGuard))
 	br := bufio.NewReader(c)
 	for _, want := range []string{"/first", "/second"} {
 		resp, err := http.ReadResponse(br, nil)
@@ -101,7 +101,7 @@ func TestHalfCloseAfterPipelinedRequests(t *testing.T) {
 	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
 		t.Fatal(err)
 	}
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(hangGuard))
 	br := bufio.NewReader(c)
 	for _, want := range []struct {
 		status int

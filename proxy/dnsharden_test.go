@@ -156,7 +156,7 @@ func TestDNSUnsupportedQueriesAreRefused(t *testing.T) {
 	for name, mk := range cases {
 		m := mk()
 		m.SetEdns0(1232, false)
-		resp, _, err := (&dns.Client{Net: "udp", Timeout: 3 * time.Second}).Exchange(m, h.srv.DNSAddr().String())
+		resp, _, err := (&dns.Client{Net: "udp", Timeout: hangGuard}).Exchange(m, h.srv.DNSAddr().String())
 		if err != nil {
 			t.Errorf("%s: %v", name, err)
 			continue
@@ -211,7 +211,7 @@ func TestDNSLargeTCPAnswerIsSent(t *testing.T) {
 	h.apply(`"public"`)
 	m := new(dns.Msg)
 	m.SetQuestion(long, dns.TypeA)
-	resp, _, err := (&dns.Client{Net: "tcp", Timeout: 5 * time.Second}).Exchange(m, h.srv.DNSAddr().String())
+	resp, _, err := (&dns.Client{Net: "tcp", Timeout: hangGuard}).Exchange(m, h.srv.DNSAddr().String())
 	if err != nil {
 		t.Fatalf("TCP client got no answer at all: %v", err)
 	}
@@ -231,7 +231,7 @@ func TestDNSUDPQueryOver512Bytes(t *testing.T) {
 	m.SetEdns0(1232, false)
 	opt := m.IsEdns0()
 	opt.Option = append(opt.Option, &dns.EDNS0_PADDING{Padding: make([]byte, 600)})
-	resp, _, err := (&dns.Client{Net: "udp", Timeout: 2 * time.Second}).Exchange(m, h.srv.DNSAddr().String())
+	resp, _, err := (&dns.Client{Net: "udp", Timeout: hangGuard}).Exchange(m, h.srv.DNSAddr().String())
 	if err != nil {
 		t.Fatalf("no answer to a 600-byte padded UDP query: %v", err)
 	}

@@ -3,7 +3,6 @@ package proxy
 import (
 	"net"
 	"testing"
-	"time"
 
 	"github.com/miekg/dns"
 )
@@ -37,7 +36,7 @@ func TestUpstreamGetsAFreshQuery(t *testing.T) {
 			opt.Option = append(opt.Option, &dns.EDNS0_LOCAL{Code: 65001, Data: []byte("more-secret")},
 				&dns.EDNS0_SUBNET{Code: dns.EDNS0SUBNET, Family: 1, SourceNetmask: 32, Address: net.IPv4(192, 0, 2, 1)})
 		}
-		resp, _, err := (&dns.Client{Net: "udp", Timeout: 5 * time.Second}).Exchange(q, h.srv.DNSAddr().String())
+		resp, _, err := (&dns.Client{Net: "udp", Timeout: hangGuard}).Exchange(q, h.srv.DNSAddr().String())
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}

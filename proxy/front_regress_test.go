@@ -95,7 +95,7 @@ func TestContinueThenFinalAnswer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_ = c.SetDeadline(time.Now().Add(hangGuard))
 		fmt.Fprintf(c, "POST http://cont.test:%d/ HTTP/1.1\r\nHost: cont.test:%d\r\nExpect: 100-continue\r\nConnection: close\r\nContent-Length: 5\r\n\r\n", port, port)
 		br := bufio.NewReader(c)
 		resp, err := http.ReadResponse(br, nil)
@@ -237,7 +237,7 @@ func TestFrontAcceptsAgainAfterAcceptFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(hangGuard))
 	fmt.Fprintf(c, "GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {

@@ -28,6 +28,12 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// hangGuard bounds a test's wait for something the proxy must do (close a connection,
+// answer, log a line). It is far above any time a slow or loaded machine plausibly
+// takes, so that reaching it means the event never came (a hang), not that it came
+// late: how long things take belongs in benchmarks, not in assertions.
+const hangGuard = 30 * time.Second
+
 // fakeDNS is an in-process upstream resolver serving .test names.
 type fakeDNS struct {
 	mu      sync.Mutex
@@ -380,7 +386,7 @@ func (h *harness) raw(req string) string {
 		h.t.Fatal(err)
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(hangGuard))
 	if _, err := io.WriteString(c, req); err != nil {
 		h.t.Fatal(err)
 	}
@@ -423,7 +429,7 @@ func (h *harness) query(name string, qtype uint16, network string) *dns.Msg {
 	m := new(dns.Msg)
 	m.SetQuestion(dns.Fqdn(name), qtype)
 	m.SetEdns0(1232, false)
-	c := &dns.Client{Net: network, Timeout: 5 * time.Second}
+	c := &dns.Client{Net: network, Timeout: hangGuard}
 	resp, _, err := c.Exchange(m, h.srv.DNSAddr().String())
 	if err != nil {
 		h.t.Fatalf("dns %s: %v", name, err)
@@ -470,7 +476,7 @@ func (h *harness) dialProxy(t testing.TB) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(hangGuard))
 	return c
 }
 

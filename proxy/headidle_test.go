@@ -108,7 +108,7 @@ func TestInterimAnswerThenSilenceEnds(t *testing.T) {
 			if _, err := io.WriteString(c, quietRequest(method, port, "Content-Length: 1\r\n", "x")); err != nil {
 				t.Fatal(err)
 			}
-			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_ = c.SetReadDeadline(time.Now().Add(hangGuard))
 			resp := finalAnswer(t, bufio.NewReader(c))
 			answered := time.Now()
 			if resp.StatusCode != http.StatusGatewayTimeout || resp.Header.Get("X-Compass-Egress") != "error; reason=upstream-timeout" {
@@ -144,13 +144,13 @@ func TestSwapCutOfHeadWaitIsNotIdle(t *testing.T) {
 	}
 	select {
 	case <-written:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the request did not reach the upstream")
+	case <-time.After(hangGuard):
+		t.Fatalf("the request did not reach the upstream in %v", hangGuard)
 	}
 	if res := h.apply(`{"network_mode":"allowlist","allowed_hosts":["other.test"]}`); res.ClosedConnections != 1 {
 		t.Fatalf("the swap closed %d connections, want 1", res.ClosedConnections)
 	}
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(hangGuard))
 	if b, err := io.ReadAll(c); len(b) != 0 || err != nil {
 		t.Fatalf("the client read %q (%v), want its connection closed unanswered", b, err)
 	}

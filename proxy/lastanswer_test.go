@@ -12,8 +12,8 @@ import (
 )
 
 // lastAnswerBounded runs answer, which writes a last answer to a client that reads
-// nothing (a pipe nobody reads: every write blocks), and fails unless it returns within
-// a few header timeouts.
+// nothing (a pipe nobody reads: every write blocks), and fails unless it returns: only
+// the header timeout ends such a write, and the hang guard is far beyond it.
 func lastAnswerBounded(t *testing.T, answer func(client net.Conn)) {
 	t.Helper()
 	client, peer := net.Pipe()
@@ -26,10 +26,10 @@ func lastAnswerBounded(t *testing.T, answer func(client net.Conn)) {
 	}()
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(hangGuard):
 		client.Close()
 		<-done
-		t.Fatal("a last answer to a client that reads nothing was still being written after 5 s")
+		t.Fatalf("a last answer to a client that reads nothing was still being written after %v", hangGuard)
 	}
 }
 

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -15,7 +16,10 @@ import (
 )
 
 // A client that sends half a head, or nothing, is cut at --header-timeout: the half
-// head gets a 400, the silent client a close.
+// head gets a 400, the silent client a close. The proxy's close is what shows the cut
+// (the client's own read deadline is only a hang guard): nothing else closes a
+// connection that has not sent a whole head, as the keep-alive idle timeout (90 s by
+// default) bounds only the wait between requests.
 func TestHeaderTimeoutCutsSlowHeads(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.HeaderTimeout = 200 * time.Millisecond })
 	h.apply(`"public"`)
@@ -28,16 +32,14 @@ func TestHeaderTimeoutCutsSlowHeads(t *testing.T) {
 			t.Fatal(err)
 		}
 		fmt.Fprint(c, tc.send)
-		start := time.Now()
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		buf := make([]byte, 512)
-		n, err := c.Read(buf)
+		_ = c.SetReadDeadline(time.Now().Add(hangGuard))
+		got, err := io.ReadAll(c)
 		c.Close()
-		if time.Since(start) > 2*time.Second {
-			t.Errorf("%q: not cut by the header timeout (%v after %v)", tc.send, err, time.Since(start))
+		if err != nil {
+			t.Errorf("%q: read %v after %q, want the proxy's close (cut by the header timeout)", tc.send, err, got)
 		}
-		if !strings.HasPrefix(string(buf[:n]), tc.want) {
-			t.Errorf("%q: got %q, want %q", tc.send, buf[:n], tc.want)
+		if !strings.HasPrefix(string(got), tc.want) {
+			t.Errorf("%q: got %q, want %q", tc.send, got, tc.want)
 		}
 	}
 }

@@ -39,7 +39,7 @@ func TestSwapCutsNewlyDisallowedConnections(t *testing.T) {
 		t.Fatalf("closed %d connections, want 2 (the a.test tunnel and stream)", res.ClosedConnections)
 	}
 	// Closed already: the next read ends at once, whatever was buffered before.
-	_ = toA.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_ = toA.SetReadDeadline(time.Now().Add(hangGuard))
 	if _, err := io.ReadAll(toA); err != nil && errors.Is(err, errTimeout(err)) {
 		t.Fatalf("a.test tunnel still open: %v", err)
 	}
@@ -53,7 +53,7 @@ func TestSwapCutsNewlyDisallowedConnections(t *testing.T) {
 	if res := h.apply(`"no-network"`); res.ClosedConnections != 1 {
 		t.Fatalf("no-network closed %d, want 1", res.ClosedConnections)
 	}
-	_ = toB.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_ = toB.SetReadDeadline(time.Now().Add(hangGuard))
 	if _, err := io.ReadAll(toB); err != nil && errors.Is(err, errTimeout(err)) {
 		t.Fatalf("b.test tunnel outlived no-network")
 	}
@@ -71,8 +71,10 @@ func errTimeout(err error) error {
 	return errors.New("not a timeout")
 }
 
+// drainStream reports whether the stream ended (an error) or still flowed after the
+// hang guard (nil): the stream sends a tick every 20 ms as long as it lives.
 func drainStream(r *bufio.Reader) error {
-	deadline := time.After(5 * time.Second)
+	deadline := time.After(hangGuard)
 	errc := make(chan error, 1)
 	go func() {
 		_, err := io.Copy(io.Discard, r)
@@ -91,7 +93,7 @@ func drainStream(r *bufio.Reader) error {
 
 func echoRoundTrip(t *testing.T, c *tunnelConn, msg string) {
 	t.Helper()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(hangGuard))
 	if _, err := io.WriteString(c, msg); err != nil {
 		t.Fatal(err)
 	}

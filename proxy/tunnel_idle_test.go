@@ -57,9 +57,9 @@ func TestTunnelIdleWithBlockedWrites(t *testing.T) {
 			tc.stall(t, c)
 			select {
 			case <-ended:
-			case <-time.After(20 * idle):
+			case <-time.After(hangGuard):
 				t.Fatalf("tunnel still open %v after its last byte (idle timeout %v); active tunnels %v",
-					20*idle, idle, testutil.ToFloat64(h.srv.metrics.activeConnect))
+					hangGuard, idle, testutil.ToFloat64(h.srv.metrics.activeConnect))
 			}
 			waitFor(t, func() bool { return testutil.ToFloat64(h.srv.metrics.activeConnect) == 0 })
 		})

@@ -55,7 +55,7 @@ func TestUpstreamGoneMidBodyAnswersOverTLS(t *testing.T) {
 			if _, err := fmt.Fprintf(c, "POST https://gone.test:%d/ HTTP/1.1\r\nHost: gone.test:%d\r\nContent-Length: 100\r\n\r\nab", port, port); err != nil {
 				t.Fatal(err)
 			}
-			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_ = c.SetReadDeadline(time.Now().Add(hangGuard))
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil {
 				t.Fatalf("no answer while the client holds the rest of its body: %v", err)

@@ -33,7 +33,7 @@ func TestProcessSignals(t *testing.T) {
 	p.waitUntil(t, "ready on the admin socket", func() bool { code, _ := get(p.admin, "http://admin/readyz"); return code == 200 })
 	metricsAddr := p.startedField(t, "metrics_listen")
 
-	metrics := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	metrics := &http.Client{Timeout: hangGuard, Transport: &http.Transport{DisableKeepAlives: true}}
 	for _, probe := range []struct {
 		client *http.Client
 		url    string
@@ -166,8 +166,8 @@ func (p *proxyProcess) wait(t *testing.T) int {
 	select {
 	case <-p.exited:
 		return p.code
-	case <-time.After(5 * time.Second):
-		p.fatal(t, "still running 5 s after SIGTERM")
+	case <-time.After(hangGuard):
+		p.fatal(t, "still running %v after SIGTERM", hangGuard)
 		return -1
 	}
 }
@@ -185,12 +185,12 @@ func (p *proxyProcess) fatal(t *testing.T, format string, a ...any) {
 	t.Fatalf(format+" (%s)\n%s", append(a, ended, p.logs.String())...)
 }
 
-// waitUntil polls cond for up to 5 s.
+// waitUntil polls cond until the hang guard.
 func (p *proxyProcess) waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(hangGuard); !cond(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			p.fatal(t, "no %s within 5 s", what)
+			p.fatal(t, "no %s within %v", what, hangGuard)
 		}
 	}
 }
@@ -202,7 +202,7 @@ func runSubcommand(t *testing.T, args ...string) (int, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Env = childEnv()
@@ -242,7 +242,7 @@ func writeFile(t *testing.T, path, content string) {
 }
 
 func unixClient(socket string) *http.Client {
-	return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+	return &http.Client{Timeout: hangGuard, Transport: &http.Transport{
 		DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer

@@ -181,7 +181,7 @@ func TestTaskRunOfNetwork(t *testing.T) {
 func TestPrepareOutputs(t *testing.T) {
 	out := t.TempDir()
 	fake := controllertest.New()
-	r := &controller.Runner{Provider: fake, OutDir: out, ControlTimeout: time.Second}
+	r := &controller.Runner{Provider: fake, OutDir: out}
 	done := controller.TaskRun{ID: "done", Mode: controller.EvaluationShared, Image: "i",
 		Policies: controller.PhasePolicies{Baseline: policy.Public, Run: policy.NoNetwork, Evaluation: policy.NoNetwork},
 		Run:      []controller.Command{{"x"}}}

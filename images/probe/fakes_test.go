@@ -101,6 +101,31 @@ func silent(t *testing.T) string {
 	return serveConns(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
 }
 
+// silentCounting is silent, and reports the most connections it held open at once.
+func silentCounting(t *testing.T) (addr string, most func() int) {
+	var mu sync.Mutex
+	open, peak := 0, 0
+	addr = serveConns(t, func(c net.Conn) {
+		mu.Lock()
+		open++
+		peak = max(peak, open)
+		mu.Unlock()
+		_, _ = io.Copy(io.Discard, c)
+		mu.Lock()
+		open--
+		mu.Unlock()
+	})
+	return addr, func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return peak
+	}
+}
+
+// hangGuard bounds a test's wait for something that must end: far above any time a
+// slow or loaded machine plausibly takes, so that reaching it means it never ended.
+const hangGuard = time.Minute
+
 // fakeProxy answers like compass-proxy: with status, or when it is 200, by serving the
 // origin itself ("fakenet HOST"), in plain HTTP for a GET and in TLS inside a CONNECT.
 // It records each request as "METHOD URI Host=HOST", the tunnelled one after " | ".
@@ -115,7 +140,7 @@ func startProxy(t *testing.T, status int) *fakeProxy {
 	p := &fakeProxy{}
 	cfg := &tls.Config{Certificates: []tls.Certificate{testutil.SelfSigned(t, "a.test")}}
 	p.Addr = serveConns(t, func(c net.Conn) {
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_ = c.SetDeadline(time.Now().Add(hangGuard))
 		line, host, err := readRequest(bufio.NewReader(c))
 		if err != nil {
 			return

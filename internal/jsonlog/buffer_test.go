@@ -17,10 +17,9 @@ type writeRecorder struct {
 	mu     sync.Mutex
 	writes []string
 	err    error
-	wrote  chan struct{}
 }
 
-func newWriteRecorder() *writeRecorder { return &writeRecorder{wrote: make(chan struct{}, 100)} }
+func newWriteRecorder() *writeRecorder { return &writeRecorder{} }
 
 func (r *writeRecorder) Write(p []byte) (int, error) {
 	r.mu.Lock()
@@ -29,10 +28,6 @@ func (r *writeRecorder) Write(p []byte) (int, error) {
 		return 0, r.err
 	}
 	r.writes = append(r.writes, string(p))
-	select {
-	case r.wrote <- struct{}{}:
-	default:
-	}
 	return len(p), nil
 }
 
@@ -42,6 +37,28 @@ func (r *writeRecorder) got() []string {
 	return append([]string(nil), r.writes...)
 }
 
+// hangGuard bounds a wait for a write the timer must make: far above any time a slow or
+// loaded machine plausibly takes, so that reaching it means the write never came.
+const hangGuard = 30 * time.Second
+
+// waitWritten waits until the writes hold want, in order, and returns them.
+func (r *writeRecorder) waitWritten(t *testing.T, want string) []string {
+	t.Helper()
+	for deadline := time.Now().Add(hangGuard); ; time.Sleep(time.Millisecond) {
+		got := r.got()
+		if strings.Join(got, "") == want {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("writes %q %v on, want %q", got, hangGuard, want)
+		}
+	}
+}
+
+// Lines are held until the delay after the first of a batch has passed, then written
+// together. Only lower bounds are timed: the lines can share a batch only if they all
+// came within the delay, which a stalled machine may not give, so the test measures
+// that and asserts one batch, and nothing written yet, only when they did.
 func TestBufferedWriterBatchesUntilTheDelay(t *testing.T) {
 	rec := newWriteRecorder()
 	const delay = 50 * time.Millisecond
@@ -53,29 +70,23 @@ func TestBufferedWriterBatchesUntilTheDelay(t *testing.T) {
 			t.Fatalf("Write: %d, %v", n, err)
 		}
 	}
-	if got := rec.got(); len(got) != 0 {
+	// The timer starts at the first Write, after start: if this much is less than the
+	// delay, it has not fired yet.
+	got, inTime := rec.got(), time.Since(start) < delay
+	if inTime && len(got) != 0 {
 		t.Fatalf("written before the delay: %q", got)
 	}
-	select {
-	case <-rec.wrote:
-	case <-time.After(10 * time.Second):
-		t.Fatal("nothing written 10s after the first line")
-	}
+	got = rec.waitWritten(t, "line 0\nline 1\nline 2\n")
 	if waited := time.Since(start); waited < delay {
 		t.Errorf("written after %v, before the delay %v", waited, delay)
 	}
-	if got, want := rec.got(), []string{"line 0\nline 1\nline 2\n"}; !slices.Equal(got, want) {
-		t.Fatalf("writes %q, want %q", got, want)
+	if inTime && len(got) != 1 {
+		t.Fatalf("writes %q, want the three lines in one", got)
 	}
 	// The next line starts a new batch, with its own timer.
 	fmt.Fprint(b, "line 3\n")
-	select {
-	case <-rec.wrote:
-	case <-time.After(10 * time.Second):
-		t.Fatal("second batch not written")
-	}
-	if got := rec.got(); len(got) != 2 || got[1] != "line 3\n" {
-		t.Fatalf("writes %q", got)
+	if got := rec.waitWritten(t, "line 0\nline 1\nline 2\nline 3\n"); got[len(got)-1] != "line 3\n" {
+		t.Fatalf("writes %q, want line 3 in a batch of its own", got)
 	}
 }
 
