@@ -1,7 +1,8 @@
 // Command fakenet is the e2e tests' fake internet: one container on the egress network
 // that answers every *.test name with its own address (DNS on :53, UDP and TCP) and
 // serves HTTP on :80 and HTTPS on :443 (a self-signed certificate made at start) for
-// any of those names. /stream sends a line every 100 ms until the client goes away.
+// any of those names. /stream sends a line every 100 ms, stamped with its send time, until
+// the client goes away.
 package main
 
 import (
@@ -99,7 +100,9 @@ func streamLines(w http.ResponseWriter, r *http.Request) {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for i := 0; ; i++ {
-		if _, err := fmt.Fprintf(w, "line %d\n", i); err != nil {
+		// The send time lets a test tell a line sent after a moment from one merely read
+		// after it (the probe's stream reports both).
+		if _, err := fmt.Fprintf(w, "line %d sent_ms=%d\n", i, time.Now().UnixMilli()); err != nil {
 			return
 		}
 		if fl != nil {

@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -175,10 +177,12 @@ func TestStreamLines(t *testing.T) {
 	defer resp.Body.Close()
 	br := bufio.NewReader(resp.Body)
 	var at []time.Time
-	for i, want := range []string{"line 0\n", "line 1\n", "line 2\n", "line 3\n"} {
+	for i := range 4 {
 		got, err := br.ReadString('\n')
-		if err != nil || got != want {
-			t.Fatalf("line %d: %q, %v; want %q within %v", i, got, err, want, hangGuard)
+		want := fmt.Sprintf("line %d sent_ms=", i)
+		stamp, serr := strconv.ParseInt(strings.TrimSuffix(strings.TrimPrefix(got, want), "\n"), 10, 64)
+		if err != nil || !strings.HasPrefix(got, want) || serr != nil || stamp > time.Now().UnixMilli() {
+			t.Fatalf("line %d: %q, %v; want %q and its send time, within %v", i, got, err, want, hangGuard)
 		}
 		at = append(at, time.Now())
 	}

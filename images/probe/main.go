@@ -4,7 +4,8 @@
 //
 //	probe sleep                 wait for SIGTERM (an agent that does nothing)
 //	probe check '<json>'        run checks (see Check), print the results as JSON
-//	probe stream URL [PROXY]    read URL's body, print when bytes arrived, as JSON
+//	probe stream URL [PROXY] [SECONDS] [READY]
+//	                            read URL's body, print when bytes arrived, as JSON
 package main
 
 import (
@@ -22,7 +23,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 // the tests can drive it.
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) < 1 {
-		fmt.Fprintln(stderr, "usage: probe sleep | check JSON | stream URL [PROXY] [SECONDS]")
+		fmt.Fprintln(stderr, "usage: probe sleep | check JSON | stream URL [PROXY] [SECONDS] [READY]")
 		return 2
 	}
 	switch args[0] {
@@ -43,7 +44,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return emit(stdout, runChecks(checks))
 	case "stream":
 		if len(args) < 2 {
-			fmt.Fprintln(stderr, "usage: probe stream URL [PROXY] [SECONDS]")
+			fmt.Fprintln(stderr, "usage: probe stream URL [PROXY] [SECONDS] [READY]")
 			return 2
 		}
 		return emit(stdout, stream(args[1:]))

@@ -49,14 +49,14 @@ func TestRunRefusesBadInput(t *testing.T) {
 		args   []string
 		stderr string
 	}{
-		{"no command", nil, "usage: probe sleep | check JSON | stream URL [PROXY] [SECONDS]"},
+		{"no command", nil, "usage: probe sleep | check JSON | stream URL [PROXY] [SECONDS] [READY]"},
 		{"unknown command", []string{"ping"}, "probe: unknown command ping"},
 		{"check without spec", []string{"check"}, "usage: probe check JSON"},
 		{"check with two specs", []string{"check", "[]", "[]"}, "usage: probe check JSON"},
 		{"check spec not JSON", []string{"check", "tcp 127.0.0.1:1"}, "probe: bad checks: invalid character"},
 		{"check spec an object", []string{"check", `{"name":"a","kind":"tcp"}`}, "probe: bad checks: json: cannot unmarshal object"},
 		{"check spec wrong type", []string{"check", `[{"name":"a","timeout_ms":"5"}]`}, "probe: bad checks: json: cannot unmarshal string"},
-		{"stream without URL", []string{"stream"}, "usage: probe stream URL [PROXY] [SECONDS]"},
+		{"stream without URL", []string{"stream"}, "usage: probe stream URL [PROXY] [SECONDS] [READY]"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -23,6 +24,7 @@ func TestStreamArgs(t *testing.T) {
 		{"IPv6 host", []string{"http://[::1]/s"}, "[::1]:80", 10, ""},
 		{"proxy", []string{"http://stream.test/s", "127.0.0.1:3128"}, "127.0.0.1:3128", 10, ""},
 		{"empty proxy is direct", []string{"http://stream.test/s", "", "8"}, "stream.test:80", 8, ""},
+		{"ready file", []string{"http://stream.test/s", "", "8", "/ready"}, "stream.test:80", 8, ""},
 		{"seconds not a number", []string{"http://stream.test/s", "", "soon"}, "", 0, `SECONDS "soon": want a positive whole number`},
 		{"seconds not positive", []string{"http://stream.test/s", "", "0"}, "", 0, `SECONDS "0": want a positive whole number`},
 		{"bad URL", []string{"http://stream.test:port/"}, "", 0, `invalid port ":port"`},
@@ -32,15 +34,19 @@ func TestStreamArgs(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			u, dial, seconds, err := streamArgs(tc.args)
+			u, dial, seconds, ready, err := streamArgs(tc.args)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("error %v, want one naming %q", err, tc.err)
 				}
 				return
 			}
-			if err != nil || u.String() != tc.args[0] || dial != tc.dial || seconds != tc.seconds {
-				t.Errorf("got %v %q %d %v, want %s %q %d", u, dial, seconds, err, tc.args[0], tc.dial, tc.seconds)
+			wantReady := ""
+			if len(tc.args) > 3 {
+				wantReady = tc.args[3]
+			}
+			if err != nil || u.String() != tc.args[0] || dial != tc.dial || seconds != tc.seconds || ready != wantReady {
+				t.Errorf("got %v %q %d %q %v, want %s %q %d %q", u, dial, seconds, ready, err, tc.args[0], tc.dial, tc.seconds, wantReady)
 			}
 		})
 	}
@@ -54,7 +60,7 @@ func FuzzStreamArgs(f *testing.F) {
 	f.Add("http://[::1]:8080/s", "127.0.0.1:3128", "x")
 	f.Add("http://a.test:/", "", "-1")
 	f.Fuzz(func(t *testing.T, rawURL, proxy, secs string) {
-		u, dial, seconds, err := streamArgs([]string{rawURL, proxy, secs})
+		u, dial, seconds, _, err := streamArgs([]string{rawURL, proxy, secs})
 		if err != nil {
 			return
 		}
@@ -162,5 +168,41 @@ func TestStream(t *testing.T) {
 	// not resolve it itself.
 	if got, want := <-seen, "GET http://stream.test/stream Host=stream.test"; got != want {
 		t.Errorf("proxy saw %q, want %q", got, want)
+	}
+}
+
+// stampedLines sends fakenet's stamped lines ("line N sent_ms=T"), chunked as net/http
+// sends them, until the client goes away.
+func stampedLines(c net.Conn) {
+	fmt.Fprint(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+	for i := 0; ; i++ {
+		line := fmt.Sprintf("line %d sent_ms=%d\n", i, time.Now().UnixMilli())
+		if _, err := fmt.Fprintf(c, "%x\r\n%s\r\n", len(line), line); err != nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The send stamps of the lines that arrived are reported, and the READY file appears
+// once the first one has: a test waits on the file, not on a guess of how long a
+// stream takes to start.
+func TestStreamSendStampsAndReady(t *testing.T) {
+	t.Parallel()
+	ready := t.TempDir() + "/ready"
+	start := time.Now().UnixMilli()
+	r := stream([]string{"http://" + serveHTTP(t, nil, stampedLines) + "/stream", "", "1", ready})
+	if r.FirstSentMS < start || r.LastSentMS <= r.FirstSentMS || r.LastSentMS > r.LastByteMS {
+		t.Errorf("send stamps out of order (start %d): %+v", start, r)
+	}
+	if _, err := os.Stat(ready); err != nil {
+		t.Errorf("no READY file after the stream flowed: %v", err)
+	}
+	unstamped := t.TempDir() + "/ready"
+	if r := stream([]string{"http://" + serveHTTP(t, nil, lines) + "/stream", "", "1", unstamped}); r.FirstSentMS != 0 || r.Bytes == 0 {
+		t.Errorf("unstamped lines: %+v, want bytes and no stamps", r)
+	}
+	if _, err := os.Stat(unstamped); !os.IsNotExist(err) {
+		t.Errorf("READY file without a stamped line (%v)", err)
 	}
 }
