@@ -91,8 +91,13 @@ func (r *Runner) RunTask(ctx context.Context, t TaskRun, prev *Record) (rec *Rec
 	return nil, tr.lifecycle(ctx, from)
 }
 
-// notStarted records a task that the run was cancelled before it could start.
-func (r *Runner) notStarted(t TaskRun, cause error) (*Record, error) {
+// notStarted records a task that the run was cancelled before it could start. A task
+// that was to resume keeps its interrupted run's record as it is: it is the evidence of
+// what ran, and what a later --resume picks up from.
+func (r *Runner) notStarted(t TaskRun, prev *Record, cause error) (*Record, error) {
+	if prev != nil {
+		return prev, fmt.Errorf("controller: task %s not resumed: %w", t.ID, cause)
+	}
 	tr := &taskRun{r: r, t: t, dir: filepath.Join(r.OutDir, t.ID), started: time.Now(), envs: map[Role]*envState{}}
 	rc, err := newRecorder(tr.dir, tr.initialRecord(nil, StepOpen))
 	if err != nil {
@@ -327,14 +332,14 @@ func (tr *taskRun) closeEnv(ctx context.Context, role Role) error {
 		name = StepEvaluationEnd
 	}
 	idx := tr.beginStep(name, role, es.env.ID(), es.phase, es.policy.Mode)
-	err := es.env.Close(cctx, tr.t.Retain)
+	err := closeOnce(cctx, es.env, tr.t.Retain)
 	if err != nil && cctx.Err() == nil {
 		// Close is idempotent: one more try gets past a transient engine error (a
 		// network still draining its endpoints) instead of leaving objects behind.
 		tr.r.logger().Warn("close failed, retrying", "task", tr.t.ID, "environment", es.env.ID(), "err", err)
 		select {
 		case <-time.After(closeRetryDelay):
-			err = es.env.Close(cctx, tr.t.Retain)
+			err = closeOnce(cctx, es.env, tr.t.Retain)
 		case <-cctx.Done():
 		}
 	}
@@ -362,6 +367,18 @@ func (tr *taskRun) closeEnv(ctx context.Context, role Role) error {
 		tr.r.logger().Info("environment retained", "task", tr.t.ID, "environment", es.env.ID(), "reach", reach)
 	}
 	return nil
+}
+
+// closeOnce is one Close, a panic of which becomes its error: closes also run in
+// RunTask's deferred clean-up, where a panic would end the whole run's process and with
+// it the clean-up of every other task.
+func closeOnce(ctx context.Context, env Environment, retain bool) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("close panicked: %v", p)
+		}
+	}()
+	return env.Close(ctx, retain)
 }
 
 // closeAll closes whatever is still open after the lifecycle stopped early, under the
@@ -485,7 +502,9 @@ func (tr *taskRun) finish(ctx context.Context, err error) *Record {
 			}
 		}
 		switch {
-		case ctx.Err() != nil || errors.Is(err, context.Canceled):
+		case err != nil && (ctx.Err() != nil || errors.Is(err, context.Canceled)):
+			// Only a lifecycle the cancellation cut short: one that ran every step keeps
+			// its steps' outcome, though Ctrl-C came while its last environment closed.
 			r.Status = StatusCancelled
 		case err != nil || len(failed) > 0:
 			r.Status = StatusFailed

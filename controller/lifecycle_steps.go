@@ -226,8 +226,12 @@ func (tr *taskRun) download(ctx context.Context, role Role) error {
 		rel := filepath.Join("artifacts", filepath.Clean("/"+p))
 		dst := filepath.Join(tr.dir, filepath.Dir(rel))
 		ar := ArtifactRecord{Path: p}
-		err := os.MkdirAll(dst, 0o755)
-		if err == nil {
+		// A step cut short (timeout, cancellation) tries no more paths, but records each
+		// as not saved: the step must not end ok with paths it never copied.
+		err := sctx.Err()
+		if err != nil {
+			err = fmt.Errorf("not tried: %w", err)
+		} else if err = os.MkdirAll(dst, 0o755); err == nil {
 			err = es.env.Download(sctx, p, dst)
 		}
 		if err != nil {
@@ -237,9 +241,6 @@ func (tr *taskRun) download(ctx context.Context, role Role) error {
 			ar.Saved, ar.Local = true, rel
 		}
 		tr.rec.update(func(r *Record) { r.Artifacts = append(r.Artifacts, ar) })
-		if ctx.Err() != nil || sctx.Err() != nil {
-			break
-		}
 	}
 	if len(failed) == 0 {
 		tr.endStep(idx, StepOK, nil, nil)

@@ -422,6 +422,156 @@ func TestCancellation(t *testing.T) {
 	}
 }
 
+// TestCancelledAfterTheEnd cancels the run while a task's last environment closes: every
+// step has run, so the task keeps the outcome of its steps. Recorded as cancelled, it
+// would not count as finished: --resume would refuse a shared task (and with it the
+// whole run) or run a fresh task's evaluation again.
+func TestCancelledAfterTheEnd(t *testing.T) {
+	tests := []struct {
+		name   string
+		mode   controller.EvaluationMode
+		run    []controller.Command
+		status controller.TaskStatus
+	}{
+		{"shared, all ok", controller.EvaluationShared, nil, controller.StatusSucceeded},
+		{"fresh, all ok", controller.EvaluationFresh, nil, controller.StatusSucceeded},
+		{"shared, rollout failed", controller.EvaluationShared, []controller.Command{{"exit", "1"}}, controller.StatusFailed},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := controllertest.New()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			last := map[controller.EvaluationMode]controller.Role{
+				controller.EvaluationShared: controller.RoleAgent, controller.EvaluationFresh: controller.RoleEvaluation}[tc.mode]
+			p.CloseErr = func(role controller.Role) error {
+				if role == last {
+					cancel() // Ctrl-C while the last close is under way
+				}
+				return nil
+			}
+			tr := task(t, tc.mode)
+			if tc.run != nil {
+				tr.Run = tc.run
+			}
+			r := newRunner(t, p)
+			rec, err := r.RunTask(ctx, tr, nil)
+			if rec.Status != tc.status || (err == nil) != (tc.status == controller.StatusSucceeded) {
+				t.Errorf("status %s, err %v; want %s", rec.Status, err, tc.status)
+			}
+			if !controller.Finished(readRecord(t, r, tr.ID)) {
+				t.Error("the record does not count as finished")
+			}
+		})
+	}
+}
+
+// TestDownloadCutShort cancels the run as the download step starts (a copy may still
+// succeed: the fake's does not look at its context). The paths not copied are recorded
+// as not saved, the step did not end ok, and --resume must not take the agent's part as
+// over and evaluate without them.
+func TestDownloadCutShort(t *testing.T) {
+	p := controllertest.New()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p.Cancel = cancel
+	tr := task(t, controller.EvaluationFresh)
+	tr.Artifacts = []string{"/out/a.tar", "/out/b.tar"}
+	tr.Collect = []controller.Command{{"cancel"}} // Ctrl-C as collection ends
+	r := newRunner(t, p)
+	rec, _ := r.RunTask(ctx, tr, nil)
+	for _, s := range rec.Steps {
+		if s.Name == controller.StepDownload && s.Status != controller.StepCancelled {
+			t.Errorf("download step %s (%s), want %s", s.Status, s.Error, controller.StepCancelled)
+		}
+	}
+	saved := map[string]bool{}
+	for _, a := range rec.Artifacts {
+		saved[a.Path] = a.Saved
+	}
+	if got, ok := saved["/out/b.tar"]; !ok || got {
+		t.Errorf("artifact /out/b.tar recorded %v (present %v), want recorded as not saved: %+v", got, ok, rec.Artifacts)
+	}
+	if from, err := controller.ResumeFrom(rec, tr, p); err == nil {
+		t.Errorf("resume accepted from %q with /out/b.tar never downloaded", from)
+	}
+}
+
+// TestFailedSwitchLeavesNoEgress fails a switch, by the enforcement point's error or by
+// a Ctrl-C while it is under way: nothing more runs, and the environment closes with no
+// egress (Environment.Apply's contract, which the fake keeps too), as the record says.
+func TestFailedSwitchLeavesNoEgress(t *testing.T) {
+	tests := []struct {
+		name   string
+		phase  string
+		cancel bool // cancel the run as the switch starts, instead of failing it
+	}{
+		{"switch to run fails", controller.PhaseRun, false},
+		{"switch to run cancelled", controller.PhaseRun, true},
+		{"switch to evaluation fails", controller.PhaseEvaluation, false},
+		{"switch to evaluation cancelled", controller.PhaseEvaluation, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := controllertest.New()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			p.ApplyErr = func(phase string) error {
+				switch {
+				case phase != tc.phase:
+					return nil
+				case tc.cancel:
+					cancel()
+					return nil
+				}
+				return errors.New("sidecar did not acknowledge")
+			}
+			r := newRunner(t, p)
+			rec, err := r.RunTask(ctx, task(t, controller.EvaluationShared), nil)
+			if err == nil {
+				t.Fatal("RunTask succeeded")
+			}
+			ev := p.Events()
+			if want := "agent close retain=false mode=no-network"; ev[len(ev)-1] != want {
+				t.Errorf("last event %q, want %q\n%s", ev[len(ev)-1], want, strings.Join(ev, "\n"))
+			}
+			if last := rec.Steps[len(rec.Steps)-1]; last.Name != controller.StepClose || last.Mode != policy.ModeNoNetwork {
+				t.Errorf("last step %s under %s, want close under no-network", last.Name, last.Mode)
+			}
+		})
+	}
+}
+
+// TestClosePanics makes the provider's close panic, in both modes. The close also runs
+// in RunTask's deferred clean-up, where a panic would escape the task and end the whole
+// run's process, leaving every other task's environments behind; it must end this task
+// as failed instead, its environment recorded as still open.
+func TestClosePanics(t *testing.T) {
+	for _, mode := range []controller.EvaluationMode{controller.EvaluationShared, controller.EvaluationFresh} {
+		t.Run(string(mode), func(t *testing.T) {
+			p := controllertest.New()
+			p.CloseErr = func(controller.Role) error { panic("fake: close panicked") }
+			r := newRunner(t, p)
+			var rec *controller.Record
+			var err error
+			func() {
+				defer func() {
+					if v := recover(); v != nil {
+						t.Fatalf("panic escaped RunTask: %v", v)
+					}
+				}()
+				rec, err = r.RunTask(context.Background(), task(t, mode), nil)
+			}()
+			if err == nil || rec.Status != controller.StatusFailed {
+				t.Errorf("status %s, err %v; want failed", rec.Status, err)
+			}
+			if rec.Environments[0].State != controller.EnvOpen {
+				t.Errorf("agent environment recorded %s, want open (its close never completed)", rec.Environments[0].State)
+			}
+		})
+	}
+}
+
 func TestRetain(t *testing.T) {
 	p := controllertest.New()
 	tr := task(t, controller.EvaluationFresh)

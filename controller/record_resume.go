@@ -32,6 +32,9 @@ func ResumeFrom(prev *Record, t TaskRun, p Provider) (StepName, error) {
 	switch {
 	case prev.Task != t.ID:
 		return refuse("the record is of task %q", prev.Task)
+	case prev.TaskDigest == "":
+		// Nothing to compare the definition with: a record of any definition would pass.
+		return refuse("the record has no task_digest, so the task definition cannot be checked against it; run it without --resume")
 	case prev.TaskDigest != t.Digest():
 		return refuse("the task definition changed since the record was written; run it without --resume")
 	case Finished(prev):

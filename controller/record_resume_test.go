@@ -216,3 +216,100 @@ func TestResumeLeftoverGoneOrUnreached(t *testing.T) {
 		})
 	}
 }
+
+// TestResumeChecksDefinition resumes a task that never opened an environment (the only
+// shared-mode task --resume takes) after its definition changed. The shared task is built
+// as the planner builds it, with no evaluation baseline: its digest must still identify
+// it, or the resume would run the new definition under a record of the old one.
+func TestResumeChecksDefinition(t *testing.T) {
+	fake := controllertest.New()
+	r := newRunner(t, fake)
+	asPlanned := func(mode controller.EvaluationMode) controller.TaskRun {
+		tr := task(t, mode)
+		if mode == controller.EvaluationShared {
+			tr.Policies.EvaluationBaseline = policy.Policy{}
+		}
+		return tr
+	}
+	neverOpened := func(tr controller.TaskRun) *controller.Record {
+		fake.OpenErr = func(controller.Role) error { return context.Canceled }
+		defer func() { fake.OpenErr = nil }()
+		rec, _ := r.RunTask(context.Background(), tr, nil)
+		return rec
+	}
+	withRun := func(tr controller.TaskRun, run string) controller.TaskRun {
+		tr.Run = []controller.Command{{run}}
+		return tr
+	}
+	shared, fresh := asPlanned(controller.EvaluationShared), asPlanned(controller.EvaluationFresh)
+	// A definition whose digest cannot be computed, and a record without one: two empty
+	// digests are no evidence of the same definition.
+	undigested := shared
+	undigested.Policies.Evaluation = policy.Policy{}
+	noDigest := neverOpened(shared)
+	noDigest.TaskDigest = ""
+	tests := []struct {
+		name string
+		rec  *controller.Record
+		task controller.TaskRun
+		want string // "": resumes from the top
+	}{
+		{"shared, unchanged", neverOpened(shared), shared, ""},
+		{"shared, run changed", neverOpened(shared), withRun(shared, "other"), "definition changed"},
+		{"fresh, run changed", neverOpened(fresh), withRun(fresh, "other"), "definition changed"},
+		{"no digest on either side", noDigest, undigested, "has no task_digest"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			from, err := controller.ResumeFrom(tc.rec, tc.task, fake)
+			switch {
+			case tc.want == "" && (err != nil || from != controller.StepOpen):
+				t.Errorf("ResumeFrom = %q, %v; want %q", from, err, controller.StepOpen)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("ResumeFrom = %q, %v; want an error saying %q", from, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestRunAllCancelledBeforeResume cancels a --resume run before its tasks start: a task
+// that was to resume keeps the record of its interrupted run (the only evidence of what
+// ran there and of what a later --resume must pick up), and nothing starts. Several
+// tasks, all free to start, so that a select that may still start one is caught.
+func TestRunAllCancelledBeforeResume(t *testing.T) {
+	fake := controllertest.New()
+	r := newRunner(t, fake)
+	var tasks []controller.TaskRun
+	prevs := map[string]*controller.Record{}
+	for _, id := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
+		tr := task(t, controller.EvaluationFresh)
+		tr.ID = id
+		tr.Evaluate = []controller.Command{{"cancel"}, {"hang"}}
+		interrupted(t, fake, fake, r, tr)
+		prevs[id] = readRecord(t, r, id)
+		tasks = append(tasks, tr)
+	}
+	before := len(fake.Events())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	out := r.RunAll(ctx, tasks, len(tasks), prevs)
+	if got := fake.Events()[before:]; len(got) != 0 {
+		t.Errorf("a task started after the cancellation: %v", got)
+	}
+	for i, tr := range tasks {
+		prev := prevs[tr.ID]
+		if !errors.Is(out[i].Err, context.Canceled) {
+			t.Errorf("task %s: outcome error %v, want context.Canceled", tr.ID, out[i].Err)
+		}
+		onDisk := readRecord(t, r, tr.ID)
+		if !slices.Equal(stepsOf(onDisk), stepsOf(prev)) || len(onDisk.Environments) != len(prev.Environments) || len(onDisk.Resumes) != 0 {
+			t.Errorf("task %s: record of the interrupted run replaced:\n got  %v, %d environments, resumes %v\n want %v, %d environments",
+				tr.ID, stepsOf(onDisk), len(onDisk.Environments), onDisk.Resumes, stepsOf(prev), len(prev.Environments))
+		}
+		// A wiped record would resume from the top, running the agent's part again.
+		if from, err := controller.ResumeFrom(onDisk, tr, fake); err != nil || from != controller.StepEvaluationOpen {
+			t.Errorf("task %s: a later --resume would start at %q (%v), want %q", tr.ID, from, err, controller.StepEvaluationOpen)
+		}
+	}
+}

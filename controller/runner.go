@@ -54,8 +54,10 @@ type PhasePolicies struct {
 	Baseline   policy.Policy `json:"baseline"`
 	Run        policy.Policy `json:"run"`
 	Evaluation policy.Policy `json:"evaluation"`
-	// EvaluationBaseline is the evaluation environment's baseline (fresh mode only).
-	EvaluationBaseline policy.Policy `json:"evaluation_baseline"`
+	// EvaluationBaseline is the evaluation environment's baseline (fresh mode only). It
+	// is left out of the JSON when unset, as in shared mode, where the zero policy has
+	// no wire form and would leave the task without a digest.
+	EvaluationBaseline policy.Policy `json:"evaluation_baseline,omitzero"`
 }
 
 // HarnessSession is a declared harness session: steps 3 and 5 exist only with one.
@@ -163,12 +165,15 @@ func (r *Runner) RunAll(ctx context.Context, tasks []TaskRun, concurrency int, r
 			defer wg.Done()
 			select {
 			case sem <- struct{}{}:
+				defer func() { <-sem }()
 			case <-ctx.Done():
-				rec, err := r.notStarted(t, ctx.Err())
+			}
+			// Once the run is cancelled no task starts, whichever case the select chose.
+			if ctx.Err() != nil {
+				rec, err := r.notStarted(t, resume[t.ID], ctx.Err())
 				out[i] = Outcome{Task: t.ID, Record: rec, Err: err}
 				return
 			}
-			defer func() { <-sem }()
 			rec, err := r.RunTask(ctx, t, resume[t.ID])
 			out[i] = Outcome{Task: t.ID, Record: rec, Err: err}
 		}()

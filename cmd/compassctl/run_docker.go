@@ -6,10 +6,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/netip"
 	"os"
 	"path"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -179,13 +181,23 @@ func descendants(pid int, parent map[int]int) []int {
 	return out
 }
 
-// Upload copies a host file into the agent container at dstDir/<name>, creating the
-// directories on the way (a FROM-scratch image may not have them).
+// Upload copies a host file or directory into the agent container at dstDir/<name>,
+// creating the directories on the way (a FROM-scratch image may not have them).
 func (e runEnv) Upload(ctx context.Context, srcPath, dstDir string) error {
-	data, err := os.ReadFile(srcPath)
+	buf, err := uploadArchive(srcPath, dstDir)
 	if err != nil {
 		return fmt.Errorf("run: upload: %w", err)
 	}
+	if err := e.cli.CopyToContainer(ctx, e.AgentContainer(), "/", buf, container.CopyToContainerOptions{}); err != nil {
+		return fmt.Errorf("run: upload %s to %s: %w", srcPath, e.AgentContainer(), err)
+	}
+	return nil
+}
+
+// uploadArchive is the tar Upload copies in at the container's root: srcPath is a saved
+// artifact, a file or a directory (Download saves either), with everything below it.
+// Download kept only regular files and directories, so nothing else is looked for.
+func uploadArchive(srcPath, dstDir string) (*bytes.Buffer, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	dir := strings.Trim(path.Clean("/"+dstDir), "/")
@@ -193,24 +205,43 @@ func (e runEnv) Upload(ctx context.Context, srcPath, dstDir string) error {
 		parts := strings.Split(dir, "/")
 		for i := range parts {
 			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: strings.Join(parts[:i+1], "/") + "/", Mode: 0o755}); err != nil {
-				return fmt.Errorf("run: upload: %w", err)
+				return nil, err
 			}
 		}
 	}
-	name := path.Join(dir, path.Base(srcPath))
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data))}); err != nil {
-		return fmt.Errorf("run: upload: %w", err)
-	}
-	if _, err := tw.Write(data); err != nil {
-		return fmt.Errorf("run: upload: %w", err)
+	top := path.Join(dir, filepath.Base(srcPath))
+	err := filepath.WalkDir(srcPath, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(srcPath, p)
+		if err != nil {
+			return err
+		}
+		name := path.Join(top, filepath.ToSlash(rel))
+		switch {
+		case d.IsDir():
+			return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name + "/", Mode: 0o755})
+		case d.Type().IsRegular():
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data))}); err != nil {
+				return err
+			}
+			_, err = tw.Write(data)
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if err := tw.Close(); err != nil {
-		return fmt.Errorf("run: upload: %w", err)
+		return nil, err
 	}
-	if err := e.cli.CopyToContainer(ctx, e.AgentContainer(), "/", &buf, container.CopyToContainerOptions{}); err != nil {
-		return fmt.Errorf("run: upload %s to %s: %w", srcPath, e.AgentContainer(), err)
-	}
-	return nil
+	return &buf, nil
 }
 
 // Reach tells an operator how to get into a retained environment and remove it.

@@ -106,6 +106,43 @@ timeouts: {prepare: 10m, run: 90, evaluate: 1.5s}
 	}
 }
 
+// TestTaskRunOfDigest checks that the task a plan becomes has a digest in both modes,
+// and one that changes with the definition: --resume compares records by it.
+func TestTaskRunOfDigest(t *testing.T) {
+	tests := []struct{ mode, extra string }{
+		{"shared", ""},
+		{"fresh", "evaluation_image: grader:1\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.mode, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "task.yaml") // one file: its name is in the plan
+			digest := func(run string) string {
+				doc := "task_id: d-1\nevaluation_mode: " + tc.mode + "\nimage: agent:1\n" + tc.extra + "run: [" + run + "]\n"
+				if err := os.WriteFile(file, []byte(doc), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				tasks, err := policy.LoadTasks(file)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var pl policy.Planner
+				p, err := pl.Plan(tasks[0])
+				if err != nil {
+					t.Fatal(err)
+				}
+				tr, err := taskRunOf(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return tr.Digest()
+			}
+			if a, b := digest("agent"), digest("other"); a == "" || a == b || a != digest("agent") {
+				t.Errorf("digests %q and %q: want two different, non-empty, repeatable ones", a, b)
+			}
+		})
+	}
+}
+
 func TestTaskRunOfRefusals(t *testing.T) {
 	tests := []struct {
 		name, doc, want string

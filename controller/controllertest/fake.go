@@ -170,15 +170,18 @@ func (e *Env) Apply(ctx context.Context, p policy.Policy, label controller.Phase
 	from := e.policy.Mode
 	e.blocked += e.p.BlockedAtSwitch[label.Phase]
 	e.mu.Unlock()
+	var err error
 	if e.p.ApplyErr != nil {
-		if err := e.p.ApplyErr(label.Phase); err != nil {
-			_, prev := e.swap(policy.NoNetwork)
-			e.p.logf("%s apply %s %s failed", e.role, label.Phase, p.Mode)
-			return controller.Transition{FromMode: from, ToMode: p.Mode, PreviousBlocked: prev}, err
-		}
+		err = e.p.ApplyErr(label.Phase)
 	}
-	if err := ctx.Err(); err != nil {
-		return controller.Transition{}, err
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		// As Environment.Apply promises: a switch that fails, however it fails, leaves no egress.
+		_, prev := e.swap(policy.NoNetwork)
+		e.p.logf("%s apply %s %s failed", e.role, label.Phase, p.Mode)
+		return controller.Transition{FromMode: from, ToMode: p.Mode, PreviousBlocked: prev}, err
 	}
 	gen, prev := e.swap(p)
 	e.p.logf("%s apply %s %s", e.role, label.Phase, p.Mode)
