@@ -132,6 +132,9 @@ func (tr *taskRun) step(ctx context.Context, name StepName, role Role, cmds []Co
 			cr.Error = xerr.Error()
 			tr.rec.update(func(r *Record) { r.Steps[idx].Commands = append(r.Steps[idx].Commands, cr) })
 			status := stepStatusOf(ctx, sctx, StepError)
+			if errors.Is(xerr, ErrCommandNotStopped) {
+				status = StepError
+			}
 			serr := fmt.Errorf("controller: step %s: %s: %w", name, strings.Join(cmd, " "), xerr)
 			finished = true
 			tr.endStep(idx, status, nil, serr)

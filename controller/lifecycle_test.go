@@ -221,6 +221,15 @@ func TestStepConditions(t *testing.T) {
 			status: controller.StatusFailed,
 		},
 		{
+			name: "a timed-out rollout that could not be stopped ends the task before anything runs under another policy",
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider) {
+				tr.Run = []controller.Command{{"unkillable"}}
+				tr.Timeouts = map[controller.StepName]time.Duration{controller.StepRun: 20 * time.Millisecond}
+			},
+			steps:  []string{"open:ok", "prepare:ok", "harness_start:ok", "run:error", "close:ok"},
+			status: controller.StatusFailed,
+		},
+		{
 			name: "prepare timeout ends the task",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider) {
 				tr.Prepare = []controller.Command{{"hang"}}

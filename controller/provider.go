@@ -5,6 +5,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/compass-egress/compass-egress/policy"
@@ -51,7 +52,8 @@ type Environment interface {
 	// Apply puts p in force and returns only when the enforcement point has acknowledged
 	// it and the wiring matches its mode. On error the environment has no egress at all.
 	Apply(ctx context.Context, p policy.Policy, label PhaseLabel) (Transition, error)
-	// Exec runs cmd inside the environment.
+	// Exec runs cmd inside the environment. When ctx cuts the command and the command
+	// may still be running, the error wraps ErrCommandNotStopped.
 	Exec(ctx context.Context, cmd []string, opts ExecOptions) (ExecResult, error)
 	// Download copies srcPath (a file or directory inside the environment) into dstDir.
 	Download(ctx context.Context, srcPath, dstDir string) error
@@ -61,6 +63,12 @@ type Environment interface {
 	// from the controller's bookkeeping.
 	Close(ctx context.Context, retain bool) error
 }
+
+// ErrCommandNotStopped is wrapped by an Exec whose cut command (a timeout, a
+// cancellation) could not be stopped. Such a command would run on into the next phase
+// under that phase's policy, so its step is an error, which ends the lifecycle, never a
+// timeout the lifecycle carries on after.
+var ErrCommandNotStopped = errors.New("the cut command may still be running")
 
 // ExecOptions tunes one Exec.
 type ExecOptions struct {

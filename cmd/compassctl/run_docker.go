@@ -95,7 +95,7 @@ func (e runEnv) Exec(ctx context.Context, cmd []string, opts controller.ExecOpti
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		if kerr := e.killCutCommands(kctx); kerr != nil {
-			err = errors.Join(err, kerr)
+			err = errors.Join(err, fmt.Errorf("%w: %w", controller.ErrCommandNotStopped, kerr))
 		}
 	}
 	return res, err

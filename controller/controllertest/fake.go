@@ -22,6 +22,7 @@ import (
 //
 //	exit N      exits with status N
 //	hang        blocks until the step's context ends
+//	unkillable  as hang, then reports that the cut command may still be running
 //	panic       panics in the caller's goroutine
 //	blocked N   adds N blocked attempts under the policy in force
 //	cancel      calls Cancel (set by the test), then exits 0
@@ -229,6 +230,9 @@ func (e *Env) Exec(ctx context.Context, cmd []string, opts controller.ExecOption
 	case "hang":
 		<-ctx.Done()
 		return controller.ExecResult{}, ctx.Err()
+	case "unkillable":
+		<-ctx.Done()
+		return controller.ExecResult{}, fmt.Errorf("%w: %w", ctx.Err(), controller.ErrCommandNotStopped)
 	case "panic":
 		panic("fake: command panicked")
 	case "blocked":
