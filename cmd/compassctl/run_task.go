@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"path"
 	"sort"
 	"strconv"
 	"strings"
@@ -42,6 +43,13 @@ func taskRunOf(p *policy.Plan) (controller.TaskRun, error) {
 		Retain:            d.boolean(f, "retain", false),
 		Timeouts:          d.timeouts(f),
 		ProxyStartTimeout: p.ProxyStartTimeout,
+	}
+	// A path naming the container's root would be saved as the task's own output
+	// directory (artifacts/ is the root's copy), next to its records.
+	for i, a := range t.Artifacts {
+		if path.Clean("/"+a) == "/" {
+			d.failValue(fmt.Sprintf("artifacts[%d]", i), a, "names the container's whole file system; give the files or directories to save")
+		}
 	}
 	// save_artifacts defaults to true when artifact paths are declared: declaring them
 	// says they are wanted.

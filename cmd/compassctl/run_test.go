@@ -158,6 +158,8 @@ func TestTaskRunOfRefusals(t *testing.T) {
 		{"save_artifacts not a bool", "task_id: a\nimage: i\nrun: [x]\nsave_artifacts: yes please\n", `save_artifacts "yes please": must be true or false`},
 		{"image not a string", "task_id: a\nimage: [i]\nrun: [x]\n", `image ["i"]: must be a non-empty string`},
 		{"artifact not a string", "task_id: a\nimage: i\nrun: [x]\nartifacts: [/out, 7]\n", `artifacts[1] 7: must be a non-empty string`},
+		{"artifact is the root", "task_id: a\nimage: i\nrun: [x]\nartifacts: [/out, /.., .]\n", `artifacts[1] "/..": names the container's whole file system`},
+		{"artifact is the working directory", "task_id: a\nimage: i\nrun: [x]\nartifacts: [.]\n", `artifacts[0] ".": names the container's whole file system`},
 		{"argument not a string", "task_id: a\nimage: i\nrun: [[grade, {x: 1}]]\n", `run[0] {"x":1}: argument lists hold strings only`},
 		{"harness not an object", "task_id: a\nimage: i\nrun: [x]\nharness: [hs]\n", `harness ["hs"]: must be an object with start and close`},
 		// 1e10 s does not fit a time.Duration: converted as it stood, it became negative
