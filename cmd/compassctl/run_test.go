@@ -44,7 +44,12 @@ func TestSplitWords(t *testing.T) {
 
 func planOf(t *testing.T, doc string) *policy.Plan {
 	t.Helper()
-	file := filepath.Join(t.TempDir(), "task.yaml")
+	return planAt(t, filepath.Join(t.TempDir(), "task.yaml"), doc)
+}
+
+// planAt plans the one task doc holds, written to file (whose name is in the plan).
+func planAt(t *testing.T, file, doc string) *policy.Plan {
+	t.Helper()
 	if err := os.WriteFile(file, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -118,19 +123,7 @@ func TestTaskRunOfDigest(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "task.yaml") // one file: its name is in the plan
 			digest := func(run string) string {
 				doc := "task_id: d-1\nevaluation_mode: " + tc.mode + "\nimage: agent:1\n" + tc.extra + "run: [" + run + "]\n"
-				if err := os.WriteFile(file, []byte(doc), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				tasks, err := policy.LoadTasks(file)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var pl policy.Planner
-				p, err := pl.Plan(tasks[0])
-				if err != nil {
-					t.Fatal(err)
-				}
-				tr, err := taskRunOf(p)
+				tr, err := taskRunOf(planAt(t, file, doc))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -125,17 +125,8 @@ func TestSidecarKilledFailsClosed(t *testing.T) {
 			t.Errorf("with the sidecar dead, %s still works: %s", name, r.Detail)
 		}
 	}
-	st, err := e.Status(ctx)
-	if err != nil {
-		t.Fatalf("status: %v", err)
-	}
-	if st.OK || !strings.Contains(strings.Join(st.Problems, "\n"), "sidecar is not running") {
-		t.Errorf("status does not report the dead sidecar: %+v", st.Problems)
-	}
-	if _, err := e.Apply(ctx, allowlist, controller.PhaseLabel{Phase: "repair"}); err != nil {
-		t.Fatalf("repairing switch: %v", err)
-	}
-	assertState(t, e, policy.ModeAllowlist)
+	statusReports(t, e, "sidecar is not running")
+	repairAllowlist(t, e)
 }
 
 // compassctl killed in the middle of a restricting switch (after the agent was cut from

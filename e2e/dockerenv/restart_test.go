@@ -10,6 +10,7 @@ import (
 	"github.com/docker/docker/api/types/network"
 
 	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/controller/docker"
 	"github.com/compass-egress/compass-egress/e2e/harness"
 	"github.com/compass-egress/compass-egress/policy"
 )
@@ -30,6 +31,28 @@ func probeEgress(t *testing.T, ctr string, sidecar netip.Addr) map[string]harnes
 		t.Fatalf("probe in agent: %v", err)
 	}
 	return res
+}
+
+// statusReports checks that the controller's status of e is not OK and names want.
+func statusReports(t *testing.T, e *docker.Env, want string) {
+	t.Helper()
+	st, err := e.Status(timeout(t, time.Minute))
+	if err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	if st.OK || !strings.Contains(strings.Join(st.Problems, "\n"), want) {
+		t.Errorf("status does not report %q: %+v", want, st.Problems)
+	}
+}
+
+// repairAllowlist puts the allowlist in force again with a switch, and checks the whole
+// state from outside the controller.
+func repairAllowlist(t *testing.T, e *docker.Env) {
+	t.Helper()
+	if _, err := e.Apply(timeout(t, 2*time.Minute), allowlist, controller.PhaseLabel{Phase: "repair"}); err != nil {
+		t.Fatalf("repairing switch: %v", err)
+	}
+	assertState(t, e, policy.ModeAllowlist)
 }
 
 // A restarted agent gets a fresh network namespace, and Docker gives it back the default
@@ -71,23 +94,13 @@ func TestRestartedAgentStaysClosed(t *testing.T) {
 	if err != nil {
 		t.Fatalf("agent routes: %v", err)
 	}
-	st, err := e.Status(ctx)
-	if err != nil {
-		t.Fatalf("status: %v", err)
-	}
-	problems := strings.Join(st.Problems, "\n")
-	if len(routes) > 0 && (st.OK || !strings.Contains(problems, "the agent has default routes")) {
-		t.Errorf("the restarted agent has default routes %v and status does not say so: %+v", routes, st.Problems)
-	}
-	if len(routes) == 0 && !st.OK {
-		t.Errorf("the restarted agent has no default route, yet status reports: %+v", st.Problems)
-	}
 	t.Logf("after the restart Docker gave the agent default routes %v", routes)
-
-	if _, err := e.Apply(ctx, allowlist, controller.PhaseLabel{Phase: "repair"}); err != nil {
-		t.Fatalf("repairing switch: %v", err)
+	if len(routes) > 0 {
+		statusReports(t, e, "the agent has default routes")
+	} else if st, err := e.Status(ctx); err != nil || !st.OK {
+		t.Errorf("the restarted agent has no default route, yet status reports: %+v, %v", st.Problems, err)
 	}
-	assertState(t, e, policy.ModeAllowlist)
+	repairAllowlist(t, e)
 }
 
 // A sidecar cut from the egress network by someone else leaves the agent with nothing
@@ -107,13 +120,7 @@ func TestSidecarCutFromEgress(t *testing.T) {
 			t.Errorf("with the sidecar cut from egress, %s works: %s", name, r.Detail)
 		}
 	}
-	st, err := e.Status(ctx)
-	if err != nil {
-		t.Fatalf("status: %v", err)
-	}
-	if want := "sidecar is not connected to " + h.EgressNetwork; st.OK || !strings.Contains(strings.Join(st.Problems, "\n"), want) {
-		t.Errorf("status does not report the cut (%q): %+v", want, st.Problems)
-	}
+	statusReports(t, e, "sidecar is not connected to "+h.EgressNetwork)
 	if _, err := e.Apply(ctx, allowlist, controller.PhaseLabel{Phase: "repair"}); err != nil {
 		t.Fatalf("repairing switch: %v", err)
 	}
