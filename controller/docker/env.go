@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -17,6 +16,7 @@ import (
 	"github.com/docker/docker/api/types/network"
 
 	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/internal/filelock"
 )
 
 // Env is one Docker environment: a sidecar, a per-task internal network and an agent.
@@ -141,33 +141,16 @@ func (e *Env) lock(ctx context.Context) (unlock func(), err error) {
 	return flock(ctx, filepath.Join(string(e.dir), "lock"))
 }
 
-// flock takes an exclusive lock on path, waiting until ctx ends: a blocking flock would
-// outlast every deadline while another controller holds the lock.
+// flock takes an exclusive lock on path, waiting until ctx ends.
 func flock(ctx context.Context, path string) (unlock func(), err error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
+	f, err := filelock.Lock(ctx, path, nil)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil, fmt.Errorf("state: lock %s held by another controller: %w", path, err)
+	case err != nil:
 		return nil, fmt.Errorf("state: lock: %w", err)
 	}
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("state: lock %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("state: lock %s held by another controller: %w", path, ctx.Err())
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	return func() {
-		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		f.Close()
-	}, nil
+	return func() { f.Close() }, nil
 }
 
 // Blocked summarises the blocked attempts under the policy in force.

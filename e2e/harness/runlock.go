@@ -2,15 +2,15 @@ package harness
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/compass-egress/compass-egress/internal/filelock"
 )
 
 // runLockWait bounds how long a run waits for another live run of the same package to
@@ -26,42 +26,21 @@ const runLockWait = 8 * time.Minute
 // removes. It waits until ctx ends, naming the live run it waits for.
 func runLock(ctx context.Context, dir, pkg string) (unlock func(), err error) {
 	path := filepath.Join(dir, "compass-e2e-"+pkg+".lock")
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
+	f, err := filelock.Lock(ctx, path, func() {
+		fmt.Fprintf(os.Stderr, "e2e %s: waiting for the run of %s to finish (lock %s)\n", pkg, holder(path), path)
+	})
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil, fmt.Errorf("harness: run lock %s: still held by the run of %s: %w", path, holder(path), err)
+	case err != nil:
 		return nil, fmt.Errorf("harness: run lock: %w", err)
-	}
-	announced := false
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("harness: run lock %s: %w", path, err)
-		}
-		if !announced {
-			fmt.Fprintf(os.Stderr, "e2e %s: waiting for the run of %s to finish (lock %s)\n", pkg, holder(path), path)
-			announced = true
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("harness: run lock %s: still held by the run of %s: %w", path, holder(path), ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
 	}
 	// The holder's pid, for the message of a run that waits.
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	var once sync.Once
-	return func() {
-		once.Do(func() {
-			_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-			f.Close()
-		})
-	}, nil
+	return func() { once.Do(func() { f.Close() }) }, nil
 }
 
 // holder names the process that wrote the lock file, as far as it says.
