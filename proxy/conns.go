@@ -12,8 +12,10 @@ type liveConn struct {
 	name string
 	addr netip.Addr
 	port uint16
-	// close cuts the connection on both sides; it may be called more than once.
-	close func()
+	// close cuts the connection on both sides; it may be called more than once. A
+	// non-nil settle finishes a cut that must wait (a tunnel's 200 on its way out), and
+	// is called once every connection's close has started, so the waits overlap.
+	close func() (settle func())
 }
 
 // tracker holds every live connection so a rule swap can re-decide each of them.
@@ -37,18 +39,25 @@ func (t *tracker) remove(c *liveConn) {
 }
 
 // closeIf closes (and forgets) every connection for which cut returns true, and
-// returns how many it closed. It holds the lock throughout, so a connection added after
-// it returns is one whose owner will see the rule set published before the call.
+// returns how many it closed, once each of them is closed. It holds the lock while it
+// sweeps, so a connection added after it returns is one whose owner will see the rule
+// set published before the call.
 func (t *tracker) closeIf(cut func(*liveConn) bool) int {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	var settles []func()
 	n := 0
 	for c := range t.conns {
 		if cut(c) {
-			c.close()
+			if settle := c.close(); settle != nil {
+				settles = append(settles, settle)
+			}
 			delete(t.conns, c)
 			n++
 		}
+	}
+	t.mu.Unlock()
+	for _, settle := range settles {
+		settle()
 	}
 	return n
 }

@@ -429,11 +429,12 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	}
 	if v.Allowed {
 		entry := &liveConn{typ: typeHTTP, name: v.Name, addr: v.Addrs[0], port: v.Port}
-		entry.close = func() {
+		entry.close = func() func() {
 			if st.client != nil {
 				st.client.cut()
 				s.closeHeld(st.client)
 			}
+			return nil
 		}
 		s.tracker.add(entry)
 		if cur := s.current.Load(); cur != rs {

@@ -55,9 +55,10 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 	// stops the dial (nothing opens to the destination once the swap has returned); one
 	// that cuts it while it is set up closes the upstream side and leaves the client a
 	// clean answer rather than a bare EOF: a 403 if the 200 is not on its way yet, else
-	// the 200 and then the close. The 200 is written without the lock, so that a client
-	// that reads nothing cannot hold the swap; --header-timeout bounds that write, and a
-	// cut bounds it sooner. Once the tunnel is established, a cut closes both sides.
+	// the 200 and then the close. The 200 is written without the lock; --header-timeout
+	// bounds that write, and a cut bounds it to lingerTime, which is all a client that
+	// reads nothing can hold the swap (the cuts' waits overlap: see tracker.closeIf).
+	// Once the tunnel is established, a cut closes both sides.
 	const (
 		dialling = iota
 		settingUp
@@ -69,9 +70,11 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 		state = dialling
 		cut   bool
 		up    *net.TCPConn
+		// confirmed is closed once the write of the 200 has returned.
+		confirmed = make(chan struct{})
 	)
 	entry := &liveConn{typ: typeConnect, name: v.Name, addr: v.Addrs[0], port: v.Port}
-	entry.close = func() {
+	entry.close = func() func() {
 		mu.Lock()
 		defer mu.Unlock()
 		if state == dialling {
@@ -79,13 +82,20 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 		} else if up != nil { // nil: the dial failed, the tunnel is being dropped
 			up.Close()
 		}
+		cut = true
 		switch state {
 		case confirming:
+			// The 200 goes out, bounded, and the client's side closes before the swap
+			// returns (the owner closes it too, later).
 			_ = client.SetWriteDeadline(time.Now().Add(lingerTime))
+			return func() {
+				<-confirmed
+				client.Close()
+			}
 		case established:
 			client.Close()
 		}
-		cut = true
+		return nil
 	}
 	s.tracker.add(entry)
 	refuse := func() {
@@ -150,6 +160,7 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 	state = confirming
 	mu.Unlock()
 	_, err = io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n")
+	close(confirmed)
 	mu.Lock()
 	state = established
 	cutWhileConfirming := cut

@@ -1,12 +1,9 @@
 package proxy
 
 import (
-	"bufio"
-	"encoding/hex"
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -51,35 +48,13 @@ func TestLongTunnelsKeepTheirUpstreamAlive(t *testing.T) {
 // local to remote: 0 none, 1 retransmission, 2 keep-alive, 3 TIME_WAIT, 4 window probe.
 func tcpTimerKind(t *testing.T, local, remote netip.AddrPort) int {
 	t.Helper()
-	f, err := os.Open("/proc/net/tcp")
+	fields, found := procTCPSocket(t, local, remote)
+	if !found {
+		t.Fatalf("no socket %s -> %s in /proc/net/tcp", local, remote)
+	}
+	kind, err := strconv.ParseInt(strings.SplitN(fields[5], ":", 2)[0], 16, 32)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("timer field %q: %v", fields[5], err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 6 || procAddr(fields[1]) != local || procAddr(fields[2]) != remote {
-			continue
-		}
-		kind, err := strconv.ParseInt(strings.SplitN(fields[5], ":", 2)[0], 16, 32)
-		if err != nil {
-			t.Fatalf("timer field %q: %v", fields[5], err)
-		}
-		return int(kind)
-	}
-	t.Fatalf("no socket %s -> %s in /proc/net/tcp", local, remote)
-	return -1
-}
-
-// procAddr reads /proc/net/tcp's "0100007F:1F90": the IPv4 address as a host-order
-// (little-endian here) word in hex, then the port.
-func procAddr(s string) netip.AddrPort {
-	host, port, ok := strings.Cut(s, ":")
-	b, err := hex.DecodeString(host)
-	p, perr := strconv.ParseUint(port, 16, 16)
-	if !ok || err != nil || perr != nil || len(b) != 4 {
-		return netip.AddrPort{}
-	}
-	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{b[3], b[2], b[1], b[0]}), uint16(p))
+	return int(kind)
 }

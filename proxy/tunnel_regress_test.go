@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -26,7 +27,7 @@ func TestSwapIsNotHeldByAStuckEstablishedWrite(t *testing.T) {
 		}
 		others = append(others, other)
 	}
-	opened, peer := openToStuckClient(t, h, h.a.echoHostPort("a.test"))
+	opened, peer, _ := openToStuckClient(t, h, h.a.echoHostPort("a.test"))
 	waitFor(t, func() bool { return h.srv.tracker.len() == 9 })
 
 	applied := make(chan ApplyResult, 1)
@@ -128,7 +129,7 @@ func TestDrainDeadlineCutsConnectDial(t *testing.T) {
 func TestTunnelConfirmationWriteIsBounded(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.HeaderTimeout = 200 * time.Millisecond })
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
-	opened, _ := openToStuckClient(t, h, h.a.echoHostPort("a.test"))
+	opened, _, _ := openToStuckClient(t, h, h.a.echoHostPort("a.test"))
 	select {
 	case ok := <-opened:
 		if ok {
@@ -143,11 +144,12 @@ func TestTunnelConfirmationWriteIsBounded(t *testing.T) {
 // openToStuckClient decides a CONNECT to target (which must be allowed) and opens the
 // tunnel for a client that reads nothing, so that the write of its 200 blocks. opened
 // reports what openTunnel returned; peer is the client's end, which nothing reads
-// until the test does.
-func openToStuckClient(t *testing.T, h *harness, target string) (opened <-chan bool, peer net.Conn) {
+// until the test does; writing is closed when the first write to the client starts.
+func openToStuckClient(t *testing.T, h *harness, target string) (opened <-chan bool, peer net.Conn, writing <-chan struct{}) {
 	t.Helper()
-	client, peer := net.Pipe()
+	pipe, peer := net.Pipe()
 	t.Cleanup(func() { peer.Close() })
+	client := &writeSignal{Conn: pipe, started: make(chan struct{})}
 	req, _ := http.NewRequest(http.MethodConnect, "http://"+target, nil)
 	req.URL.Host, req.RemoteAddr = target, "127.0.0.1:1"
 	rs := h.srv.current.Load()
@@ -157,5 +159,37 @@ func openToStuckClient(t *testing.T, h *harness, target string) (opened <-chan b
 	}
 	result := make(chan bool, 1)
 	go func() { result <- h.srv.openTunnel(req.Context(), func() {}, req, client, nil, rs, v) }()
-	return result, peer
+	return result, peer, client.started
+}
+
+// writeSignal is a connection that closes started when its first write begins.
+type writeSignal struct {
+	net.Conn
+	once    sync.Once
+	started chan struct{}
+}
+
+func (w *writeSignal) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.started) })
+	return w.Conn.Write(p)
+}
+
+// A swap that cuts a tunnel while its 200 is on its way lets the 200 out, bounded by
+// lingerTime, and has closed the client's side by the time it returns: a connection
+// opened under public must not outlive the switch to no-network on either side.
+func TestSwapClosesTheClientOfATunnelBeingConfirmed(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	opened, peer, writing := openToStuckClient(t, h, h.a.echoHostPort("a.test"))
+	<-writing
+	if r := h.apply(`"no-network"`); r.ClosedConnections != 1 {
+		t.Fatalf("the swap closed %d connections, want 1", r.ClosedConnections)
+	}
+	_ = peer.SetReadDeadline(time.Now().Add(hangGuard))
+	if n, err := peer.Read(make([]byte, 64)); err != io.EOF {
+		t.Errorf("the client's side after the swap returned: read %d bytes, %v; want it closed (EOF)", n, err)
+	}
+	if <-opened {
+		t.Error("the cut tunnel reported established")
+	}
 }
