@@ -199,6 +199,9 @@ func yamlToGeneric(n *yaml.Node, depth int) (any, error) {
 		case "!!str":
 			return n.Value, nil
 		case "!!int", "!!float":
+			if hasLeadingZero(n.Value) {
+				return nil, fmt.Errorf("invalid YAML: line %d: the number %s has a leading zero, which YAML 1.1 readers (and yaml.v3) take as octal and YAML 1.2 readers as decimal; write it without the zero", n.Line, Clip(n.Value))
+			}
 			return json.Number(n.Value), nil
 		case "!!bool":
 			var b bool
@@ -213,6 +216,16 @@ func yamlToGeneric(n *yaml.Node, depth int) (any, error) {
 		return nil, fmt.Errorf("invalid YAML: line %d: unsupported tag %s", n.Line, Clip(n.ShortTag()))
 	}
 	return nil, fmt.Errorf("invalid YAML: line %d: unsupported node", n.Line)
+}
+
+// hasLeadingZero reports whether a YAML number is written with a leading zero ("0443",
+// "-0443", "0_443"): one document would then mean 443 to us and 291 to its other readers,
+// so it is refused rather than read either way.
+func hasLeadingZero(s string) bool {
+	if s != "" && (s[0] == '+' || s[0] == '-') {
+		s = s[1:]
+	}
+	return len(s) >= 2 && s[0] == '0' && (s[1] >= '0' && s[1] <= '9' || s[1] == '_')
 }
 
 // DecodeDocument decodes a JSON or YAML document; JSON is recognised by its first

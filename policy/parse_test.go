@@ -23,6 +23,18 @@ func TestParseTargetAccepts(t *testing.T) {
 		{"xn--bcher-kva.example", "xn--bcher-kva.example", KindHost},
 		{"BÜCHER.example", "xn--bcher-kva.example", KindHost},
 		{"_dmarc.example.test", "_dmarc.example.test", KindHost},
+		{"XN--BCHER-KVA.example", "xn--bcher-kva.example", KindHost},
+		{"*.xn--bcher-kva.example", "*.xn--bcher-kva.example", KindWildcard},
+		{"ab--cd.xn--bcher-kva.example", "ab--cd.xn--bcher-kva.example", KindHost},
+		{"*.example.com.", "*.example.com", KindWildcard},
+		{"example.com\u3002", "example.com", KindHost},
+		{"example\uff0ecom", "example.com", KindHost},
+		{"*\u3002example.com", "*.example.com", KindWildcard},
+		{"*\uff0eexample\uff0ecom:443", "*.example.com:443", KindWildcard},
+		{"*\uff61example.com", "*.example.com", KindWildcard},
+		{"example.123", "example.123", KindHost},
+		{strings.Repeat("a", 63) + ".test", strings.Repeat("a", 63) + ".test", KindHost},
+		{"xn--i-7iq.example", "xn--i-7iq.example", KindHost},
 		{"localhost", "localhost", KindHost},
 		{"203.0.113.10", "203.0.113.10", KindAddr},
 		{"203.0.113.10:8443", "203.0.113.10:8443", KindAddr},
@@ -89,6 +101,21 @@ func TestParseTargetRejects(t *testing.T) {
 		{"pypi.org:99999999999", "outside 1..65535"},
 		{"pypi.org:https", "not an integer"},
 		{"pypi.org:-1", "not an integer"},
+		{"pypi.org:+443", "not an integer"},
+		{"pypi.org:443.0", "not an integer"},
+		{"pypi.org\u3000", "whitespace"},
+		{"pypi.org\n", "whitespace"},
+		{"[fe80::1%eth0]:443", "zone"},
+		{"1.2.3", "dotted-decimal"},
+		{"0x7f.1", "dotted-decimal"},
+		{"017.0.0.1", "dotted-decimal"},
+		// Dotted-decimal already, but with a trailing dot or non-ASCII digits: the message
+		// says what is wrong rather than asking for the form the address is in.
+		{"203.0.113.10.", `"203.0.113.10." is the IPv4 address 203.0.113.10: write it as a.b.c.d in ASCII digits, with no trailing dot`},
+		{"203.0.113.10.:443", `is the IPv4 address 203.0.113.10: write it`},
+		{"\uff12\uff10\uff13.0.113.10", `is the IPv4 address 203.0.113.10: write it`},
+		{"*.203.0.113.10.", `is the IPv4 address 203.0.113.10: write it`},
+		{"*.", "empty"},
 		{"pypi.org:", "port after ':' is empty"},
 		{"2001:db8:0:0:0:0:0:1:443", "needs brackets"},
 		{"[pypi.org]:443", "brackets are only for an IPv6"},
@@ -113,6 +140,10 @@ func TestParseTargetRejects(t *testing.T) {
 		{strings.Repeat("a", 64) + ".test", "longer than 63"},
 		{strings.Repeat("abcdefghi.", 26) + "test", "longer than 253"},
 		{"a:b:c", "not a valid IPv6"},
+		// An "xn--" label must be the punycode of a valid internationalised label.
+		{"xn--zz.example", `the label "xn--zz" is not a valid IDN A-label`},
+		{"www.xn--a.example:443", `the label "xn--a" is not a valid IDN A-label`},
+		{"*.XN--ZZ.example", `the label "xn--zz" is not a valid IDN A-label`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.in, func(t *testing.T) {
@@ -183,6 +214,18 @@ func TestParseValue(t *testing.T) {
 		{name: "object host bad", in: `{"network_mode":"allowlist","allowed_hosts":[{"host":"api.*.test"}]}`, errs: []string{`allowed_hosts[0].host "api.*.test": only a leading wildcard`}},
 		{name: "duplicate key", in: `{"network_mode":"public","network_mode":"no-network"}`, errs: []string{`the key "network_mode" appears twice`}},
 		{name: "trailing data", in: `"public" "no-network"`, errs: []string{`unexpected data after the first value`}},
+		// SPEC §2's refusals that the rows above do not already show.
+		{name: "mode null", in: `{"network_mode":null}`, errs: []string{`network_mode null: unknown network mode`}},
+		{name: "mode case variant", in: `{"network_mode":"Public"}`, errs: []string{`network_mode "Public": unknown network mode`}},
+		{name: "mode string case variant", in: `"NO-NETWORK"`, errs: []string{`policy "NO-NETWORK": unknown network mode`}},
+		{name: "policy null", in: `null`, errs: []string{`policy null: a policy is a string`}},
+		{name: "null host list on public", in: `{"network_mode":"public","allowed_hosts":null}`, errs: []string{`allowed_hosts: a public policy takes no host list`}},
+		{name: "empty host list on no-network", in: `{"network_mode":"no-network","denied_hosts":[]}`, errs: []string{`denied_hosts: a no-network policy takes no host list`}},
+		{name: "null entry", in: `{"network_mode":"allowlist","allowed_hosts":[null]}`, errs: []string{`allowed_hosts[0] null: a target is a string or an object`}},
+		{name: "null port", in: `{"network_mode":"allowlist","allowed_hosts":[{"host":"a.test","port":null}]}`, errs: []string{`allowed_hosts[0].port null: the port must be an integer, not null`}},
+		{name: "negative port", in: `{"network_mode":"allowlist","allowed_hosts":[{"host":"a.test","port":-443}]}`, errs: []string{`allowed_hosts[0].port -443: the port must be in 1..65535`}},
+		{name: "native knob in a target", in: `{"network_mode":"allowlist","allowed_hosts":[{"host":"a.test","block_network":true}]}`, errs: []string{`allowed_hosts[0].block_network: unknown key`}},
+		{name: "unicode line separator", in: `{"network_mode":"allowlist","allowed_hosts":["a.test\u2028"]}`, errs: []string{`whitespace and control characters are not allowed`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -240,6 +283,14 @@ func TestParseYAML(t *testing.T) {
 		{"network_mode: allowlist\nallowed_hosts: [a.test]\nextra: 1\n", "extra: unknown key"},
 		{"", "empty"},
 		{"network_mode: public\n---\nnetwork_mode: no-network\n", "more than one document"},
+		// yaml.v3 (and YAML 1.1 readers) take 0443 as octal, 291; YAML 1.2 as 443.
+		{"network_mode: allowlist\nallowed_hosts: [{host: a.test, port: 0443}]\n", "line 2: the number 0443 has a leading zero"},
+		{"network_mode: allowlist\nallowed_hosts:\n  - host: a.test\n    port: 0777\n", "line 4: the number 0777 has a leading zero"},
+		{"network_mode: allowlist\nallowed_hosts: [{host: a.test, port: 0999}]\n", "the number 0999 has a leading zero"},
+		{"network_mode: allowlist\nallowed_hosts: [{host: a.test, port: -0443}]\n", "the number -0443 has a leading zero"},
+		{"network_mode: allowlist\nallowed_hosts: [{host: a.test, port: 0_443}]\n", "the number 0_443 has a leading zero"},
+		{"network_mode: allowlist\nallowed_hosts: [{host: a.test, port: 0}]\n", "port 0: the port must be in 1..65535"},
+		{"network_mode: allowlist\nallowed_hosts: [{host: a.test, port: 0.5}]\n", "port 0.5: the port must be an integer"},
 	} {
 		if _, err := Parse([]byte(bad.in)); err == nil || !strings.Contains(err.Error(), bad.frag) {
 			t.Errorf("Parse(%q) error = %v, want %q", bad.in, err, bad.frag)

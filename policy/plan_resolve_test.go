@@ -209,6 +209,12 @@ func TestPlanFreshEvaluationBaseline(t *testing.T) {
 			want: map[Phase]resolved{PhaseBaseline: {`"no-network"`, "task"}, PhaseRun: {`"public"`, "default"}, PhaseEvaluation: {`"public"`, "default"}, PhaseEvaluationBaseline: {`"public"`, "task"}},
 		},
 		{
+			name: "the request-level common baseline beats an empty verifier environment, as it beats the task's verifier baseline",
+			task: fresh(`,"evaluation_environment":{}`),
+			env:  `{"baseline_network_policy":"no-network"}`,
+			want: map[Phase]resolved{PhaseBaseline: {`"no-network"`, "override"}, PhaseRun: {`"public"`, "default"}, PhaseEvaluation: {`"public"`, "default"}, PhaseEvaluationBaseline: {`"no-network"`, "override"}},
+		},
+		{
 			name:    "an empty verifier environment also beats a recipe's verifier baseline",
 			task:    fresh(`,"evaluation_environment":{}`),
 			recipes: []string{recipeVerifier},

@@ -149,14 +149,11 @@ func (c Capability) refuseEntry(ph Phase, p Policy, i int, rule string) *FieldEr
 	return e
 }
 
-// refusePorts refuses every entry that carries a port, for providers that enforce
-// whole hosts only.
-func (c Capability) refusePorts(ph Phase, p Policy) ErrorList {
-	var errs ErrorList
-	for i, t := range p.Targets {
-		if t.Port != 0 {
-			errs.add(c.refuseEntry(ph, p, i, "port-specific targets cannot be enforced; write the host without a port"))
-		}
+// refusePort refuses the i-th entry if it carries a port, for providers that enforce
+// whole hosts only. The caller checks each entry's rules in turn, so that a list's
+// errors come in the order of its entries.
+func (c Capability) refusePort(ph Phase, p Policy, i int, errs *ErrorList) {
+	if p.Targets[i].Port != 0 {
+		errs.add(c.refuseEntry(ph, p, i, "port-specific targets cannot be enforced; write the host without a port"))
 	}
-	return errs
 }

@@ -14,10 +14,11 @@ func checkDaytona(c Capability, ph Phase, p Policy) ErrorList {
 	if p.Mode != ModeAllowlist {
 		return nil
 	}
-	errs := c.refusePorts(ph, p)
+	var errs ErrorList
 	domains, networks := 0, 0
 	var first *Target // the list's first supported entry sets its family
 	for i, t := range p.Targets {
+		c.refusePort(ph, p, i, &errs)
 		switch {
 		case t.IsAddress() && !t.Prefix.Addr().Is4():
 			errs.add(c.refuseEntry(ph, p, i, "IPv6 entries are not supported"))

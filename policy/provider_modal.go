@@ -4,8 +4,9 @@ func checkModal(c Capability, ph Phase, p Policy) ErrorList {
 	if p.Mode != ModeAllowlist {
 		return nil
 	}
-	errs := c.refusePorts(ph, p)
+	var errs ErrorList
 	for i, t := range p.Targets {
+		c.refusePort(ph, p, i, &errs)
 		if t.Kind == KindWildcard {
 			errs.add(c.refuseEntry(ph, p, i, "wildcard host names are not supported; list each host name"))
 		}

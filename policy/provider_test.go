@@ -57,6 +57,9 @@ func TestProviderChecks(t *testing.T) {
 		{"daytona", PhaseBaseline, allow(`"203.0.113.0/24","*.pkg.test"`), `baseline_network_policy.allowed_hosts[1] "*.pkg.test": provider daytona, baseline phase: domain entries and IPv4 network entries cannot be mixed in one list (the list starts with an IPv4 network entry, 203.0.113.0/24)`},
 		{"daytona", PhaseRun, allow(`"2001:db8::1","model.test","198.51.100.7"`), `run_network_policy.allowed_hosts[0] "2001:db8::1": provider daytona, run phase: IPv6 entries are not supported` + "\n" +
 			`run_network_policy.allowed_hosts[2] "198.51.100.7": provider daytona, run phase: domain entries and IPv4 network entries cannot be mixed in one list (the list starts with a domain entry, model.test)`},
+		// Errors come in the order of the entries, whichever rule each breaks.
+		{"daytona", PhaseRun, allow(`"model.test","198.51.100.7","pkg.test:443"`), `run_network_policy.allowed_hosts[1] "198.51.100.7": provider daytona, run phase: domain entries and IPv4 network entries cannot be mixed in one list (the list starts with a domain entry, model.test)` + "\n" +
+			`run_network_policy.allowed_hosts[2] "pkg.test:443": provider daytona, run phase: port-specific targets cannot be enforced; write the host without a port`},
 		{"daytona", PhaseRun, allow(planTestHosts("h", 20)), ""},
 		{"daytona", PhaseRun, allow(planTestHosts("h", 21)), `run_network_policy.allowed_hosts[20] "h20": provider daytona, run phase: at most 20 domain entries are supported`},
 		{"daytona", PhaseRun, allow(planTestCIDRs(10)), ""},
@@ -67,6 +70,8 @@ func TestProviderChecks(t *testing.T) {
 		{"modal", PhaseRun, allow(`"model.test","198.51.100.7","2001:db8::1","203.0.113.0/24"`), ""},
 		{"modal", PhaseRun, deny, `run_network_policy "denylist": provider modal, run phase: cannot enforce denylist (it supports public, no-network, allowlist); only docker enforces a denylist, and it is never broadened to public`},
 		{"modal", PhaseRun, allow(`"[2001:db8::1]:443"`), `run_network_policy.allowed_hosts[0] "[2001:db8::1]:443": provider modal, run phase: port-specific targets cannot be enforced; write the host without a port`},
+		{"modal", PhaseRun, allow(`"*.pkg.test","model.test:443"`), `run_network_policy.allowed_hosts[0] "*.pkg.test": provider modal, run phase: wildcard host names are not supported; list each host name` + "\n" +
+			`run_network_policy.allowed_hosts[1] "model.test:443": provider modal, run phase: port-specific targets cannot be enforced; write the host without a port`},
 		{"modal", PhaseEvaluationBaseline, allow(`"*.pkg.test"`), `evaluation_baseline_network_policy.allowed_hosts[0] "*.pkg.test": provider modal, evaluation_baseline phase: wildcard host names are not supported; list each host name`},
 	}
 	for _, tt := range tests {

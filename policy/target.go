@@ -189,6 +189,9 @@ func parsePortString(p string) (uint16, error) {
 	return uint16(n), nil
 }
 
+// idnFullStops are the characters other than '.' that IDNA maps to the label separator.
+var idnFullStops = []string{"\u3002", "\uff0e", "\uff61"}
+
 // parseHost classifies the part of a target in front of its port.
 func parseHost(h string) (Target, error) {
 	if h == "" {
@@ -207,6 +210,13 @@ func parseHost(h string) (Target, error) {
 	if strings.Contains(h, ":") {
 		return Target{}, ruleErr("not a valid IPv6 address")
 	}
+	for _, stop := range idnFullStops {
+		// The label separator after the wildcard may be written as any full stop IDNA
+		// maps to '.', as it may between the other labels.
+		if rest, ok := strings.CutPrefix(h, "*"+stop); ok {
+			h = "*." + rest
+		}
+	}
 	if base, ok := strings.CutPrefix(h, "*."); ok {
 		if strings.Contains(base, "*") {
 			return Target{}, ruleErr("only a single leading '*.' label is allowed")
@@ -214,7 +224,7 @@ func parseHost(h string) (Target, error) {
 		if _, err := netip.ParseAddr(base); err == nil {
 			return Target{}, ruleErr("a wildcard applies to host names, not to addresses: use a CIDR")
 		}
-		suffix, err := CanonicalHostname(base)
+		suffix, err := policyHostname(base)
 		if err != nil {
 			return Target{}, err
 		}
@@ -228,11 +238,34 @@ func parseHost(h string) (Target, error) {
 	case strings.Contains(h, "*"):
 		return Target{}, ruleErr("only a leading wildcard is allowed (\"*.example.com\"), not an embedded or trailing one")
 	}
-	name, err := CanonicalHostname(h)
+	name, err := policyHostname(h)
 	if err != nil {
 		return Target{}, err
 	}
 	return Target{Kind: KindHost, Host: name}, nil
+}
+
+// policyHostname is CanonicalHostname for a name written in a policy, which must also
+// spell every "xn--" label as a valid A-label (the punycode of a valid internationalised
+// label). "xn--zz" is a typo no Unicode name maps to, so a rule naming it could never
+// match the name its author meant. Requested names are not held to this: a client's odd
+// name matches no rule and is decided like any other unlisted name.
+func policyHostname(h string) (string, error) {
+	name, err := CanonicalHostname(h)
+	if err != nil {
+		return "", err
+	}
+	for _, label := range strings.Split(name, ".") {
+		if !strings.HasPrefix(label, "xn--") {
+			continue
+		}
+		// Checked one label at a time: the name's other labels follow the LDH rules of
+		// checkLabel, which IDNA's hyphen checks would refuse in part ("ab--cd").
+		if _, err := idnaProfile.ToASCII(label); err != nil {
+			return "", ruleErr("the label %s is not a valid IDN A-label (%s)", Quote(label), Clip(err.Error()))
+		}
+	}
+	return name, nil
 }
 
 func parsePrefix(h string) (Target, error) {
@@ -282,6 +315,7 @@ func CanonicalHostname(h string) (string, error) {
 	if h == "" {
 		return "", ruleErr("the host name is empty")
 	}
+	written := h
 	ascii := true
 	for i := 0; i < len(h); i++ {
 		if h[i] >= utf8.RuneSelf {
@@ -318,6 +352,11 @@ func CanonicalHostname(h string) (string, error) {
 		}
 	}
 	if IsNonCanonicalIPv4(h) {
+		// Dotted-decimal once canonical, so what is wrong is the spelling that was
+		// trimmed or mapped away: a trailing dot, or digits IDNA mapped to ASCII.
+		if a, err := netip.ParseAddr(h); err == nil {
+			return "", ruleErr("%s is the IPv4 address %s: write it as a.b.c.d in ASCII digits, with no trailing dot", Quote(written), a)
+		}
 		return "", ruleErr("an IPv4 address must be written in dotted-decimal form (a.b.c.d), not %s", Quote(h))
 	}
 	return h, nil
