@@ -110,13 +110,14 @@ func (s *Server) Reload() error {
 // head, interim answers included, by that timeout).
 func (s *Server) newTransport() *http.Transport {
 	return &http.Transport{
-		Proxy:                 nil,
-		DialContext:           s.dialChecked,
-		MaxIdleConns:          maxIdleUpstream,
-		MaxIdleConnsPerHost:   maxIdlePerUpstream,
-		IdleConnTimeout:       s.cfg.IdleTimeout,
-		TLSHandshakeTimeout:   s.cfg.DialTimeout,
-		ExpectContinueTimeout: time.Second,
-		DisableCompression:    true,
+		Proxy:                  nil,
+		DialContext:            s.dialChecked,
+		MaxIdleConns:           maxIdleUpstream,
+		MaxIdleConnsPerHost:    maxIdlePerUpstream,
+		IdleConnTimeout:        s.cfg.IdleTimeout,
+		TLSHandshakeTimeout:    s.cfg.DialTimeout,
+		MaxResponseHeaderBytes: maxAnswerHeadBytes,
+		ExpectContinueTimeout:  time.Second,
+		DisableCompression:     true,
 	}
 }

@@ -43,6 +43,12 @@ type Verdict struct {
 	Addr netip.Addr
 }
 
+// maxDialAddrs bounds the checked addresses a verdict keeps, in the resolver's order.
+// Whoever serves a name chooses how many addresses it has (thousands in one TCP
+// answer); a request keeps its verdict while it lives, and a dial tries each address
+// with --dial-timeout: 64 is ten minutes of fail-over already.
+const maxDialAddrs = 64
+
 // Decider checks destinations against a rule set: resolve once, check every
 // candidate, keep the ones that pass.
 type Decider struct {
@@ -175,6 +181,9 @@ func (d *Decider) Decide(ctx context.Context, rs *RuleSet, host string, port uin
 			v.Allowed, v.Reason, v.Rule, v.Addr = true, string(dec.Reason), ruleString(dec.Rule), a
 		}
 		v.Addrs = append(v.Addrs, a)
+		if len(v.Addrs) == maxDialAddrs {
+			break
+		}
 	}
 	if !v.Allowed {
 		v.Reason, v.Rule, v.Addr = refusal.Reason, refusal.Rule, refusal.Addr

@@ -97,6 +97,10 @@ func (b *answerBody) Close() error {
 // drain's deadline, the relay's idle timeout, the end of the relay): goproxy's copies
 // have no deadline on that side.
 func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict, resp *http.Response, err error) (*http.Response, error) {
+	if err == nil && fieldCount(resp.Header) > maxHeadFields {
+		resp.Body.Close()
+		resp, err = nil, fmt.Errorf("%w: more than %d fields", errAnswerHeadTooLong, maxHeadFields)
+	}
 	if err != nil {
 		if errors.Is(err, errRecheckFailed) || errors.Is(err, errPolicyChanged) || st.refusedConn.Load() {
 			// A refusal, not an upstream failure: answered and counted as a CONNECT
@@ -142,6 +146,15 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 	return resp, nil
 }
 
+// fieldCount is the number of field lines h was read from.
+func fieldCount(h http.Header) int {
+	n := 0
+	for _, vs := range h {
+		n += len(vs)
+	}
+	return n
+}
+
 // gatewayError is the answer to an allowed request without a usable upstream answer:
 // a 502, or a 504 when for the tunnel idle timeout the upstream sent no answer head or
 // took none of the request (logged by the caller as "answer idle" or "request body
@@ -157,7 +170,7 @@ func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Re
 	switch {
 	case malformed != nil:
 		status, reason, text = http.StatusBadRequest, "bad-request-body", " was not sent the rest of a malformed request body"
-		s.log.Info("request body malformed", "type", typeHTTP, "host", blockedHost(*v), "port", v.Port, "client", req.RemoteAddr, "error", malformed.Error())
+		s.log.Info("request body malformed", "type", typeHTTP, "host", blockedHost(*v), "port", v.Port, "client", req.RemoteAddr, "error", clipError(malformed))
 	case cutShort:
 		reason, text = "client-gone", " was not sent the whole request: the client closed its connection before the body's end"
 	case isDialError(err):
@@ -172,7 +185,7 @@ func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Re
 	}
 	upstreamsFault := reason == "upstream-failed" || reason == "dial-failed"
 	if upstreamsFault && req.Context().Err() == nil { // else cut by a swap or the drain: not the upstream's failure
-		s.log.Warn("upstream failed", "type", typeHTTP, "host", blockedHost(*v), "port", v.Port, "client", req.RemoteAddr, "error", err.Error())
+		s.log.Warn("upstream failed", "type", typeHTTP, "host", blockedHost(*v), "port", v.Port, "client", req.RemoteAddr, "error", clipError(err))
 	}
 	resp := goproxy.NewResponse(req, goproxy.ContentTypeText, status,
 		"compass-egress: "+blockedHost(*v)+text+" ("+reason+")\n")

@@ -70,6 +70,10 @@ func TestHopAndTrailerFieldsStopHere(t *testing.T) {
 		{"unlisted Keep-Alive and TE", "GET http://{A}/ HTTP/1.1\r\nHost: {A}\r\nKeep-Alive: 5\r\nTE: gzip\r\n\r\n", "", "", ""},
 		{"unlisted Keep-Alive and TE, with a body", "POST http://{A}/ HTTP/1.1\r\nHost: {A}\r\nKeep-Alive: 5\r\nTE: gzip;q=1\r\nContent-Length: 2\r\n\r\nhi", "", "", ""},
 		{"TE trailers", "GET http://{A}/ HTTP/1.1\r\nHost: {A}\r\nTE: gzip, Trailers\r\n\r\n", "", "", "trailers"},
+		// A trailer of more fields than a head may have goes whole (RFC 9110, 6.5.1: a
+		// recipient may discard it): it would hold the memory the head's bound saves.
+		{"trailer of more fields than a head may have", "POST http://{A}/ HTTP/1.1\r\nHost: {A}\r\nTrailer: " + trailerNames(maxHeadFields+1) +
+			"\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n" + trailerFields(maxHeadFields+1) + "\r\n", "", "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			defer r.a.reset()
@@ -121,4 +125,21 @@ func TestUserAgentIsTheClients(t *testing.T) {
 			}
 		})
 	}
+}
+
+// trailerNames lists n trailer field names for a Trailer field; trailerFields sends them.
+func trailerNames(n int) string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("X-T%d", i)
+	}
+	return strings.Join(names, ", ")
+}
+
+func trailerFields(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "X-T%d: v\r\n", i)
+	}
+	return b.String()
 }

@@ -57,6 +57,14 @@ func newFront(s *Server) *front {
 // MaxHeaderBytes of 64 KiB, including its 4 KiB of slack).
 const maxHeadBytes = 64<<10 + 4096
 
+// maxHeadFields bounds the field lines of a head, a request's or an upstream's answer's
+// (Apache and HAProxy allow about 100). Parsed, a head of tiny fields costs about
+// thirty times its size, held while its request is served: 64 KiB of them took some
+// 1 MiB of heap, a 10 MiB answer head of them 280 MiB.
+const maxHeadFields = 256
+
+var errTooManyFields = fmt.Errorf("%w: more than %d field lines", errHeadTooLong, maxHeadFields)
+
 // maxDrainBytes is how much of a request body nobody read is discarded to keep the
 // connection for another request; a longer rest closes it instead.
 const maxDrainBytes = 256 << 10
@@ -253,6 +261,13 @@ func (f *front) serveConn(c net.Conn) {
 		}
 	}()
 	for first := true; ; first = false {
+		if cc.br.Size() > 4096 && cc.br.Buffered() == 0 {
+			// The long head that needed a reader of its own is served and nothing
+			// follows it yet: the connection waits with 4 KiB, not 68, so idle
+			// connections cannot pin 68 KiB each.
+			cc.br = frontReaders.Get().(*bufio.Reader)
+			cc.br.Reset(cc.in)
+		}
 		wait := f.s.cfg.IdleTimeout
 		if first {
 			wait = f.s.cfg.HeaderTimeout
@@ -554,7 +569,7 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 			status, reason = "504 Gateway Timeout", "upstream-timeout"
 		}
 		if w.replaceUnsent(errorAnswer(status, reason)) && reason == "upstream-failed" && st.entry != nil {
-			f.s.log.Warn("upstream failed", "type", typeHTTP, "host", st.entry.name, "port", st.entry.port, "client", cc.remote, "error", st.answerErr.Error())
+			f.s.log.Warn("upstream failed", "type", typeHTTP, "host", st.entry.name, "port", st.entry.port, "client", cc.remote, "error", clipError(st.answerErr))
 		}
 	}
 	// An answer whose upstream body broke off ends with the connection, never with
@@ -622,6 +637,10 @@ func (cc *clientConn) headFields() (rawFields, error) {
 	for {
 		buf, _ := cc.br.Peek(cc.br.Buffered())
 		if end := headEnd(buf); end >= 0 {
+			// Every line but the request line and the empty one; a folded line counts too.
+			if bytes.Count(buf[:end], []byte("\n"))-2 > maxHeadFields {
+				return rawFields{}, errTooManyFields
+			}
 			return rawFields{
 				hosts:         scanField(buf[:end], "host"),
 				contentLength: scanField(buf[:end], "content-length") != nil,

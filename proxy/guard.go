@@ -32,6 +32,7 @@ var internalClasses = []internalClass{
 	{"multicast", netip.MustParsePrefix("ff00::/8"), true},
 	{"special", netip.MustParsePrefix("0.0.0.0/8"), true},               // "this network"
 	{"special", netip.MustParsePrefix("100.100.100.200/32"), true},      // Alibaba Cloud metadata
+	{"special", netip.MustParsePrefix("168.63.129.16/32"), true},        // Azure WireServer (goal state, extension settings)
 	{"special", netip.MustParsePrefix("fd00:ec2::254/128"), true},       // AWS metadata over IPv6
 	{"special", netip.MustParsePrefix("fd00:ec2::23/128"), true},        // AWS EKS Pod Identity (credentials) over IPv6
 	{"special", netip.MustParsePrefix("fd20:ce::254/128"), true},        // Google Cloud metadata over IPv6

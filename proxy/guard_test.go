@@ -35,6 +35,8 @@ func TestGuardClasses(t *testing.T) {
 		{"::8.8.8.8", true, "ipv4-embedding"},
 		{"::ffff:0:808:808", true, "ipv4-embedding"},
 		{"100.100.100.200", true, "special"},
+		{"168.63.129.16", true, "special"},
+		{"168.63.129.17", false, ""},
 		{"fd00:ec2::254", true, "special"},
 		{"fd00:ec2::23", true, "special"},
 		{"fd20:ce::254", true, "special"},
@@ -134,6 +136,35 @@ func TestGuardRefusesIPv6Metadata(t *testing.T) {
 		for _, addr := range []string{"fd20:ce::254", "fd00:ec2::23"} {
 			if got := g.Refuses(m, netip.MustParseAddr(addr), 80); got != tc.refused {
 				t.Errorf("%s %s: refused %v, want %v", tc.policy, addr, got, tc.refused)
+			}
+		}
+	}
+}
+
+// TestGuardRefusesAzureWireServer: Azure's WireServer (168.63.129.16), the platform
+// endpoint a VM reaches for its goal state, extension settings and certificates, lies
+// outside every private and link-local range, so only its own class keeps a name that
+// resolves to it (a denylist, a rebinding wildcard) or a broad rule from reaching it.
+func TestGuardRefusesAzureWireServer(t *testing.T) {
+	g := NewGuard(nil, func() []netip.Addr { return nil })
+	cases := []struct {
+		policy  string
+		refused bool
+	}{
+		{`"public"`, true},
+		{`{"network_mode":"denylist","denied_hosts":[]}`, true},
+		{`{"network_mode":"allowlist","allowed_hosts":["0.0.0.0/0"]}`, true},
+		{`{"network_mode":"allowlist","allowed_hosts":["168.63.0.0/16"]}`, true},
+		{`{"network_mode":"allowlist","allowed_hosts":["168.63.129.16"]}`, false},
+	}
+	for _, tc := range cases {
+		p, err := policy.Parse([]byte(tc.policy))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, port := range []uint16{80, 32526} {
+			if got := g.Refuses(policy.Compile(p), netip.MustParseAddr("168.63.129.16"), port); got != tc.refused {
+				t.Errorf("%s port %d: refused %v, want %v", tc.policy, port, got, tc.refused)
 			}
 		}
 	}

@@ -23,6 +23,19 @@ func clipHost(host string) string {
 	return host
 }
 
+// maxErrorBytes bounds an error as a log line quotes it: net/http's parser quotes a
+// malformed status line or header whole, so an upstream chooses that text, up to an
+// answer head's bound (four times that once each byte is quoted).
+const maxErrorBytes = 512
+
+func clipError(err error) string {
+	msg := err.Error()
+	if len(msg) > maxErrorBytes {
+		return msg[:maxErrorBytes] + "..."
+	}
+	return msg
+}
+
 func (s *Server) logDecision(rs *RuleSet, typ, decision, reason, rule, host string, port uint16, addr netip.Addr, client string, extra ...slog.Attr) {
 	level := slog.LevelInfo
 	if decision != "allowed" {

@@ -70,8 +70,14 @@ func (b *requestBody) Read(p []byte) (int, error) {
 // dropTrailerFields keeps of the trailer only the fields the client announced, and
 // none that frames or routes a request (RFC 9110, 6.5.1): the transport writes the
 // trailer upstream once the body ends, and a server there that merged it into the
-// head would read a Host or a Content-Length the decision never saw.
+// head would read a Host or a Content-Length the decision never saw. A trailer of more
+// fields than a head may have goes whole (a recipient may discard a trailer): kept, it
+// would hold the memory the head's bound saves until the answer came (maxHeadFields).
 func (b *requestBody) dropTrailerFields() {
+	if fieldCount(b.trailer) > maxHeadFields {
+		clear(b.trailer)
+		return
+	}
 	for k := range b.trailer {
 		if framingField(k) || !slices.Contains(b.declared, k) {
 			delete(b.trailer, k)
