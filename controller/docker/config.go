@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/compass-egress/compass-egress/proxy"
@@ -91,7 +93,31 @@ func (c Config) validate() error {
 			return fmt.Errorf("docker: dns upstream %q: %w", u, err)
 		}
 	}
+	for _, a := range c.ExtraProxyArg {
+		if name, ok := unsafeProxyFlag(a); ok {
+			return fmt.Errorf("docker: proxy arg %q: --%s is the controller's: a sidecar starts (and comes back after a restart) as no-network, ready only with forwarding off", a, name)
+		}
+	}
 	return nil
+}
+
+// unsafeProxyFlag reports an extra compass-proxy flag that would undo what the controller
+// relies on: --policy gives the sidecar another first policy, which it would also come
+// back with after any restart (and re-read on SIGHUP); --require-no-forwarding=false lets
+// a forwarding sidecar become ready.
+func unsafeProxyFlag(arg string) (string, bool) {
+	if !strings.HasPrefix(arg, "-") {
+		return "", false
+	}
+	name, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(arg, "-"), "-"), "=")
+	switch name {
+	case "policy":
+		return name, true
+	case "require-no-forwarding":
+		on, err := strconv.ParseBool(value)
+		return name, hasValue && (err != nil || !on)
+	}
+	return "", false
 }
 
 // Clock is the provider's time source.

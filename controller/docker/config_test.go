@@ -31,3 +31,30 @@ func TestConfigDNSUpstreams(t *testing.T) {
 		})
 	}
 }
+
+// A sidecar must start, and come back after any restart, as no-network: an extra flag
+// that gives it another first policy (re-read on SIGHUP too), or lets it become ready
+// while forwarding, is refused.
+func TestConfigRefusesUnsafeProxyArgs(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string // "" if accepted
+	}{
+		{[]string{"--allow-internal", "10.0.0.0/8"}, ""},
+		{[]string{"--log-level=debug"}, ""},
+		{[]string{"--require-no-forwarding=true"}, ""},
+		{[]string{"--policy", "/etc/public.yaml"}, `docker: proxy arg "--policy"`},
+		{[]string{"-policy=/etc/public.yaml"}, `docker: proxy arg "-policy=/etc/public.yaml"`},
+		{[]string{"--require-no-forwarding=false"}, `docker: proxy arg "--require-no-forwarding=false"`},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			_, err := New(nil, Config{StateDir: t.TempDir(), ExtraProxyArg: tc.args}, nil)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want)):
+				t.Errorf("error %v, want it to start %q", err, tc.want)
+			}
+		})
+	}
+}

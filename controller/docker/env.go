@@ -83,7 +83,7 @@ func (p *Provider) Lookup(ctx context.Context, env string) (*Env, error) {
 		return nil, err
 	}
 	e.agentOwned, _ = strconv.ParseBool(l[labelAgentOwned])
-	e.admin = newAdminClient(e.dir.socket())
+	e.admin = p.adminFor(e.dir.socket())
 	ni, err := p.api.NetworkInspect(ctx, n.Network, network.InspectOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("docker: inspect task network %s: %w", n.Network, err)
@@ -138,12 +138,16 @@ func openedEgress(sc container.InspectResponse) (string, error) {
 // lock serialises switches of one environment across processes (flock on the state
 // directory), so two controllers never interleave wiring steps.
 func (e *Env) lock(ctx context.Context) (unlock func(), err error) {
-	return flock(ctx, filepath.Join(string(e.dir), "lock"))
+	path := filepath.Join(string(e.dir), "lock")
+	return flock(ctx, path, func() {
+		e.p.log.Warn("waiting for another controller's lock", "env", e.names.Env, "lock", path)
+	})
 }
 
-// flock takes an exclusive lock on path, waiting until ctx ends.
-func flock(ctx context.Context, path string) (unlock func(), err error) {
-	f, err := filelock.Lock(ctx, path, nil)
+// flock takes an exclusive lock on path, waiting until ctx ends; busy (if not nil) is
+// called once if another process holds it.
+func flock(ctx context.Context, path string, busy func()) (unlock func(), err error) {
+	f, err := filelock.Lock(ctx, path, busy)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil, fmt.Errorf("state: lock %s held by another controller: %w", path, err)
@@ -175,19 +179,47 @@ func (e *Env) Close(ctx context.Context, retain bool) error {
 // is idempotent. An attached container is left on no network at all: handing it back
 // its old networks would give it egress nobody decided on.
 func (e *Env) remove(ctx context.Context) error {
-	// The agent and the sidecar go concurrently: container removal dominates close.
+	// A switch in flight (another controller) would otherwise go on rewiring what this
+	// removes: connect an attached container to the egress network after it was taken
+	// off, its environment then gone. Without a state directory there is no lock, and
+	// nothing a switch could record its work in (it fails closed).
+	unlock, err := e.lock(ctx)
+	switch {
+	case err == nil:
+		defer unlock()
+	case ctx.Err() != nil:
+		return fmt.Errorf("docker: close %s: nothing removed: %w", e.names.Env, err)
+	}
+	if !e.agentOwned && e.agentRef != "" {
+		// The sidecar's label is the only record of an attached container: it goes only
+		// once that container is off every network, or a close that failed or died
+		// half-way would leave a later close (by name, without a sidecar) unable to find
+		// it, still on the egress network.
+		if err := e.removeAgent(ctx); err != nil {
+			return fmt.Errorf("%w (environment kept: close again)", err)
+		}
+	}
+	// A created agent and the sidecar go concurrently: container removal dominates
+	// close. A close by name finds a created agent without the sidecar.
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		errs[0] = e.removeAgent(ctx)
+		if e.agentOwned {
+			errs[0] = e.removeAgent(ctx)
+		}
 	}()
 	go func() {
 		defer wg.Done()
 		errs[1] = e.removeSidecar(ctx)
 	}()
 	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		// The task network and the state directory stay while a container does: a later
+		// close looks the environment up through them (the sidecar's network).
+		return err
+	}
 	if err := e.removeNetwork(ctx); err != nil {
 		errs = append(errs, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strconv"
 	"strings"
 
@@ -26,6 +27,9 @@ type Provider struct {
 	cfg    Config
 	routes routeTable
 	log    *slog.Logger
+	// adminTransport, if set, wraps the transport of every admin client (tests: to
+	// stop the world between two steps of a switch).
+	adminTransport func(http.RoundTripper) http.RoundTripper
 }
 
 var _ controller.Provider = (*Provider)(nil)
@@ -40,6 +44,15 @@ func New(api dockerAPI, cfg Config, log *slog.Logger) (*Provider, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Provider{api: api, cfg: cfg, routes: netlinkRoutes{}, log: log}, nil
+}
+
+// adminFor is the admin client of one sidecar's socket.
+func (p *Provider) adminFor(socket string) *adminClient {
+	a := newAdminClient(socket)
+	if p.adminTransport != nil {
+		a.http.Transport = p.adminTransport(a.http.Transport)
+	}
+	return a
 }
 
 // Name is the provider's name in plans and errors.

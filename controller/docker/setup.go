@@ -59,7 +59,7 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 	}
 
 	e = &Env{p: p, names: n, task: spec.Task, role: spec.Role, dir: stateDir(filepath.Join(p.cfg.StateDir, n.Env)), agentOwned: attachID == ""}
-	e.admin = newAdminClient(e.dir.socket())
+	e.admin = p.adminFor(e.dir.socket())
 	e.egressNet = egress.Name
 	var made created
 	defer func() {
@@ -78,10 +78,12 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 		return e, err
 	}
 	plan, err := p.createTaskNetwork(ctx, n, p.labels(n, spec.Task, spec.Role, roleNetwork))
+	// An error but a name conflict may be an answer lost after the engine made it (a
+	// timeout, Ctrl-C): under the open lock, only this open can have.
+	made.network = !isNameConflict(err)
 	if err != nil {
 		return e, err
 	}
-	made.network = true
 	e.plan = plan
 
 	agentRef := n.Agent
@@ -91,20 +93,27 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 	e.agentRef = agentRef
 	// The agent container is created while the sidecar starts (its address is fixed by
 	// the subnet plan), and started only once the sidecar is ready.
-	agentCreated := make(chan error, 1)
+	type creation struct {
+		made bool
+		err  error
+	}
+	agentCreated := make(chan creation, 1)
 	if attachID == "" {
-		go func() { agentCreated <- p.createAgent(ctx, e, spec) }()
+		go func() {
+			made, err := p.createAgent(ctx, e, spec)
+			agentCreated <- creation{made, err}
+		}()
 	} else {
-		agentCreated <- nil
+		agentCreated <- creation{}
 	}
 	made.sidecar, err = p.createSidecar(ctx, e, agentRef)
 	if err == nil {
 		err = e.waitReady(ctx, timeout)
 	}
-	cerr := <-agentCreated
-	made.agent = attachID == "" && cerr == nil
+	ac := <-agentCreated
+	made.agent = ac.made
 	if err == nil {
-		err = cerr
+		err = ac.err
 	}
 	if err != nil {
 		return e, err
@@ -151,13 +160,25 @@ type created struct {
 // as close leaves it.
 func (e *Env) rollback(ctx context.Context, m created) error {
 	var errs []error
-	if m.agent || m.moved {
+	switch {
+	case m.agent || m.moved:
 		errs = append(errs, e.removeAgent(ctx))
+	case !e.agentOwned && e.agentRef != "" && m.network:
+		// A connect whose answer was lost may still have put the attached container on
+		// the task network: it leaves that one, and keeps its own.
+		if err := e.p.api.NetworkDisconnect(ctx, e.names.Network, e.agentRef, true); err != nil && !ignorableDisconnect(err) {
+			errs = append(errs, fmt.Errorf("docker: detach %s from %s: %w", e.agentRef, e.names.Network, err))
+		}
 	}
 	if m.sidecar {
 		if err := e.p.api.ContainerRemove(ctx, e.names.Sidecar, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("docker: remove sidecar: %w", err))
 		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		// The task network and the state directory stay while a container does: close
+		// looks the environment up through them.
+		return err
 	}
 	if m.network {
 		errs = append(errs, e.removeNetwork(ctx))
@@ -170,6 +191,12 @@ func (e *Env) rollback(ctx context.Context, m created) error {
 	return errors.Join(errs...)
 }
 
+// isNameConflict reports the engine's refusal of a name another object holds: the only
+// create error that proves the create made nothing (nil is no refusal).
+func isNameConflict(err error) bool {
+	return err != nil && (cerrdefs.IsConflict(err) || isAlreadyExists(err))
+}
+
 // lockOpen serialises opens of one environment across processes, so that two opens of
 // a task never both pass the existence check. The lock files live apart from the
 // environment directories, which a failed open or a close removes.
@@ -178,7 +205,7 @@ func (p *Provider) lockOpen(ctx context.Context, env string) (unlock func(), err
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("state: open lock: %w", err)
 	}
-	return flock(ctx, filepath.Join(dir, env))
+	return flock(ctx, filepath.Join(dir, env), nil)
 }
 
 // createSidecar reports whether it created the container, even when a later step fails.
@@ -208,7 +235,9 @@ func (p *Provider) createSidecar(ctx context.Context, e *Env, agentRef string) (
 		},
 		nil, nil, e.names.Sidecar)
 	if err != nil {
-		return false, fmt.Errorf("docker: create sidecar %s: %w", e.names.Sidecar, err)
+		// setUp saw no sidecar of this name, under the open lock: unless the engine says
+		// the name is taken, the create may have happened with its answer lost.
+		return !isNameConflict(err), fmt.Errorf("docker: create sidecar %s: %w", e.names.Sidecar, err)
 	}
 	err = p.api.NetworkConnect(ctx, e.names.Network, e.names.Sidecar, &network.EndpointSettings{
 		IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: e.plan.Sidecar.String()},
@@ -241,7 +270,8 @@ func envList(m map[string]string) []string {
 	return out
 }
 
-func (p *Provider) createAgent(ctx context.Context, e *Env, spec controller.EnvSpec) error {
+// createAgent reports whether the container may exist by its doing, even on error.
+func (p *Provider) createAgent(ctx context.Context, e *Env, spec controller.EnvSpec) (bool, error) {
 	env := proxyEnv(e.plan)
 	for k, v := range spec.Env {
 		env[k] = v
@@ -250,7 +280,7 @@ func (p *Provider) createAgent(ctx context.Context, e *Env, spec controller.EnvS
 	// so the agent gets a resolv.conf naming the sidecar directly.
 	resolv, err := e.dir.writeResolvConf(e.plan.Sidecar)
 	if err != nil {
-		return err
+		return false, err
 	}
 	_, err = p.api.ContainerCreate(ctx,
 		&container.Config{Image: spec.Image, Cmd: spec.Cmd, Env: envList(env), Labels: p.labels(e.names, e.task, e.role, roleAgent)},
@@ -268,9 +298,11 @@ func (p *Provider) createAgent(ctx context.Context, e *Env, spec controller.EnvS
 		}},
 		nil, e.names.Agent)
 	if err != nil {
-		return fmt.Errorf("docker: create agent %s: %w", e.names.Agent, err)
+		// Unless the engine says the name is taken, the create may have happened with
+		// its answer lost.
+		return !isNameConflict(err), fmt.Errorf("docker: create agent %s: %w", e.names.Agent, err)
 	}
-	return nil
+	return true, nil
 }
 
 // moveAgent puts an attached container on the task network and takes it off every

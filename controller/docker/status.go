@@ -118,6 +118,12 @@ func (e *Env) Status(ctx context.Context) (Status, error) {
 	if err != nil {
 		return st, err
 	}
+	// Every switch records its end, ok or failed, with the time its intent carries. A
+	// switch without one was killed (or is still at work): whatever it left may look
+	// right, but no step after the last one it took was checked.
+	if in := st.Intended; in != nil && !endRecorded(st.Transitions, in.Since) {
+		problem("the switch to %s (%s) started %s has no recorded end: its controller was killed or is still at work; switch to it again", in.Mode, short(in.Digest), in.Since.Format(time.RFC3339Nano))
+	}
 	st.OK = len(st.Problems) == 0
 	return st, nil
 }
@@ -184,6 +190,12 @@ func (e *Env) inspectWiring(ctx context.Context, st *Status, problem func(string
 	if len(routes) > 0 {
 		problem("%s is intended but the agent has default routes %v", st.Intended.Mode, st.Wiring.DefaultRoutes)
 	}
+}
+
+// endRecorded reports whether the last transition is the end of the switch that started
+// at since.
+func endRecorded(trs []controller.Transition, since time.Time) bool {
+	return len(trs) > 0 && trs[len(trs)-1].Time.Equal(since)
 }
 
 func containsAddr(list []netip.Addr, a netip.Addr) bool {
