@@ -229,6 +229,13 @@ func (p *Provider) createSidecar(ctx context.Context, e *Env, agentRef string) (
 				// A forwarding sidecar would be a router out of the sandbox.
 				"net.ipv4.ip_forward":          "0",
 				"net.ipv6.conf.all.forwarding": "0",
+				// Strict reverse-path filtering: a datagram whose source does not route
+				// back through the interface it came in on is dropped. A container on
+				// the task network that can write its packets' source (NET_RAW, kept by
+				// attached containers) would otherwise have the DNS server's refusal,
+				// which echoes the query's name, sent out to any address it names.
+				"net.ipv4.conf.all.rp_filter":     "1",
+				"net.ipv4.conf.default.rp_filter": "1",
 			},
 			Mounts:    []mount.Mount{{Type: mount.TypeBind, Source: e.dir.admin(), Target: "/run/compass"}},
 			LogConfig: container.LogConfig{Type: "json-file", Config: map[string]string{"max-size": "10m", "max-file": "2"}},

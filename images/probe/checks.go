@@ -59,6 +59,8 @@ func runCheck(ctx context.Context, c Check) Result {
 		return directTCP(ctx, c.Target)
 	case "dns":
 		return query(ctx, c)
+	case "spoof":
+		return spoofDNS(ctx, c)
 	}
 	return Result{Detail: "unknown check kind " + c.Kind}
 }

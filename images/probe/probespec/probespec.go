@@ -12,6 +12,9 @@ package probespec
 //	dns      ask Server (UDP, or TCP with Net "tcp") for QName's A record;
 //	         reachable: any DNS reply; resolved: at least one address
 //	admin    GET Target/v1/policy directly; reachable: a policy document came back
+//	spoof    send a UDP query for QName's A record to Target (IPv4) from Source, an
+//	         address:port that need not be the probe's, on a raw socket (NET_RAW);
+//	         reachable: the datagram was sent (what it caused is the caller's to observe)
 type Check struct {
 	Name      string `json:"name"`
 	Kind      string `json:"kind"`
@@ -20,6 +23,7 @@ type Check struct {
 	Server    string `json:"server,omitempty"`
 	Net       string `json:"net,omitempty"`
 	QName     string `json:"qname,omitempty"`
+	Source    string `json:"source,omitempty"`
 	TimeoutMS int    `json:"timeout_ms,omitempty"`
 }
 

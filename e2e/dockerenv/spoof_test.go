@@ -1,0 +1,101 @@
+package dockerenv
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/e2e/harness"
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// An attached container keeps Docker's default NET_RAW, with which it can write any
+// source address into a packet. A DNS query to the sidecar "from" a host outside would
+// have the sidecar's refusal, which echoes the query's name, carry that name out through
+// the egress network: a channel even under no-network. Two layers stop it. On this
+// engine (br_netfilter on) Docker's rule for an internal network, "! -s <subnet> -o
+// <bridge> -j DROP", drops the packet on the bridge; without the second layer the query
+// still never arrives here. The second, for engines that do not filter bridged traffic,
+// is the sidecar's strict reverse-path filter (the query's source does not route back
+// through the task network), which the engine applied if the running sidecar carries
+// it. The same hand-built query from the container's own address is the control: it
+// must reach the sidecar and be refused.
+func TestSidecarDropsSpoofedQueries(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	ctx := timeout(t, 3*time.Minute)
+	p := h.Provider(t)
+	ctr := h.Name("spoofer")
+	if _, err := h.Docker.ContainerCreate(ctx, &container.Config{Image: h.ProbeImage, Labels: map[string]string{harness.OwnerLabel: h.Owner}},
+		&container.HostConfig{NetworkMode: "bridge"}, nil, nil, ctr); err != nil {
+		t.Fatalf("create %s: %v", ctr, err)
+	}
+	t.Cleanup(func() { _ = h.Docker.ContainerRemove(context.Background(), ctr, container.RemoveOptions{Force: true}) })
+	if err := h.Docker.ContainerStart(ctx, ctr, container.StartOptions{}); err != nil {
+		t.Fatalf("start %s: %v", ctr, err)
+	}
+	e, err := p.Attach(ctx, controller.EnvSpec{Task: h.Name("spoof"), Baseline: policy.NoNetwork}, ctr)
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	t.Cleanup(func() { _ = e.Close(context.Background(), false) })
+	ci, err := h.Docker.ContainerInspect(ctx, ctr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := netip.ParseAddr(ci.NetworkSettings.Networks[e.Network()].IPAddress)
+	if err != nil {
+		t.Fatalf("the container's address on %s: %v", e.Network(), err)
+	}
+	sc, err := h.Docker.ContainerInspect(ctx, e.SidecarContainer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter"} {
+		if v := sc.HostConfig.Sysctls[k]; v != "1" {
+			t.Errorf("the sidecar runs with %s=%q, want 1 (strict)", k, v)
+		}
+	}
+	dst := netip.AddrPortFrom(e.SidecarAddr(), 53).String()
+	spoofedName, ownName := ctr+"-spoofed.test", ctr+"-own.test"
+	// One exec each, spoofed first: by the time the control's refusal is counted, the
+	// spoofed query, sent a whole exec earlier, would have been too.
+	for _, c := range []harness.Check{
+		{Name: "spoofed", Kind: "spoof", Target: dst, Source: netip.AddrPortFrom(h.Fakenet, 5353).String(), QName: spoofedName},
+		{Name: "own", Kind: "spoof", Target: dst, Source: netip.AddrPortFrom(own, 5353).String(), QName: ownName},
+	} {
+		res, err := h.ExecProbe(ctx, ctr, []harness.Check{c})
+		if err != nil {
+			t.Fatalf("probe: %v", err)
+		}
+		if !res[c.Name].Reachable {
+			t.Fatalf("%s query not sent: %s", c.Name, res[c.Name].Detail)
+		}
+	}
+	blocked := func() []string {
+		s, err := e.Blocked(ctx)
+		if err != nil {
+			t.Fatalf("blocked: %v", err)
+		}
+		var names []string
+		for _, b := range s.Top {
+			names = append(names, b.Host)
+		}
+		return names
+	}
+	var names []string
+	for names = blocked(); !slices.Contains(names, ownName); names = blocked() {
+		if ctx.Err() != nil {
+			t.Fatalf("the control query from the container's own address was never refused (blocked: %v)", names)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if slices.Contains(names, spoofedName) {
+		t.Errorf("the sidecar answered a query whose source (%s, the fake internet) it cannot route back to the task network: blocked %v", h.Fakenet, names)
+	}
+}
