@@ -260,6 +260,7 @@ func newHarness(t testing.TB, tune ...func(*Config)) *harness {
 		DrainTimeout:  2 * time.Second,
 		Logger:        slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		dialControl:   loopbackOnly,
+		Gateways:      func() []netip.Addr { return nil },
 	}
 	for _, f := range tune {
 		f(&cfg)

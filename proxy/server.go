@@ -71,6 +71,10 @@ type Config struct {
 	// OwnAddrs are further addresses of this proxy for the internal-address guard; the
 	// addresses of the host's interfaces are always included.
 	OwnAddrs []netip.Addr
+	// Gateways lists the next hops of the host's routes, which the guard refuses as it
+	// refuses the proxy's own addresses; nil reads them from /proc/net (tests: a fixed
+	// list, so that the test machine's own gateways do not change what a test sees).
+	Gateways func() []netip.Addr
 
 	// wrapRelay lets tests wrap the goproxy handler (to inject failures).
 	wrapRelay func(http.Handler) http.Handler
@@ -352,9 +356,15 @@ func listenDNS(addr string) (net.PacketConn, net.Listener, error) {
 
 // ownAddrs are the host's interface addresses (read again as networks come and go), the
 // bound proxy and DNS addresses and any configured extras: a sandbox must not loop back
-// into the sidecar.
+// into the sidecar. The gateways of its routes come with them: through them a sandbox
+// would reach the Docker host itself.
 func (s *Server) ownAddrs() []netip.Addr {
 	own := append([]netip.Addr(nil), s.cfg.OwnAddrs...)
+	gateways := s.cfg.Gateways
+	if gateways == nil {
+		gateways = routeGateways
+	}
+	own = append(own, gateways()...)
 	if addrs, err := net.InterfaceAddrs(); err == nil {
 		for _, a := range addrs {
 			if p, err := netip.ParsePrefix(a.String()); err == nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/docker/docker/api/types/network"
 	"github.com/vishvananda/netlink"
 
+	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/docker"
 	"github.com/compass-egress/compass-egress/e2e/harness"
 	"github.com/compass-egress/compass-egress/policy"
@@ -157,5 +158,61 @@ func TestSandboxCannotReachHostAtTaskGateway(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Through the sidecar the host is out of reach too. The egress network's gateway is the
+// Docker host; a denylist lets every address but its list through, yet a CONNECT to
+// <egress gateway>:<port> is refused (the gateways of the sidecar's routes are guarded
+// as its own addresses are), and the host's listener never sees the sidecar. An
+// allowlist naming that one address is the control: the listener then accepts the
+// sidecar's connection, so the refusal is the guard's, not a dead path.
+func TestSidecarRefusesTheHostAtItsGateway(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	ctx := timeout(t, 3*time.Minute)
+	l := listenOnHost(t)
+	egressGW, _ := gatewayOf(t, h.EgressNetwork)
+	e := h.Open(t, h.Provider(t), "hostgw", denylist)
+	sc, err := h.Docker.ContainerInspect(ctx, e.SidecarContainer())
+	if err != nil || sc.NetworkSettings.Networks[h.EgressNetwork] == nil {
+		t.Fatalf("inspect sidecar: %v", err)
+	}
+	sidecarOut := sc.NetworkSettings.Networks[h.EgressNetwork].IPAddress
+	fromSidecar := func() int {
+		n := 0
+		for _, from := range l.accepted() {
+			if strings.HasPrefix(from, sidecarOut+":") {
+				n++
+			}
+		}
+		return n
+	}
+	target := netip.AddrPortFrom(egressGW, l.port).String()
+	check := []harness.Check{{Name: "host", Kind: "proxy", Target: target, Proxy: netip.AddrPortFrom(e.SidecarAddr(), 3128).String()}}
+	res, err := h.ExecProbe(ctx, e.AgentContainer(), check)
+	if err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	if r := res["host"]; r.Reachable || !strings.Contains(r.Detail, "403") {
+		t.Errorf("denylist: CONNECT %s (the Docker host) through the sidecar: %s, want 403", target, r.Detail)
+	}
+	if n := fromSidecar(); n != 0 {
+		t.Errorf("denylist: the host listener accepted %d connections from the sidecar (%s)", n, sidecarOut)
+	}
+
+	only := mustParse(`{"network_mode":"allowlist","allowed_hosts":["` + egressGW.String() + `"]}`)
+	if _, err := e.Apply(ctx, only, controller.PhaseLabel{Phase: "control"}); err != nil {
+		t.Fatalf("switch: %v", err)
+	}
+	if _, err := h.ExecProbe(ctx, e.AgentContainer(), check); err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	// The listener records what it accepts on a goroutine of its own.
+	for fromSidecar() == 0 {
+		if ctx.Err() != nil {
+			t.Fatalf("an allowlist naming %s: the host listener saw no connection from the sidecar (%s), so the refusal above proves nothing", egressGW, sidecarOut)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

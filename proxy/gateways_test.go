@@ -1,0 +1,95 @@
+package proxy
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"testing"
+)
+
+// The parsers read the kernel's own files (testdata: copied from a machine, plus a route
+// through a second gateway on each family).
+func TestParseRouteGateways(t *testing.T) {
+	for _, tc := range []struct {
+		file  string
+		parse func([]byte) []netip.Addr
+		want  []string
+	}{
+		{"testdata/proc_net_route", parseIPv4RouteGateways, []string{"192.0.2.1", "10.0.0.1"}},
+		{"testdata/proc_net_ipv6_route", parseIPv6RouteGateways, []string{"fd00::1", "fe80::1"}},
+	} {
+		b, err := os.ReadFile(tc.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, a := range tc.parse(b) {
+			got = append(got, a.String())
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: gateways %v, want %v", tc.file, got, tc.want)
+		}
+	}
+}
+
+func FuzzParseRouteGateways(f *testing.F) {
+	for _, name := range []string{"testdata/proc_net_route", "testdata/proc_net_ipv6_route"} {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte("h\nx 0 zzzzzzzz 3\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, a := range parseIPv4RouteGateways(b) {
+			if !a.Is4() || a.IsUnspecified() {
+				t.Errorf("IPv4 gateway %v", a)
+			}
+		}
+		for _, a := range parseIPv6RouteGateways(b) {
+			if !a.Is6() || a.IsUnspecified() {
+				t.Errorf("IPv6 gateway %v", a)
+			}
+		}
+	})
+}
+
+// The gateways of the proxy's routes (the Docker host's end of each bridge) are guarded
+// as the proxy's own addresses are: refused in every mode, whatever name leads there,
+// unless an allowlist rule names the one address or the operator exempts it.
+func TestGuardRefusesRouteGateways(t *testing.T) {
+	gw := netip.MustParseAddr("192.0.2.77")
+	h := newHarness(t, func(c *Config) {
+		c.AllowInternal = []netip.Prefix{netip.MustParsePrefix("127.0.0.4/32")}
+		c.Gateways = func() []netip.Addr { return []netip.Addr{gw} }
+	})
+	h.dns.set("host.test", gw)
+	for _, tc := range []struct {
+		policy, target, reason string
+	}{
+		{`"public"`, "192.0.2.77:80", ReasonInternalAddress},
+		{`"public"`, "host.test:80", ReasonInternalAddress},
+		{`{"network_mode":"denylist","denied_hosts":[]}`, "192.0.2.77:22", ReasonInternalAddress},
+		{`{"network_mode":"allowlist","allowed_hosts":["host.test"]}`, "host.test:80", ReasonInternalAddress},
+		{`{"network_mode":"allowlist","allowed_hosts":["192.0.2.0/24"]}`, "192.0.2.77:80", ReasonInternalAddress},
+		// Lifted by the one address: the dial then goes on (and the harness refuses it,
+		// being outside loopback).
+		{`{"network_mode":"allowlist","allowed_hosts":["192.0.2.77"]}`, "192.0.2.77:80", "dial-failed"},
+		// Another address of the range is not the gateway.
+		{`"public"`, "192.0.2.78:80", "dial-failed"},
+	} {
+		t.Run(fmt.Sprintf("%s %s", tc.policy, tc.target), func(t *testing.T) {
+			h.apply(tc.policy)
+			status, header := h.connectStatus(tc.target)
+			if tc.reason == "dial-failed" {
+				if status != 502 || header != "error; reason=dial-failed" {
+					t.Errorf("CONNECT %s: %d %q, want the dial to be tried (502 dial-failed)", tc.target, status, header)
+				}
+				return
+			}
+			checkOutcome(t, "CONNECT "+tc.target, status, header, tc.reason)
+		})
+	}
+}
