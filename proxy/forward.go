@@ -126,6 +126,9 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 		}
 		return s.gatewayError(req, v, err), nil
 	}
+	// The field is the proxy's word on an answer: an upstream's own would pass, to the
+	// client and whoever reads its logs, for a refusal or an error of the proxy's.
+	resp.Header.Del("X-Compass-Egress")
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		if !isWebsocketUpgrade(req.Header) || !isWebsocketUpgrade(resp.Header) {
 			resp.Body.Close()
