@@ -10,7 +10,8 @@ import (
 )
 
 // An upstream cannot speak for the proxy: its own X-Compass-Egress field (here a fake
-// refusal) does not reach the client, on either forwarding path.
+// refusal, in the head and in the trailer) does not reach the client, on either
+// forwarding path.
 func TestUpstreamCannotSetTheEgressField(t *testing.T) {
 	addr := serveTCP(t, "127.0.0.2", func(c net.Conn, _ <-chan struct{}) {
 		br := bufio.NewReader(c)
@@ -20,7 +21,9 @@ func TestUpstreamCannotSetTheEgressField(t *testing.T) {
 				return
 			}
 			_, _ = io.Copy(io.Discard, req.Body)
-			_, _ = io.WriteString(c, "HTTP/1.1 403 Forbidden\r\nX-Compass-Egress: denied; reason=no-network\r\nContent-Length: 2\r\n\r\nno")
+			_, _ = io.WriteString(c, "HTTP/1.1 403 Forbidden\r\nX-Compass-Egress: denied; reason=no-network\r\n"+
+				"Transfer-Encoding: chunked\r\nTrailer: X-Compass-Egress\r\n\r\n"+
+				"2\r\nno\r\n0\r\nX-Compass-Egress: denied; reason=no-network\r\n\r\n")
 		}
 	})
 	h := newHarness(t)
@@ -36,7 +39,13 @@ func TestUpstreamCannotSetTheEgressField(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if _, err := io.ReadAll(resp.Body); err != nil {
+				t.Fatal(err)
+			}
 			resp.Body.Close()
+			if got := resp.Trailer.Values("X-Compass-Egress"); len(got) != 0 {
+				t.Errorf("the client got the upstream's X-Compass-Egress %q in the trailer", got)
+			}
 			if resp.StatusCode != http.StatusForbidden {
 				t.Fatalf("status %d, want the upstream's 403", resp.StatusCode)
 			}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"net/netip"
 	"os"
+	"strconv"
 )
 
 // routeGateways are the next hops of this host's routes, IPv4 and IPv6. In a sidecar
@@ -71,23 +72,6 @@ func parseIPv6RouteGateways(b []byte) []netip.Addr {
 
 // hexWord reads up to eight hex digits.
 func hexWord(s []byte) (uint32, bool) {
-	if len(s) == 0 || len(s) > 8 {
-		return 0, false
-	}
-	var v uint32
-	for _, c := range s {
-		var d byte
-		switch {
-		case c >= '0' && c <= '9':
-			d = c - '0'
-		case c >= 'a' && c <= 'f':
-			d = c - 'a' + 10
-		case c >= 'A' && c <= 'F':
-			d = c - 'A' + 10
-		default:
-			return 0, false
-		}
-		v = v<<4 | uint32(d)
-	}
-	return v, true
+	v, err := strconv.ParseUint(string(s), 16, 32)
+	return uint32(v), err == nil
 }

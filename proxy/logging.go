@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"time"
+	"unicode/utf8"
 
 	"github.com/compass-egress/compass-egress/internal/jsonlog"
 )
@@ -30,10 +31,14 @@ const maxErrorBytes = 512
 
 func clipError(err error) string {
 	msg := err.Error()
-	if len(msg) > maxErrorBytes {
-		return msg[:maxErrorBytes] + "..."
+	if len(msg) <= maxErrorBytes {
+		return msg
 	}
-	return msg
+	cut := maxErrorBytes
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut-- // not in the middle of a character
+	}
+	return msg[:cut] + "..."
 }
 
 func (s *Server) logDecision(rs *RuleSet, typ, decision, reason, rule, host string, port uint16, addr netip.Addr, client string, extra ...slog.Attr) {

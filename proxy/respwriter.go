@@ -271,6 +271,8 @@ func (w *responseWriter) finish() bool {
 		for _, k := range w.trailerKeys() {
 			trailers[strings.TrimPrefix(k, http.TrailerPrefix)] = w.header[k]
 		}
+		// The proxy's own field never comes after a body: this one is an upstream's.
+		trailers.Del("X-Compass-Egress")
 		_ = trailers.Write(w.bw)
 		_, _ = w.bw.WriteString("\r\n")
 	}

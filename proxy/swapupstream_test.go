@@ -60,6 +60,9 @@ func TestSwapClosesUpstreamBeforeReturning(t *testing.T) {
 				t.Fatal(err)
 			}
 			up := <-conns
+			if peerClosed(t, up) { // else the check below could not fail
+				t.Fatal("the upstream connection is not found open before the swap")
+			}
 			if res := h.apply(`"no-network"`); res.ClosedConnections != 1 {
 				t.Fatalf("closed %d connections, want 1", res.ClosedConnections)
 			}
@@ -110,6 +113,9 @@ func TestPutClosesLiveTunnelBeforeAnswering(t *testing.T) {
 		t.Fatal("CONNECT refused")
 	}
 	up := <-ups
+	if peerClosed(t, up) || peerClosed(t, tc.Conn) { // else the checks below could not fail
+		t.Fatal("the tunnel is not found open on both sides before the PUT")
+	}
 	code, got := h.admin("PUT", "/v1/policy", `"no-network"`)
 	if code != http.StatusOK || got["closed_connections"] != float64(1) {
 		t.Fatalf("PUT no-network: %d %v, want 200 with closed_connections 1", code, got)

@@ -77,18 +77,26 @@ func (e *Env) Switch(ctx context.Context, pol policy.Policy, label controller.Ph
 		return r, err // no lock file (another --state-dir?): nothing was touched
 	}
 	defer unlock()
+	start := clk.Now()
 	// A panic mid-switch (a client bug) would skip the fail-closed steps and leave a
 	// half-done switch behind a process that may survive it: the runner recovers, then
-	// closes or retains the environment. Cut it off first (under the lock), then go on
-	// panicking.
+	// closes or retains the environment. Cut it off first (under the lock) and record
+	// the failed switch, as any other, so that status does not take it for one still at
+	// work or killed; then go on panicking.
 	defer func() {
 		if p := recover(); p != nil {
-			_, _, ferr := e.failClosed(ctx, fmt.Errorf("docker: switch %s panicked: %v", e.names.Env, p))
+			var ferr error
+			r.OK = false
+			r.FailClosed, _, ferr = e.failClosed(ctx, fmt.Errorf("docker: switch %s panicked: %v", e.names.Env, p))
+			r.Error = ferr.Error()
+			r.Duration = clk.Since(start)
+			if lerr := e.dir.appendTransition(r.Transition); lerr != nil {
+				e.p.log.Error("transition log", "env", e.names.Env, "err", lerr)
+			}
 			e.p.log.Error("switch panicked", "env", e.names.Env, "err", ferr)
 			panic(p)
 		}
 	}()
-	start := clk.Now()
 	if prev, ok, err := e.dir.readIntent(); err == nil && ok {
 		r.FromMode = prev.Policy.Mode
 	}

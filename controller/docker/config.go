@@ -98,8 +98,20 @@ func (c Config) validate() error {
 			return fmt.Errorf("docker: proxy arg %q: --%s is the controller's: a sidecar starts (and comes back after a restart) as no-network, ready only with forwarding off", a, name)
 		}
 	}
+	// compass-proxy reads every flag not given from its variable: the same settings are
+	// refused there.
+	for k, v := range c.ProxyEnv {
+		name, ok := strings.CutPrefix(k, proxyEnvPrefix)
+		if ok && unsafeProxySetting(strings.ToLower(strings.ReplaceAll(name, "_", "-")), v, true) {
+			return fmt.Errorf("docker: proxy env %s=%q: the controller's setting: a sidecar starts (and comes back after a restart) as no-network, ready only with forwarding off", k, v)
+		}
+	}
 	return nil
 }
+
+// proxyEnvPrefix starts the variable compass-proxy reads for each of its flags
+// (COMPASS_PROXY_ and the flag's name in upper case, '-' as '_').
+const proxyEnvPrefix = "COMPASS_PROXY_"
 
 // unsafeProxyFlag reports an extra compass-proxy flag that would undo what the controller
 // relies on: --policy gives the sidecar another first policy, which it would also come
@@ -110,14 +122,20 @@ func unsafeProxyFlag(arg string) (string, bool) {
 		return "", false
 	}
 	name, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(arg, "-"), "-"), "=")
+	return name, unsafeProxySetting(name, value, hasValue)
+}
+
+// unsafeProxySetting reports whether setting compass-proxy's flag name (to value, if
+// hasValue) is one unsafeProxyFlag refuses.
+func unsafeProxySetting(name, value string, hasValue bool) bool {
 	switch name {
 	case "policy":
-		return name, true
+		return true
 	case "require-no-forwarding":
 		on, err := strconv.ParseBool(value)
-		return name, hasValue && (err != nil || !on)
+		return hasValue && (err != nil || !on)
 	}
-	return "", false
+	return false
 }
 
 // Clock is the provider's time source.

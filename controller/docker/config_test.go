@@ -1,6 +1,7 @@
 package docker
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -49,6 +50,30 @@ func TestConfigRefusesUnsafeProxyArgs(t *testing.T) {
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, err := New(nil, Config{StateDir: t.TempDir(), ExtraProxyArg: tc.args}, nil)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want)):
+				t.Errorf("error %v, want it to start %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// compass-proxy fills every flag not given from COMPASS_PROXY_<FLAG>: the sidecar's
+// environment must not do what the same flag is refused for.
+func TestConfigRefusesUnsafeProxyEnv(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want string // "" if accepted
+	}{
+		{map[string]string{"COMPASS_PROXY_LOG_LEVEL": "debug"}, ""},
+		{map[string]string{"COMPASS_PROXY_REQUIRE_NO_FORWARDING": "true"}, ""},
+		{map[string]string{"COMPASS_PROXY_POLICY": "/etc/public.yaml"}, `docker: proxy env COMPASS_PROXY_POLICY`},
+		{map[string]string{"COMPASS_PROXY_REQUIRE_NO_FORWARDING": "0"}, `docker: proxy env COMPASS_PROXY_REQUIRE_NO_FORWARDING`},
+	} {
+		t.Run(fmt.Sprint(tc.env), func(t *testing.T) {
+			_, err := New(nil, Config{StateDir: t.TempDir(), ProxyEnv: tc.env}, nil)
 			switch {
 			case tc.want == "" && err != nil:
 				t.Errorf("refused: %v", err)

@@ -930,3 +930,60 @@ func TestRestartsAreDetectedAndRepaired(t *testing.T) {
 		})
 	}
 }
+
+// A switch that panics (a client bug) fails closed and records its end, failed, as any
+// failed switch does: the runner recovers and may retain the environment, and status
+// must not then say its controller was killed or is still at work.
+func TestSwitchPanicIsRecorded(t *testing.T) {
+	for _, tc := range []struct {
+		from, to policy.Policy
+		op       string // the call that panics
+	}{
+		{policy.Public, policy.NoNetwork, "routes-remove"},
+		{policy.NoNetwork, policy.Public, "routes-remove"},
+	} {
+		t.Run(string(tc.from.Mode)+"_to_"+string(tc.to.Mode), func(t *testing.T) {
+			const task = "tp"
+			ctx := context.Background()
+			r := newRig(t, task)
+			r.open(t, task, tc.from)
+			c := newCrasher(0, false, crashPanic, nil)
+			c.atOp = tc.op
+			o := runCrashing(t, c, func() error {
+				e, err := r.process(t, c).LookupTask(ctx, task, controller.RoleAgent)
+				if err != nil {
+					return err
+				}
+				_, err = e.Apply(ctx, tc.to, controller.PhaseLabel{Phase: "run"})
+				return err
+			})
+			if o.panic == nil {
+				t.Fatalf("the switch did not panic (err %v; calls %v)", o.err, c.ops())
+			}
+			e, err := r.p.LookupTask(ctx, task, controller.RoleAgent)
+			if err != nil {
+				t.Fatal(err)
+			}
+			in, _, err := e.dir.readIntent()
+			if err != nil {
+				t.Fatal(err)
+			}
+			trs, err := e.dir.lastTransitions(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(trs) != 1 || !trs[0].Time.Equal(in.Time) || trs[0].OK || !strings.Contains(trs[0].Error, "panicked") {
+				t.Fatalf("last transition %+v, want the panicked switch to %s recorded as failed", trs, tc.to.Mode)
+			}
+			st, err := e.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range st.Problems {
+				if strings.Contains(p, "no recorded end") {
+					t.Errorf("status after a recovered panic: %q", p)
+				}
+			}
+		})
+	}
+}
