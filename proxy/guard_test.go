@@ -113,58 +113,40 @@ func (g *Guard) Internal(addr netip.Addr) (bool, string) {
 	return ok, c.name
 }
 
-// TestGuardRefusesIPv6Metadata: the cloud metadata and credential endpoints that IPv6
-// reaches outside fe80::/10 are refused in every mode, also when a broad rule such as
-// the unique-local range fc00::/7 allows them; only a rule naming one lifts it.
-func TestGuardRefusesIPv6Metadata(t *testing.T) {
+// TestGuardRefusesSpecialAddresses: the cloud endpoints outside the link-local ranges
+// are refused in every mode, also when a broad rule allows them; only a rule naming one
+// lifts it. IPv6 reaches the metadata and credential endpoints outside fe80::/10 (the
+// unique-local range fc00::/7 covers them); Azure's WireServer (168.63.129.16), which a
+// VM reaches for its goal state, extension settings and certificates, lies outside every
+// private range, so only its own class keeps a name that resolves to it (a denylist, a
+// rebinding wildcard) or a broad rule from reaching it.
+func TestGuardRefusesSpecialAddresses(t *testing.T) {
 	g := NewGuard(nil, func() []netip.Addr { return nil })
-	cases := []struct {
+	for _, tc := range []struct {
+		addrs   []string
 		policy  string
 		refused bool
 	}{
-		{`"public"`, true},
-		{`{"network_mode":"denylist","denied_hosts":[]}`, true},
-		{`{"network_mode":"allowlist","allowed_hosts":["fc00::/7"]}`, true},
-		{`{"network_mode":"allowlist","allowed_hosts":["fd20:ce::254","fd00:ec2::23"]}`, false},
-	}
-	for _, tc := range cases {
+		{[]string{"fd20:ce::254", "fd00:ec2::23"}, `"public"`, true},
+		{[]string{"fd20:ce::254", "fd00:ec2::23"}, `{"network_mode":"denylist","denied_hosts":[]}`, true},
+		{[]string{"fd20:ce::254", "fd00:ec2::23"}, `{"network_mode":"allowlist","allowed_hosts":["fc00::/7"]}`, true},
+		{[]string{"fd20:ce::254", "fd00:ec2::23"}, `{"network_mode":"allowlist","allowed_hosts":["fd20:ce::254","fd00:ec2::23"]}`, false},
+		{[]string{"168.63.129.16"}, `"public"`, true},
+		{[]string{"168.63.129.16"}, `{"network_mode":"denylist","denied_hosts":[]}`, true},
+		{[]string{"168.63.129.16"}, `{"network_mode":"allowlist","allowed_hosts":["0.0.0.0/0"]}`, true},
+		{[]string{"168.63.129.16"}, `{"network_mode":"allowlist","allowed_hosts":["168.63.0.0/16"]}`, true},
+		{[]string{"168.63.129.16"}, `{"network_mode":"allowlist","allowed_hosts":["168.63.129.16"]}`, false},
+	} {
 		p, err := policy.Parse([]byte(tc.policy))
 		if err != nil {
 			t.Fatal(err)
 		}
 		m := policy.Compile(p)
-		for _, addr := range []string{"fd20:ce::254", "fd00:ec2::23"} {
-			if got := g.Refuses(m, netip.MustParseAddr(addr), 80); got != tc.refused {
-				t.Errorf("%s %s: refused %v, want %v", tc.policy, addr, got, tc.refused)
-			}
-		}
-	}
-}
-
-// TestGuardRefusesAzureWireServer: Azure's WireServer (168.63.129.16), the platform
-// endpoint a VM reaches for its goal state, extension settings and certificates, lies
-// outside every private and link-local range, so only its own class keeps a name that
-// resolves to it (a denylist, a rebinding wildcard) or a broad rule from reaching it.
-func TestGuardRefusesAzureWireServer(t *testing.T) {
-	g := NewGuard(nil, func() []netip.Addr { return nil })
-	cases := []struct {
-		policy  string
-		refused bool
-	}{
-		{`"public"`, true},
-		{`{"network_mode":"denylist","denied_hosts":[]}`, true},
-		{`{"network_mode":"allowlist","allowed_hosts":["0.0.0.0/0"]}`, true},
-		{`{"network_mode":"allowlist","allowed_hosts":["168.63.0.0/16"]}`, true},
-		{`{"network_mode":"allowlist","allowed_hosts":["168.63.129.16"]}`, false},
-	}
-	for _, tc := range cases {
-		p, err := policy.Parse([]byte(tc.policy))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, port := range []uint16{80, 32526} {
-			if got := g.Refuses(policy.Compile(p), netip.MustParseAddr("168.63.129.16"), port); got != tc.refused {
-				t.Errorf("%s port %d: refused %v, want %v", tc.policy, port, got, tc.refused)
+		for _, addr := range tc.addrs {
+			for _, port := range []uint16{80, 32526} {
+				if got := g.Refuses(m, netip.MustParseAddr(addr), port); got != tc.refused {
+					t.Errorf("%s %s port %d: refused %v, want %v", tc.policy, addr, port, got, tc.refused)
+				}
 			}
 		}
 	}
