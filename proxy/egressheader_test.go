@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"io"
 	"net"
 	"net/http"
@@ -22,11 +21,7 @@ func TestUpstreamCannotSetTheEgressField(t *testing.T) {
 					"2\r\nno\r\n0\r\nX-Compass-Egress: denied; reason=no-network\r\n\r\n")
 				return err == nil
 			})
-			c := h.dialProxy(t)
-			if _, err := io.WriteString(c, quietRequest(method, port, "Content-Length: 1\r\n", "x")); err != nil {
-				t.Fatal(err)
-			}
-			resp := finalAnswer(t, bufio.NewReader(c))
+			resp := askQuiet(t, h, method, port)
 			if _, err := io.ReadAll(resp.Body); err != nil {
 				t.Fatal(err)
 			}

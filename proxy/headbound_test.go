@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -41,11 +40,7 @@ func TestAnswerHeadIsBoundedInBytesAndFields(t *testing.T) {
 					_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\n"+tc.head+"Content-Length: 2\r\n\r\nok")
 					return err == nil
 				})
-				c := h.dialProxy(t)
-				if _, err := io.WriteString(c, quietRequest(method, port, "Content-Length: 1\r\n", "x")); err != nil {
-					t.Fatal(err)
-				}
-				resp := finalAnswer(t, bufio.NewReader(c))
+				resp := askQuiet(t, h, method, port)
 				resp.Body.Close()
 				if resp.StatusCode != tc.want {
 					t.Fatalf("answer %d %q, want %d", resp.StatusCode, resp.Header.Get("X-Compass-Egress"), tc.want)
@@ -85,11 +80,7 @@ func TestUpstreamFailureLineIsBounded(t *testing.T) {
 				_, _ = io.WriteString(c, "HTTP/1.1"+strings.Repeat("\x01", 40<<10)+"\r\n\r\n")
 				return false
 			})
-			c := h.dialProxy(t)
-			if _, err := io.WriteString(c, quietRequest(method, port, "Content-Length: 1\r\n", "x")); err != nil {
-				t.Fatal(err)
-			}
-			resp := finalAnswer(t, bufio.NewReader(c))
+			resp := askQuiet(t, h, method, port)
 			resp.Body.Close()
 			if resp.StatusCode != http.StatusBadGateway {
 				t.Fatalf("answer %d, want 502", resp.StatusCode)

@@ -76,11 +76,7 @@ func TestHeadTrickledWithinIdleIsServed(t *testing.T) {
 				}
 				return true
 			})
-			c := h.dialProxy(t)
-			if _, err := io.WriteString(c, quietRequest(method, port, "Content-Length: 1\r\n", "x")); err != nil {
-				t.Fatal(err)
-			}
-			resp := finalAnswer(t, bufio.NewReader(c))
+			resp := askQuiet(t, h, method, port)
 			body, err := io.ReadAll(resp.Body)
 			if resp.StatusCode != http.StatusOK || err != nil || string(body) != "ok" {
 				t.Fatalf("answer %d %q %q (%v), want 200 \"ok\"", resp.StatusCode, resp.Header.Get("X-Compass-Egress"), body, err)
@@ -213,11 +209,7 @@ func TestInterimAnswersAreBounded(t *testing.T) {
 					_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 					return err == nil
 				})
-				c := h.dialProxy(t)
-				if _, err := io.WriteString(c, quietRequest(method, port, "Content-Length: 1\r\n", "x")); err != nil {
-					t.Fatal(err)
-				}
-				resp := finalAnswer(t, bufio.NewReader(c))
+				resp := askQuiet(t, h, method, port)
 				resp.Body.Close()
 				if resp.StatusCode != tc.want {
 					t.Fatalf("answer %d %q, want %d", resp.StatusCode, resp.Header.Get("X-Compass-Egress"), tc.want)

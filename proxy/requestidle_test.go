@@ -52,6 +52,17 @@ func quietUpstream(t *testing.T, h *harness, answer func(c net.Conn, body []byte
 
 // quietRequest is a request for quiet.test: a GET goes through the upstream client, a
 // POST (with body, framed by head) through net/http's Transport.
+// askQuiet sends one quietRequest (a POST with a one-byte body) on a new connection and
+// returns the final answer, its body unread.
+func askQuiet(t *testing.T, h *harness, method string, port int) *http.Response {
+	t.Helper()
+	c := h.dialProxy(t)
+	if _, err := io.WriteString(c, quietRequest(method, port, "Content-Length: 1\r\n", "x")); err != nil {
+		t.Fatal(err)
+	}
+	return finalAnswer(t, bufio.NewReader(c))
+}
+
 func quietRequest(method string, port int, head, body string) string {
 	if method == http.MethodGet {
 		return fmt.Sprintf("GET http://quiet.test:%d/ HTTP/1.1\r\nHost: quiet.test:%d\r\n\r\n", port, port)
