@@ -97,11 +97,21 @@ func (s stateDir) appendTransition(t controller.Transition) error {
 	if err != nil {
 		return fmt.Errorf("state: encode transition: %w", err)
 	}
-	f, err := os.OpenFile(s.transitions(), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o640)
+	f, err := os.OpenFile(s.transitions(), os.O_APPEND|os.O_CREATE|os.O_RDWR, 0o640)
 	if err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
-	_, werr := f.Write(append(b, '\n'))
+	line := append(b, '\n')
+	// A write cut short (a full disk, a kill) leaves a fragment without its newline:
+	// this record starts a line of its own rather than join the fragment as one line
+	// that nothing can read.
+	if fi, err := f.Stat(); err == nil && fi.Size() > 0 {
+		last := make([]byte, 1)
+		if _, err := f.ReadAt(last, fi.Size()-1); err == nil && last[0] != '\n' {
+			line = append([]byte{'\n'}, line...)
+		}
+	}
+	_, werr := f.Write(line)
 	cerr := f.Close()
 	if werr != nil {
 		return fmt.Errorf("state: append transition: %w", werr)
