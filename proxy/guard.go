@@ -46,6 +46,18 @@ var internalClasses = []internalClass{
 	{"ipv4-embedding", netip.MustParsePrefix("::/96"), false},           // IPv4-compatible (deprecated)
 }
 
+// privateClasses are the private-use ranges, refused only when the operator asks for it
+// (--deny-private): the sidecar's egress network may be a private one itself, and a
+// model host on a private address is common. Matched after internalClasses, so the
+// cloud endpoints inside fc00::/7 keep their own class.
+var privateClasses = []internalClass{
+	{"private", netip.MustParsePrefix("10.0.0.0/8"), true},
+	{"private", netip.MustParsePrefix("172.16.0.0/12"), true},
+	{"private", netip.MustParsePrefix("192.168.0.0/16"), true},
+	{"private", netip.MustParsePrefix("100.64.0.0/10"), true}, // shared address space (carrier-grade NAT)
+	{"private", netip.MustParsePrefix("fc00::/7"), true},      // unique local
+}
+
 // ownClassName names the class of the proxy's own addresses. Only a rule naming the
 // one address lifts it (SPEC §7: "unless an IP/CIDR rule explicitly allows that
 // address"); a range around it does not, and the proxy's listeners stay refused.
@@ -66,6 +78,8 @@ type Guard struct {
 	every    time.Duration
 	// listeners are the proxy's bound TCP endpoints (unspecified address: every own one).
 	listeners []netip.AddrPort
+	// denyPrivate adds privateClasses to the refused ranges.
+	denyPrivate bool
 }
 
 type ownSet struct {
@@ -82,6 +96,9 @@ func NewGuard(allowInternal []netip.Prefix, ownAddrs func() []netip.Addr) *Guard
 	g.refresh()
 	return g
 }
+
+// DenyPrivate makes the guard refuse the private-use ranges too (before it is used).
+func (g *Guard) DenyPrivate() { g.denyPrivate = true }
 
 // setListeners records the proxy's bound endpoints (before it serves).
 func (g *Guard) setListeners(eps []netip.AddrPort) {
@@ -124,6 +141,13 @@ func (g *Guard) classify(a netip.Addr) (internalClass, bool) {
 	for _, c := range internalClasses {
 		if c.prefix.Contains(a) {
 			return c, true
+		}
+	}
+	if g.denyPrivate {
+		for _, c := range privateClasses {
+			if c.prefix.Contains(a) {
+				return c, true
+			}
 		}
 	}
 	return internalClass{}, false

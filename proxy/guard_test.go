@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"fmt"
+	"net/http"
 	"net/netip"
 	"sync"
 	"testing"
@@ -179,5 +181,65 @@ func TestGuardOwnAddressLiftedOnlyByItsRule(t *testing.T) {
 		if got := g.Refuses(policy.Compile(p), own, tc.port); got != tc.refused {
 			t.Errorf("%s port %d: refused %v, want %v", tc.policy, tc.port, got, tc.refused)
 		}
+	}
+}
+
+// TestGuardDenyPrivate: with --deny-private the private-use ranges are refused as
+// loopback is (a rule inside the range lifts them, a broad one does not); without it
+// they are ordinary addresses. The cloud endpoints inside fc00::/7 keep their own class.
+func TestGuardDenyPrivate(t *testing.T) {
+	plain := NewGuard(nil, func() []netip.Addr { return nil })
+	private := NewGuard([]netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}, func() []netip.Addr { return nil })
+	private.DenyPrivate()
+	for _, tc := range []struct {
+		policy, addr   string
+		plain, private bool // refused by each guard
+	}{
+		{`"public"`, "10.1.2.3", false, true},
+		{`"public"`, "172.20.0.5", false, true},
+		{`"public"`, "192.168.1.1", false, true},
+		{`"public"`, "100.64.0.1", false, true},
+		{`"public"`, "fd12:3456::1", false, true},
+		{`"public"`, "203.0.113.7", false, false},
+		{`"public"`, "172.32.0.1", false, false},
+		{`{"network_mode":"denylist","denied_hosts":[]}`, "192.168.1.1", false, true},
+		{`{"network_mode":"allowlist","allowed_hosts":["0.0.0.0/0"]}`, "10.1.2.3", false, true},
+		{`{"network_mode":"allowlist","allowed_hosts":["10.0.0.0/8"]}`, "10.1.2.3", false, false},
+		{`{"network_mode":"allowlist","allowed_hosts":["10.1.2.3"]}`, "10.1.2.3", false, false},
+		// The operator's exempt range.
+		{`"public"`, "10.9.1.1", false, false},
+		// Not lifted by the unique-local range: still the AWS metadata class.
+		{`{"network_mode":"allowlist","allowed_hosts":["fc00::/7"]}`, "fd00:ec2::254", true, true},
+	} {
+		p, err := policy.Parse([]byte(tc.policy))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := policy.Compile(p)
+		a := netip.MustParseAddr(tc.addr)
+		if got := plain.Refuses(m, a, 443); got != tc.plain {
+			t.Errorf("without --deny-private, %s %s: refused %v, want %v", tc.policy, tc.addr, got, tc.plain)
+		}
+		if got := private.Refuses(m, a, 443); got != tc.private {
+			t.Errorf("with --deny-private, %s %s: refused %v, want %v", tc.policy, tc.addr, got, tc.private)
+		}
+	}
+}
+
+// The server's guard refuses a private address only with Config.DenyPrivate; without
+// it the dial is tried (and the harness refuses it, being outside loopback).
+func TestServerDenyPrivate(t *testing.T) {
+	for _, deny := range []bool{false, true} {
+		t.Run(fmt.Sprintf("DenyPrivate=%v", deny), func(t *testing.T) {
+			h := newHarness(t, func(c *Config) { c.DenyPrivate = deny })
+			h.dns.set("lan.test", netip.MustParseAddr("10.1.2.3"))
+			h.apply(`{"network_mode":"denylist","denied_hosts":[]}`)
+			status, header := h.connectStatus("lan.test:443")
+			if deny {
+				checkOutcome(t, "CONNECT lan.test:443", status, header, ReasonInternalAddress)
+			} else if status != http.StatusBadGateway || header != "error; reason=dial-failed" {
+				t.Errorf("CONNECT lan.test:443: %d %q, want the dial tried (502 dial-failed)", status, header)
+			}
+		})
 	}
 }

@@ -71,6 +71,9 @@ type Config struct {
 	// OwnAddrs are further addresses of this proxy for the internal-address guard; the
 	// addresses of the host's interfaces are always included.
 	OwnAddrs []netip.Addr
+	// DenyPrivate makes the internal-address guard refuse the private-use ranges too
+	// (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7), lifted as loopback is.
+	DenyPrivate bool
 	// Gateways lists the next hops of the host's routes, which the guard refuses as it
 	// refuses the proxy's own addresses; nil reads them from /proc/net (tests: a fixed
 	// list, so that the test machine's own gateways do not change what a test sees).
@@ -297,6 +300,9 @@ func (s *Server) Start() (err error) {
 	}
 
 	s.decider.Guard = NewGuard(s.cfg.AllowInternal, s.ownAddrs)
+	if s.cfg.DenyPrivate {
+		s.decider.Guard.DenyPrivate()
+	}
 	s.decider.Guard.setListeners(s.listenEndpoints())
 	s.serve(dnsConns)
 	s.started.Store(true)

@@ -146,6 +146,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&c.Task, "task", "", "initial task label of logs")
 	fs.StringVar(&c.Phase, "phase", "", "initial phase label of logs")
 	fs.BoolVar(&c.RequireNoForwarding, "require-no-forwarding", true, "refuse readiness unless IPv4 and IPv6 forwarding are off")
+	fs.BoolVar(&c.DenyPrivate, "deny-private", false, "refuse private-use addresses (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7) unless an allowlist's IP/CIDR rule inside them allows one")
 	fs.DurationVar(&c.HeaderTimeout, "header-timeout", 10*time.Second, "time a client has to send request headers; also bounds writing the proxy's last answers (a 400, a refused or failed CONNECT) to a client that reads nothing")
 	fs.DurationVar(&c.DialTimeout, "dial-timeout", 10*time.Second, "time to connect to one address of a destination, each address tried in turn (and for the TLS handshake on https:// requests)")
 	fs.DurationVar(&c.DNSTimeout, "dns-timeout", 2*time.Second, "time for one upstream DNS exchange")

@@ -77,6 +77,16 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 					t.Fatalf("%+v", o.cfg)
 				}
 			}, ""},
+		{"deny-private from env", nil, map[string]string{"COMPASS_PROXY_DENY_PRIVATE": "true"}, func(t *testing.T, o *options) {
+			if !o.cfg.DenyPrivate {
+				t.Fatalf("%+v", o.cfg)
+			}
+		}, ""},
+		{"deny-private off by default", nil, nil, func(t *testing.T, o *options) {
+			if o.cfg.DenyPrivate {
+				t.Fatalf("%+v", o.cfg)
+			}
+		}, ""},
 		{"bad cidr", []string{"--allow-internal", "nope"}, nil, nil, "not a CIDR"},
 		{"resolv.conf upstreams by default", nil, nil, func(t *testing.T, o *options) {
 			if strings.Join(o.cfg.DNSUpstreams, " ") != "10.9.9.9:53" {
