@@ -32,7 +32,9 @@ func (pl *Planner) Validate() error {
 		}
 	}
 	if pl.EvaluationMode != "" && !pl.EvaluationMode.Valid() {
-		errs.add(&FieldError{Path: "evaluation_mode", Value: Quote(string(pl.EvaluationMode)), Rule: "unknown evaluation mode; use shared or fresh"})
+		// Named as its flag, like provider and recipe: compassctl reports these paths as
+		// "--<path>", and a task file's evaluation_mode is checked elsewhere.
+		errs.add(&FieldError{Path: "evaluation-mode", Value: Quote(string(pl.EvaluationMode)), Rule: "unknown evaluation mode; use shared or fresh"})
 	}
 	seen := map[string]string{}
 	for _, r := range pl.Recipes {

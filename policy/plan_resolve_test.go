@@ -445,7 +445,7 @@ func TestPlannerValidate(t *testing.T) {
 	}{
 		{"zero value", Planner{}, ""},
 		{"unknown provider", Planner{Provider: "kubernetes"}, `provider "kubernetes": unknown provider; use one of host_process, docker, daytona, modal`},
-		{"unknown mode", Planner{EvaluationMode: "reuse"}, `evaluation_mode "reuse": unknown evaluation mode; use shared or fresh`},
+		{"unknown mode", Planner{EvaluationMode: "reuse"}, `evaluation-mode "reuse": unknown evaluation mode; use shared or fresh`},
 		{"duplicate recipe names", Planner{Recipes: []Recipe{{Name: "a", Origin: "x.json"}, {Name: "a", Origin: "y.json"}}}, `recipe "a": is defined twice (x.json and y.json); recipe names must be unique`},
 	}
 	for _, tt := range tests {

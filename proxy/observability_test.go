@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -215,7 +217,8 @@ func TestMetricsGaugesAndLabels(t *testing.T) {
 }
 
 // TestEveryMetricDocumented: each compass_ metric the proxy registers has a row in the
-// README's table and a section in docs/proxy.md, so neither can fall behind the code.
+// README's table and a section in docs/proxy.md, each with the code's type and label
+// names, so neither can fall behind the code.
 func TestEveryMetricDocumented(t *testing.T) {
 	m := newMetrics()
 	m.requests.WithLabelValues(typeHTTP, "allowed", "public")
@@ -240,11 +243,43 @@ func TestEveryMetricDocumented(t *testing.T) {
 			continue
 		}
 		n++
-		if !strings.Contains(string(readme), "| `"+name+"` |") {
-			t.Errorf("README.md has no row for %s", name)
+		typ := strings.ToLower(f.GetType().String())
+		var labels []string
+		if ms := f.GetMetric(); len(ms) > 0 {
+			for _, lp := range ms[0].GetLabel() {
+				labels = append(labels, lp.GetName())
+			}
 		}
-		if !strings.Contains(string(doc), "### `"+name) {
+		slices.Sort(labels)
+		// README: | `name` | type | `label` (values), ... | what |
+		row := regexp.MustCompile("(?m)^\\| `" + regexp.QuoteMeta(name) + "` \\| ([a-z]+) \\|([^|]*)\\|").FindStringSubmatch(string(readme))
+		if row == nil {
+			t.Errorf("README.md has no row for %s", name)
+		} else {
+			var got []string
+			// Label names are the backquoted words outside the parentheses of values.
+			cell := regexp.MustCompile(`\([^)]*\)`).ReplaceAllString(row[2], "")
+			for _, m := range regexp.MustCompile("`([a-z_]+)`").FindAllStringSubmatch(cell, -1) {
+				got = append(got, m[1])
+			}
+			slices.Sort(got)
+			if row[1] != typ || !slices.Equal(got, labels) {
+				t.Errorf("README.md: %s is a %s with labels %v; the code's is a %s with labels %v", name, row[1], got, typ, labels)
+			}
+		}
+		// docs/proxy.md: ### `name{label,...}` (type)
+		sec := regexp.MustCompile("(?m)^### `" + regexp.QuoteMeta(name) + "(?:\\{([a-z_,]*)\\})?` \\(([a-z]+)\\)$").FindStringSubmatch(string(doc))
+		if sec == nil {
 			t.Errorf("docs/proxy.md has no section for %s", name)
+		} else {
+			var got []string
+			if sec[1] != "" {
+				got = strings.Split(sec[1], ",")
+			}
+			slices.Sort(got)
+			if sec[2] != typ || !slices.Equal(got, labels) {
+				t.Errorf("docs/proxy.md: %s is a %s with labels %v; the code's is a %s with labels %v", name, sec[2], got, typ, labels)
+			}
 		}
 	}
 	if n < 12 {

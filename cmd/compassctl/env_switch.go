@@ -18,7 +18,7 @@ func newEnvSwitchCommand(f *envFlags) *cobra.Command {
 		src                    policySource
 	)
 	cmd := &cobra.Command{
-		Use:   "switch --task ID (--policy POLICY | --phase baseline|run|evaluation [--plan FILE]) [--label-phase NAME]",
+		Use:   "switch --task ID (--policy POLICY | --phase PHASE --plan FILE) [--label-phase NAME]",
 		Short: "Put a policy in force; returns when the sidecar acknowledged it and the wiring matches",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

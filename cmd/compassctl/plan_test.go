@@ -128,7 +128,7 @@ func TestPlanRefusesBadInput(t *testing.T) {
 		{"env-params file network host", []string{"plan", "--task", examples + "tasks.yaml", "--env-params", "@" + envFile}, `task "swe-1": network "host": provider docker, run phase`},
 		{"env-params file missing", []string{"plan", "--task", examples + "tasks.yaml", "--env-params", "@/nonexistent.json"}, "--env-params: open /nonexistent.json"},
 		{"unknown provider flag", []string{"plan", "--task", examples + "tasks.yaml", "--provider", "k8s"}, `compassctl: plan: --provider "k8s": unknown provider; use one of host_process, docker, daytona, modal`},
-		{"unknown mode flag", []string{"plan", "--task", examples + "tasks.yaml", "--evaluation-mode", "reuse"}, `plan: --evaluation_mode "reuse": unknown evaluation mode`},
+		{"unknown mode flag", []string{"plan", "--task", examples + "tasks.yaml", "--evaluation-mode", "reuse"}, `plan: --evaluation-mode "reuse": unknown evaluation mode; use shared or fresh`},
 		{"provider flag that cannot enforce", []string{"plan", "--task", examples + "tasks.yaml", "--provider", "host_process"}, `task "swe-1": run_network_policy "allowlist": provider host_process, run phase: cannot enforce allowlist`},
 		{"required endpoint blocked", []string{"plan", "--task", examples + "task-fresh.json", "--recipe", examples + "recipe-model-endpoint.json", "--json"}, `task "swe-fresh-1": run_network_policy "model.test:443": recipe model-endpoint requires this endpoint in the run phase`},
 		{"same recipe twice", []string{"plan", "--task", examples + "tasks.yaml", "--recipe", examples + "recipe-model-endpoint.json", "--recipe", examples + "recipe-model-endpoint.json"}, `plan: --recipe "model-endpoint": is defined twice`},
