@@ -51,14 +51,16 @@ func newPolicyCheckCommand() *cobra.Command {
 
 func newPolicyMatchCommand() *cobra.Command {
 	var resolve string
+	var denyPrivate bool
 	cmd := &cobra.Command{
-		Use:   "match POLICY_JSON HOST[:PORT] [--resolve IP]",
+		Use:   "match POLICY_JSON HOST[:PORT] [--resolve IP] [--deny-private]",
 		Short: "Print allow or deny for a destination, with the rule and the reason (port 443 by default)",
 		Long: `Print what the policy decides for a connection to HOST[:PORT]: "allow" or "deny",
 the rule that decided ("-" when none matched) and the reason. Host rules match the name;
 IP and CIDR rules match the address dialled, which --resolve gives for a name. An
 internal address (loopback, link-local, unspecified, multicast, IPv4-mapped or
--embedding) is denied unless an IP or CIDR rule allows it, with the proxy's own guard.
+-embedding) is denied unless an IP or CIDR rule allows it, with the proxy's own guard;
+--deny-private adds the private-use ranges, as for a sidecar run with that flag.
 Exits 0 whatever the decision.`,
 		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -70,10 +72,15 @@ Exits 0 whatever the decision.`,
 			if err != nil {
 				return usageError{err}
 			}
-			return writeMatch(cmd.OutOrStdout(), policy.Compile(p), name, addr, port)
+			guard := proxy.NewGuard(nil, func() []netip.Addr { return nil })
+			if denyPrivate {
+				guard.DenyPrivate()
+			}
+			return writeMatch(cmd.OutOrStdout(), policy.Compile(p), guard, name, addr, port)
 		},
 	}
 	cmd.Flags().StringVar(&resolve, "resolve", "", "the address the host name would be dialled at")
+	cmd.Flags().BoolVar(&denyPrivate, "deny-private", false, "guard the private-use ranges too, as a sidecar run with compass-proxy --deny-private does")
 	return cmd
 }
 
@@ -108,7 +115,10 @@ func parseDestination(dest, resolve string) (string, netip.Addr, uint16, error) 
 	return "", netip.Addr{}, 0, fmt.Errorf("destination %q: a destination is one host name or address, not a wildcard or a range", dest)
 }
 
-func writeMatch(w io.Writer, m *policy.Matcher, name string, addr netip.Addr, port uint16) error {
+// writeMatch prints m's decision for the destination, then guard's: the proxy's own
+// guard, without operator exemptions or the sidecar's own addresses and gateways, which
+// only a running sidecar knows.
+func writeMatch(w io.Writer, m *policy.Matcher, guard *proxy.Guard, name string, addr netip.Addr, port uint16) error {
 	// The proxy matches and guards IPv4-mapped addresses as the IPv4 address they dial.
 	addr = addr.Unmap()
 	d := m.Decide(name, addr, port)
@@ -120,9 +130,6 @@ func writeMatch(w io.Writer, m *policy.Matcher, name string, addr netip.Addr, po
 		rule = d.Rule.String()
 	}
 	if d.Allowed && addr.IsValid() {
-		// The proxy's own guard, without operator exemptions or the sidecar's own
-		// addresses, which only a running sidecar knows.
-		guard := proxy.NewGuard(nil, func() []netip.Addr { return nil })
 		if guard.Refuses(m, addr, port) {
 			verdict, rule, reason = "deny", "-", proxy.ReasonInternalAddress
 		}

@@ -73,6 +73,11 @@ func TestPolicyMatch(t *testing.T) {
 		{[]string{`{"network_mode":"allowlist","allowed_hosts":["0.0.0.0/0","::/0"]}`, "[::ffff:127.0.0.1]:8080"}, "deny rule=- reason=internal-address\n"},
 		{[]string{`{"network_mode":"allowlist","allowed_hosts":["0.0.0.0/0"]}`, "x.test", "--resolve", "169.254.169.254"}, "deny rule=- reason=internal-address\n"},
 		{[]string{`{"network_mode":"allowlist","allowed_hosts":["0.0.0.0/0"]}`, "198.51.100.7:443"}, "allow rule=0.0.0.0/0 reason=allowlisted\n"},
+		// Private-use addresses are ordinary unless --deny-private asks the sidecar's
+		// question; then a rule inside the range lifts the guard, as for loopback.
+		{[]string{`{"network_mode":"denylist","denied_hosts":[]}`, "lan.test", "--resolve", "10.1.2.3"}, "allow rule=- reason=not-denylisted\n"},
+		{[]string{`{"network_mode":"denylist","denied_hosts":[]}`, "lan.test", "--resolve", "10.1.2.3", "--deny-private"}, "deny rule=- reason=internal-address\n"},
+		{[]string{`{"network_mode":"allowlist","allowed_hosts":["10.0.0.0/8"]}`, "10.1.2.3", "--deny-private"}, "allow rule=10.0.0.0/8 reason=allowlisted\n"},
 	}
 	for _, tt := range tests {
 		code, stdout, stderr := runCaptured(t, append([]string{"policy", "match"}, tt.args...)...)
