@@ -78,31 +78,13 @@ func (e *Env) Switch(ctx context.Context, pol policy.Policy, label controller.Ph
 	}
 	defer unlock()
 	start := clk.Now()
-	// A panic mid-switch (a client bug) would skip the fail-closed steps and leave a
-	// half-done switch behind a process that may survive it: the runner recovers, then
-	// closes or retains the environment. Cut it off first (under the lock) and record
-	// the failed switch, as any other, so that status does not take it for one still at
-	// work or killed; then go on panicking.
-	defer func() {
-		if p := recover(); p != nil {
-			var ferr error
-			r.OK = false
-			r.FailClosed, _, ferr = e.failClosed(ctx, fmt.Errorf("docker: switch %s panicked: %v", e.names.Env, p))
-			r.Error = ferr.Error()
-			r.Duration = clk.Since(start)
-			if lerr := e.dir.appendTransition(r.Transition); lerr != nil {
-				e.p.log.Error("transition log", "env", e.names.Env, "err", lerr)
-			}
-			e.p.log.Error("switch panicked", "env", e.names.Env, "err", ferr)
-			panic(p)
-		}
-	}()
 	if prev, ok, err := e.dir.readIntent(); err == nil && ok {
 		r.FromMode = prev.Policy.Mode
 	}
 	err = e.dir.writeIntent(intent{Policy: pol, Digest: pol.Digest(), Phase: label.Phase, Time: r.Time})
+	var panicked any
 	if err == nil {
-		err = e.switchSteps(ctx, pol, label, &r)
+		panicked, err = e.runSteps(ctx, pol, label, &r)
 	}
 	if err != nil {
 		var prev *controller.BlockedSummary
@@ -128,7 +110,23 @@ func (e *Env) Switch(ctx context.Context, pol policy.Policy, label controller.Ph
 	}
 	e.p.log.Info("switch", "env", e.names.Env, "phase", label.Phase, "from", r.FromMode, "to", r.ToMode,
 		"digest", r.Digest, "generation", r.Generation, "ok", r.OK, "duration_ms", r.Duration.Milliseconds())
+	if panicked != nil {
+		panic(panicked)
+	}
 	return r, err
+}
+
+// runSteps runs switchSteps and turns a panic (a client bug) into the error it returns
+// with it: the switch then fails closed and is recorded as any failed one (a process
+// that survives the panic, the runner recovering it, must not keep a half-done switch,
+// nor a status that takes it for one killed), and Switch panics again afterwards.
+func (e *Env) runSteps(ctx context.Context, pol policy.Policy, label controller.PhaseLabel, r *SwitchReport) (panicked any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			panicked, err = p, fmt.Errorf("docker: switch %s panicked: %v", e.names.Env, p)
+		}
+	}()
+	return nil, e.switchSteps(ctx, pol, label, r)
 }
 
 func (e *Env) timed(r *SwitchReport, part string, f func() error) error {
