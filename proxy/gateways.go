@@ -6,19 +6,21 @@ import (
 	"encoding/hex"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 )
 
 // routeGateways are the next hops of this host's routes, IPv4 and IPv6. In a sidecar
 // they are the Docker host's end of each bridge, where the host's own services answer
 // (a daemon listening on 0.0.0.0, a resolver, a metadata relay): the guard treats them
-// as it treats the proxy's own addresses. A file that cannot be read adds nothing.
-func routeGateways() []netip.Addr {
+// as it treats the proxy's own addresses. They are read below procRoot (Config.ProcRoot);
+// a file that cannot be read adds nothing.
+func routeGateways(procRoot string) []netip.Addr {
 	var out []netip.Addr
-	if b, err := os.ReadFile("/proc/net/route"); err == nil {
+	if b, err := os.ReadFile(filepath.Join(procRoot, "net", "route")); err == nil {
 		out = append(out, parseIPv4RouteGateways(b)...)
 	}
-	if b, err := os.ReadFile("/proc/net/ipv6_route"); err == nil {
+	if b, err := os.ReadFile(filepath.Join(procRoot, "net", "ipv6_route")); err == nil {
 		out = append(out, parseIPv6RouteGateways(b)...)
 	}
 	return out

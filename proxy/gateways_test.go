@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 )
@@ -61,9 +63,19 @@ func FuzzParseRouteGateways(f *testing.F) {
 // unless an allowlist rule names the one address or the operator exempts it.
 func TestGuardRefusesRouteGateways(t *testing.T) {
 	gw := netip.MustParseAddr("192.0.2.77")
+	// A default route through gw, written as the kernel writes /proc/net/route.
+	proc := t.TempDir()
+	a := gw.As4()
+	route := fmt.Sprintf("Iface\tDestination\tGateway\tFlags\neth0\t00000000\t%08X\t0003\n", binary.NativeEndian.Uint32(a[:]))
+	if err := os.MkdirAll(filepath.Join(proc, "net"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proc, "net", "route"), []byte(route), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	h := newHarness(t, func(c *Config) {
 		c.AllowInternal = []netip.Prefix{netip.MustParsePrefix("127.0.0.4/32")}
-		c.Gateways = func() []netip.Addr { return []netip.Addr{gw} }
+		c.ProcRoot = proc
 	})
 	h.dns.set("host.test", gw)
 	for _, tc := range []struct {

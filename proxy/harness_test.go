@@ -260,7 +260,9 @@ func newHarness(t testing.TB, tune ...func(*Config)) *harness {
 		DrainTimeout:  2 * time.Second,
 		Logger:        slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		dialControl:   loopbackOnly,
-		Gateways:      func() []netip.Addr { return nil },
+		// No routes, so that the test machine's own gateways do not change what a
+		// test sees.
+		ProcRoot: t.TempDir(),
 	}
 	for _, f := range tune {
 		f(&cfg)

@@ -38,7 +38,9 @@ type Config struct {
 	Task, Phase   string
 	// RequireNoForwarding refuses readiness unless IPv4 and IPv6 forwarding are off.
 	RequireNoForwarding bool
-	ProcRoot            string // "/proc" unless tests say otherwise
+	// ProcRoot is "/proc" unless tests say otherwise: the forwarding sysctls and the
+	// routes, whose gateways the guard refuses, are read below it.
+	ProcRoot string
 
 	// The durations and the DNS bounds below take their default when zero (the zero
 	// Config is usable); New rejects a negative one. cmd/compass-proxy never passes a zero:
@@ -74,10 +76,6 @@ type Config struct {
 	// DenyPrivate makes the internal-address guard refuse the private-use ranges too
 	// (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7), lifted as loopback is.
 	DenyPrivate bool
-	// Gateways lists the next hops of the host's routes, which the guard refuses as it
-	// refuses the proxy's own addresses; nil reads them from /proc/net (tests: a fixed
-	// list, so that the test machine's own gateways do not change what a test sees).
-	Gateways func() []netip.Addr
 
 	// wrapRelay lets tests wrap the goproxy handler (to inject failures).
 	wrapRelay func(http.Handler) http.Handler
@@ -366,11 +364,7 @@ func listenDNS(addr string) (net.PacketConn, net.Listener, error) {
 // would reach the Docker host itself.
 func (s *Server) ownAddrs() []netip.Addr {
 	own := append([]netip.Addr(nil), s.cfg.OwnAddrs...)
-	gateways := s.cfg.Gateways
-	if gateways == nil {
-		gateways = routeGateways
-	}
-	own = append(own, gateways()...)
+	own = append(own, routeGateways(s.cfg.ProcRoot)...)
 	if addrs, err := net.InterfaceAddrs(); err == nil {
 		for _, a := range addrs {
 			if p, err := netip.ParsePrefix(a.String()); err == nil {
