@@ -229,27 +229,14 @@ func TestAttach(t *testing.T) {
 	t.Parallel()
 	ctx := timeout(t, 3*time.Minute)
 	p := h.Provider(t)
+	// A container tuned to ask for more than it may is created only: the refusal comes
+	// before the running check, and this engine may not grant what it asks for.
 	run := func(mode string, tune ...func(*container.HostConfig)) string {
-		name := h.Name("victim")
 		hc := &container.HostConfig{NetworkMode: container.NetworkMode(mode)}
 		for _, f := range tune {
 			f(hc)
 		}
-		_, err := h.Docker.ContainerCreate(ctx, &container.Config{Image: h.ProbeImage, Labels: map[string]string{harness.OwnerLabel: h.Owner}},
-			hc, nil, nil, name)
-		if err != nil {
-			t.Fatalf("create %s container: %v", mode, err)
-		}
-		t.Cleanup(func() { _ = h.Docker.ContainerRemove(context.Background(), name, container.RemoveOptions{Force: true}) })
-		// Created only: the refusal comes before the running check, and this engine may
-		// not grant what the container asks for.
-		if len(tune) > 0 {
-			return name
-		}
-		if err := h.Docker.ContainerStart(ctx, name, container.StartOptions{}); err != nil {
-			t.Fatalf("start %s container: %v", mode, err)
-		}
-		return name
+		return h.ProbeContainer(ctx, t, "victim", hc, len(tune) == 0)
 	}
 	bridge := run("bridge")
 	for _, mode := range []string{"none", "host", "container:" + bridge} {

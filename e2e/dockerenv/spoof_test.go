@@ -30,15 +30,7 @@ func TestSidecarDropsSpoofedQueries(t *testing.T) {
 	t.Parallel()
 	ctx := timeout(t, 3*time.Minute)
 	p := h.Provider(t)
-	ctr := h.Name("spoofer")
-	if _, err := h.Docker.ContainerCreate(ctx, &container.Config{Image: h.ProbeImage, Labels: map[string]string{harness.OwnerLabel: h.Owner}},
-		&container.HostConfig{NetworkMode: "bridge"}, nil, nil, ctr); err != nil {
-		t.Fatalf("create %s: %v", ctr, err)
-	}
-	t.Cleanup(func() { _ = h.Docker.ContainerRemove(context.Background(), ctr, container.RemoveOptions{Force: true}) })
-	if err := h.Docker.ContainerStart(ctx, ctr, container.StartOptions{}); err != nil {
-		t.Fatalf("start %s: %v", ctr, err)
-	}
+	ctr := h.ProbeContainer(ctx, t, "spoofer", &container.HostConfig{NetworkMode: "bridge"}, true)
 	e, err := p.Attach(ctx, controller.EnvSpec{Task: h.Name("spoof"), Baseline: policy.NoNetwork}, ctr)
 	if err != nil {
 		t.Fatalf("attach: %v", err)

@@ -150,6 +150,25 @@ func (h *Harness) Exec(ctx context.Context, ctr string, cmd ...string) ([]byte, 
 	return stdout.Bytes(), nil
 }
 
+// ProbeContainer creates a container of the probe image (which sleeps) under a new name
+// from base, with hc, labelled as this package's and removed when the test ends, and
+// starts it if start is set.
+func (h *Harness) ProbeContainer(ctx context.Context, t testing.TB, base string, hc *container.HostConfig, start bool) string {
+	t.Helper()
+	name := h.Name(base)
+	if _, err := h.Docker.ContainerCreate(ctx, &container.Config{Image: h.ProbeImage, Labels: map[string]string{OwnerLabel: h.Owner}},
+		hc, nil, nil, name); err != nil {
+		t.Fatalf("create %s: %v", name, err)
+	}
+	t.Cleanup(func() { _ = h.Docker.ContainerRemove(context.Background(), name, container.RemoveOptions{Force: true}) })
+	if start {
+		if err := h.Docker.ContainerStart(ctx, name, container.StartOptions{}); err != nil {
+			t.Fatalf("start %s: %v", name, err)
+		}
+	}
+	return name
+}
+
 // Networks lists the networks a container is connected to, as docker inspect says.
 func (h *Harness) Networks(ctx context.Context, ctr string) ([]string, error) {
 	ci, err := h.Docker.ContainerInspect(ctx, ctr)
