@@ -127,14 +127,23 @@ func apiAtLeast(v string, major, minor int) bool {
 // switch does to edit the agent's routes.
 func (p *Provider) checkNamespaceAccess(ctx context.Context, add func(check string, ok bool, detail, fix string)) {
 	const fix = "run the controller as root (or with CAP_SYS_ADMIN and CAP_SYS_PTRACE) on the Docker host, in the host PID namespace"
-	cs, err := p.api.ContainerList(ctx, container.ListOptions{Limit: 1})
+	// The newest running containers, in turn: one may be removed between the list and
+	// its inspection (doctor runs beside whatever else uses the engine).
+	cs, err := p.api.ContainerList(ctx, container.ListOptions{Limit: 8})
 	if err != nil || len(cs) == 0 {
 		add("namespace access", true, "not checked: no running container (open one and run doctor again)", "")
 		return
 	}
-	ci, err := p.api.ContainerInspect(ctx, cs[0].ID)
-	if err != nil || ci.State == nil || ci.State.Pid == 0 {
-		add("namespace access", true, "not checked: the running container vanished", "")
+	var ci container.InspectResponse
+	var name string
+	for _, c := range cs {
+		if ci, err = p.api.ContainerInspect(ctx, c.ID); err == nil && ci.State != nil && ci.State.Pid != 0 {
+			name = c.Names[0]
+			break
+		}
+	}
+	if name == "" {
+		add("namespace access", true, "not checked: the running containers vanished", "")
 		return
 	}
 	path := fmt.Sprintf("/proc/%d/ns/net", ci.State.Pid)
@@ -148,7 +157,7 @@ func (p *Provider) checkNamespaceAccess(ctx context.Context, add func(check stri
 		add("namespace access", false, err.Error(), fix)
 		return
 	}
-	add("namespace access", true, "can read routes in "+path+" (container "+cs[0].Names[0]+")", "")
+	add("namespace access", true, "can read routes in "+path+" (container "+name+")", "")
 }
 
 // bridgeNetFilter is net.bridge.bridge-nf-call-iptables as this process sees it (the
