@@ -35,10 +35,10 @@ func (e *Env) Exec(ctx context.Context, cmd []string, opts controller.ExecOption
 		return controller.ExecResult{}, fmt.Errorf("docker: exec attach: %w", err)
 	}
 	defer hj.Close()
-	var stdout, stderr bytes.Buffer
+	stdout, stderr := &boundedBuffer{}, &boundedBuffer{}
 	copied := make(chan error, 1)
 	go func() {
-		_, err := stdcopy.StdCopy(&stdout, &stderr, hj.Reader)
+		_, err := stdcopy.StdCopy(stdout, stderr, hj.Reader)
 		copied <- err
 	}()
 	select {
@@ -46,16 +46,48 @@ func (e *Env) Exec(ctx context.Context, cmd []string, opts controller.ExecOption
 	case <-ctx.Done():
 		hj.Close()
 		<-copied
-		return controller.ExecResult{}, fmt.Errorf("docker: exec: %w", ctx.Err())
+		// What the command printed before the cut is kept: the step log of a timed-out
+		// rollout shows how far it got.
+		return stdout.result(stderr, 0), fmt.Errorf("docker: exec: %w", ctx.Err())
 	}
 	if err != nil {
-		return controller.ExecResult{}, fmt.Errorf("docker: exec output: %w", err)
+		return stdout.result(stderr, 0), fmt.Errorf("docker: exec output: %w", err)
 	}
 	ins, err := e.p.api.ContainerExecInspect(ctx, created.ID)
 	if err != nil {
-		return controller.ExecResult{}, fmt.Errorf("docker: exec inspect: %w", err)
+		return stdout.result(stderr, 0), fmt.Errorf("docker: exec inspect: %w", err)
 	}
-	return controller.ExecResult{ExitCode: ins.ExitCode, Stdout: stdout.Bytes(), Stderr: stderr.Bytes()}, nil
+	return stdout.result(stderr, ins.ExitCode), nil
+}
+
+// maxExecOutput bounds what one command's stdout, and its stderr, keep in memory and in
+// the step log: a command printing without end (the agent's, say) must not exhaust the
+// controller, which runs every task of the run.
+const maxExecOutput = 8 << 20
+
+// boundedBuffer keeps the first maxExecOutput bytes written to it and counts the rest.
+type boundedBuffer struct {
+	buf     bytes.Buffer
+	dropped int64
+}
+
+func (b *boundedBuffer) Write(p []byte) (int, error) {
+	keep := min(len(p), maxExecOutput-b.buf.Len())
+	b.buf.Write(p[:keep])
+	b.dropped += int64(len(p) - keep)
+	return len(p), nil
+}
+
+// bytes is what was kept, with a line saying how much was not.
+func (b *boundedBuffer) bytes() []byte {
+	if b.dropped == 0 {
+		return b.buf.Bytes()
+	}
+	return fmt.Appendf(b.buf.Bytes(), "\n[compass-egress: %d more bytes of output not kept]\n", b.dropped)
+}
+
+func (b *boundedBuffer) result(stderr *boundedBuffer, exit int) controller.ExecResult {
+	return controller.ExecResult{ExitCode: exit, Stdout: b.bytes(), Stderr: stderr.bytes()}
 }
 
 // Download copies srcPath from the agent container into dstDir.

@@ -25,6 +25,7 @@ import (
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/api/types/system"
 	"github.com/docker/docker/client"
+	"github.com/docker/docker/pkg/stdcopy"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/compass-egress/compass-egress/controller"
@@ -93,6 +94,11 @@ type fakeDocker struct {
 	disconnectErr map[string]error
 	// inspectErr, when set, may fail an inspect of ref (an engine error).
 	inspectErr func(ref string) error
+	// execStdout is what an exec prints; with execHang it then runs until cut, and
+	// closes execPrinted once the printed bytes were read (the pipe is synchronous).
+	execStdout  []byte
+	execHang    bool
+	execPrinted chan struct{}
 }
 
 func newFakeDocker(ev *events) *fakeDocker {
@@ -221,13 +227,27 @@ func (f *fakeDocker) ContainerLogs(context.Context, string, container.LogsOption
 	return io.NopCloser(strings.NewReader("")), nil
 }
 func (f *fakeDocker) ContainerExecCreate(context.Context, string, container.ExecOptions) (container.ExecCreateResponse, error) {
-	panic("not used")
+	return container.ExecCreateResponse{ID: "exec-1"}, nil
 }
+
+// ContainerExecAttach streams execStdout in Docker's multiplexed framing over an
+// in-memory pipe, then ends the stream, or with execHang holds it open until closed.
 func (f *fakeDocker) ContainerExecAttach(context.Context, string, container.ExecAttachOptions) (types.HijackedResponse, error) {
-	panic("not used")
+	client, server := net.Pipe()
+	go func() {
+		defer server.Close()
+		if _, err := stdcopy.NewStdWriter(server, stdcopy.Stdout).Write(f.execStdout); err != nil {
+			return
+		}
+		if f.execHang {
+			close(f.execPrinted)
+			_, _ = io.Copy(io.Discard, server) // until the client side is closed
+		}
+	}()
+	return types.NewHijackedResponse(client, ""), nil
 }
 func (f *fakeDocker) ContainerExecInspect(context.Context, string) (container.ExecInspect, error) {
-	panic("not used")
+	return container.ExecInspect{ExitCode: 0}, nil
 }
 func (f *fakeDocker) CopyFromContainer(context.Context, string, string) (io.ReadCloser, container.PathStat, error) {
 	panic("not used")
