@@ -48,6 +48,13 @@ type taskRun struct {
 	stepRole    Role
 	blockedDone uint64 // blocked attempts of the phases already summarised
 	blockedLive uint64 // blocked attempts of the phase in force, as last polled
+	// unresumed is the interrupted run's record when this resume stopped at its
+	// leftovers: nothing ran, so the task keeps that run's status, which a later
+	// --resume picks up from (as failed, it would be left alone as finished).
+	unresumed *Record
+	// firstStep is the index of this run's first step: a resumed record holds the
+	// interrupted run's steps before it.
+	firstStep int
 }
 
 // RunTask runs one task's lifecycle (SPEC §4) and returns its record, which is also in
@@ -66,10 +73,14 @@ func (r *Runner) RunTask(ctx context.Context, t TaskRun, prev *Record) (rec *Rec
 	if err != nil {
 		return nil, err
 	}
+	if prev != nil {
+		tr.firstStep = len(prev.Steps)
+	}
 	r.logger().Info("task starting", "task", t.ID, "mode", t.Mode, "from", from)
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("controller: task %s: runner panicked: %v", t.ID, p)
+			tr.crashRunning(err)
 		}
 		tr.closeAll(ctx)
 		rec = tr.finish(ctx, err)
@@ -85,6 +96,7 @@ func (r *Runner) RunTask(ctx context.Context, t TaskRun, prev *Record) (rec *Rec
 	}
 	if from == StepEvaluationOpen {
 		if err := tr.closeLeftovers(ctx, prev); err != nil {
+			tr.unresumed = prev
 			return nil, err
 		}
 	}
@@ -121,11 +133,11 @@ func (tr *taskRun) lifecycle(ctx context.Context, from StepName) error {
 		if err := tr.evaluate(ctx, RoleAgent, PhaseBaseline, t.Policies.Baseline); err != nil {
 			return err
 		}
-		return tr.closeEnv(ctx, RoleAgent)
+		return tr.closeEnv(ctx, RoleAgent, t.Retain)
 	}
 	// Fresh: 7 close the agent environment under the run policy, 8 open the evaluation
 	// environment under its baseline, 9 evaluate, 10 close it under its baseline.
-	if err := tr.closeEnv(ctx, RoleAgent); err != nil {
+	if err := tr.closeEnv(ctx, RoleAgent, t.Retain); err != nil {
 		return err
 	}
 	if err := tr.open(ctx, RoleEvaluation, StepEvaluationOpen, t.EvaluationImage, PhaseEvaluationBaseline, t.Policies.EvaluationBaseline); err != nil {
@@ -137,7 +149,7 @@ func (tr *taskRun) lifecycle(ctx context.Context, from StepName) error {
 	if err := tr.evaluate(ctx, RoleEvaluation, PhaseEvaluationBaseline, t.Policies.EvaluationBaseline); err != nil {
 		return err
 	}
-	return tr.closeEnv(ctx, RoleEvaluation)
+	return tr.closeEnv(ctx, RoleEvaluation, t.Retain)
 }
 
 // agentSteps are rows 1–6 of both tables. A failed set-up (prepare, harness start) ends
@@ -197,6 +209,12 @@ func (tr *taskRun) evaluate(ctx context.Context, role Role, restorePhase string,
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("controller: evaluate step panicked: %v", p)
+		}
+		if errors.Is(err, ErrCommandNotStopped) {
+			// The cut command may still run, and a baseline (public by default) would
+			// give it egress nobody decided on until the close. Nothing more runs, so
+			// the environment loses all egress instead.
+			restorePhase, restore = PhaseNotStopped, policy.NoNetwork
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tr.r.controlTimeout())
 		defer cancel()
@@ -315,10 +333,10 @@ func completeTransition(tn Transition, task string, es *envState, phase string, 
 	return tn
 }
 
-// closeEnv closes (or keeps, when retained) an environment under the policy in force:
+// closeEnv closes (or keeps, with retain) an environment under the policy in force:
 // the lifecycle has already put the policy the tables name there. It runs even after
 // cancellation, since leaving an environment behind is worse than a late close.
-func (tr *taskRun) closeEnv(ctx context.Context, role Role) error {
+func (tr *taskRun) closeEnv(ctx context.Context, role Role, retain bool) error {
 	es := tr.envOf(role)
 	if es == nil {
 		return nil
@@ -332,19 +350,19 @@ func (tr *taskRun) closeEnv(ctx context.Context, role Role) error {
 		name = StepEvaluationEnd
 	}
 	idx := tr.beginStep(name, role, es.env.ID(), es.phase, es.policy.Mode)
-	err := closeOnce(cctx, es.env, tr.t.Retain)
+	err := closeOnce(cctx, es.env, retain)
 	if err != nil && cctx.Err() == nil {
 		// Close is idempotent: one more try gets past a transient engine error (a
 		// network still draining its endpoints) instead of leaving objects behind.
 		tr.r.logger().Warn("close failed, retrying", "task", tr.t.ID, "environment", es.env.ID(), "err", err)
 		select {
 		case <-time.After(closeRetryDelay):
-			err = closeOnce(cctx, es.env, tr.t.Retain)
+			err = closeOnce(cctx, es.env, retain)
 		case <-cctx.Done():
 		}
 	}
 	state, reach := EnvClosed, ""
-	if tr.t.Retain {
+	if retain {
 		state, reach = EnvRetained, reachOf(tr.t.ID, es.env)
 	}
 	tr.mu.Lock()
@@ -357,7 +375,8 @@ func (tr *taskRun) closeEnv(ctx context.Context, role Role) error {
 	}
 	tr.rec.update(func(r *Record) {
 		for i := range r.Environments {
-			if r.Environments[i].ID == es.env.ID() && r.Environments[i].State == EnvOpen {
+			// Not closed yet: open, or a leftover an interrupted run kept (see closeLeftovers).
+			if r.Environments[i].ID == es.env.ID() && r.Environments[i].State != EnvClosed {
 				r.Environments[i].State, r.Environments[i].Reach = state, reach
 			}
 		}
@@ -386,7 +405,7 @@ func closeOnce(ctx context.Context, env Environment, retain bool) (err error) {
 // be torn down.
 func (tr *taskRun) closeAll(ctx context.Context) {
 	for _, role := range []Role{RoleEvaluation, RoleAgent} {
-		if err := tr.closeEnv(ctx, role); err != nil {
+		if err := tr.closeEnv(ctx, role, tr.t.Retain); err != nil {
 			tr.r.logger().Error("close failed", "task", tr.t.ID, "role", role, "err", err)
 		}
 	}
@@ -460,7 +479,9 @@ func (tr *taskRun) noticeRecord() NoticeRecord {
 func (tr *taskRun) initialRecord(prev *Record, from StepName) Record {
 	t := tr.t
 	if prev != nil {
-		rec := *prev
+		// A deep copy: the record's changes (an environment closed) must not reach
+		// into the caller's record of the interrupted run through shared slices.
+		rec := *cloneRecord(prev)
 		rec.Status, rec.Error, rec.Ended = StatusRunning, "", nil
 		rec.Resumes = append(rec.Resumes, ResumeRecord{Time: tr.started, From: from})
 		return rec
@@ -482,6 +503,21 @@ func (tr *taskRun) initialRecord(prev *Record, from StepName) Record {
 		Environments: []EnvRecord{}, Transitions: []Transition{}, Steps: []StepRecord{},
 		Blocked: []PhaseBlocked{}, Artifacts: []ArtifactRecord{},
 	}
+}
+
+// crashRunning ends the steps of this run a panic cut short (a provider's open, download
+// or upload: a command's panic is recorded by its step), which would otherwise stay
+// "running" in the final record. An interrupted run's step that a resumed record shows
+// running is that run's evidence, left as it is.
+func (tr *taskRun) crashRunning(err error) {
+	now := time.Now()
+	tr.rec.update(func(r *Record) {
+		for i := tr.firstStep; i < len(r.Steps); i++ {
+			if s := &r.Steps[i]; s.Status == StepRunning {
+				s.End, s.Duration, s.Status, s.Error = &now, now.Sub(s.Start), StepCrashed, err.Error()
+			}
+		}
+	})
 }
 
 // finish sets the task's final status from its steps and the lifecycle's error.
@@ -514,6 +550,9 @@ func (tr *taskRun) finish(ctx context.Context, err error) *Record {
 			r.Error = err.Error()
 		case len(failed) > 0:
 			r.Error = fmt.Sprintf("steps not ok: %v", failed)
+		}
+		if p := tr.unresumed; p != nil {
+			r.Status, r.Ended = p.Status, p.Ended
 		}
 	})
 	rec := tr.rec.snapshot()

@@ -362,6 +362,47 @@ func TestEvaluateRestoresBaseline(t *testing.T) {
 	}
 }
 
+// TestEvaluateNotStoppedLosesEgress: an evaluate command that timed out and could not be
+// killed may still run, so the environment gets no-network instead of its baseline
+// (public in shared mode) and closes under it.
+func TestEvaluateNotStoppedLosesEgress(t *testing.T) {
+	for _, m := range []struct {
+		mode controller.EvaluationMode
+		role string
+	}{
+		{controller.EvaluationShared, "agent"},
+		{controller.EvaluationFresh, "evaluation"},
+	} {
+		t.Run(string(m.mode), func(t *testing.T) {
+			p := controllertest.New()
+			tr := task(t, m.mode)
+			tr.Evaluate = []controller.Command{{"unkillable"}}
+			tr.Timeouts = map[controller.StepName]time.Duration{controller.StepEvaluate: 20 * time.Millisecond}
+			rec, err := newRunner(t, p).RunTask(context.Background(), tr, nil)
+			if err == nil {
+				t.Fatal("RunTask succeeded")
+			}
+			ev := p.Events()
+			evalAt := slices.Index(ev, m.role+" apply evaluation denylist")
+			cutAt := slices.Index(ev, m.role+" apply "+controller.PhaseNotStopped+" no-network")
+			if evalAt < 0 || cutAt < evalAt {
+				t.Errorf("want the evaluation switch, then no-network; events:\n%s", strings.Join(ev, "\n"))
+			}
+			for _, e := range ev[evalAt+1:] {
+				if strings.Contains(e, " apply ") && !strings.HasSuffix(e, " no-network") {
+					t.Errorf("%q after the command could not be stopped", e)
+				}
+			}
+			if want := m.role + " close retain=false mode=no-network"; ev[len(ev)-1] != want {
+				t.Errorf("last event %q, want %q", ev[len(ev)-1], want)
+			}
+			if last := rec.Transitions[len(rec.Transitions)-1]; !last.OK || last.Phase != controller.PhaseNotStopped || last.ToMode != policy.ModeNoNetwork {
+				t.Errorf("last transition %+v, want the switch to no-network", last)
+			}
+		})
+	}
+}
+
 // TestCancellation cancels the run during each step: nothing runs after, every
 // environment is closed under the policy in force (never a broader one) and the record
 // says cancelled.
@@ -768,6 +809,79 @@ func TestCloseRetry(t *testing.T) {
 			rec, _ := r.RunTask(context.Background(), task(t, controller.EvaluationShared), nil)
 			if rec.Status != tc.status || rec.Environments[0].State != tc.state {
 				t.Errorf("status %s, environment %s; want %s, %s", rec.Status, rec.Environments[0].State, tc.status, tc.state)
+			}
+		})
+	}
+}
+
+// panicking is the fake provider with one operation that panics: a provider bug.
+type panicking struct {
+	*controllertest.Provider
+	op string
+}
+
+func (p panicking) Open(ctx context.Context, spec controller.EnvSpec) (controller.Environment, error) {
+	if p.op == "open" {
+		panic("provider: open panicked")
+	}
+	e, err := p.Provider.Open(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return panickingEnv{Env: e.(*controllertest.Env), op: p.op}, nil
+}
+
+type panickingEnv struct {
+	*controllertest.Env
+	op string
+}
+
+func (e panickingEnv) Download(ctx context.Context, src, dst string) error {
+	if e.op == "download" {
+		panic("provider: download panicked")
+	}
+	return e.Env.Download(ctx, src, dst)
+}
+
+func (e panickingEnv) Upload(ctx context.Context, src, dst string) error {
+	if e.op == "upload" {
+		panic("provider: upload panicked")
+	}
+	return e.Env.Upload(ctx, src, dst)
+}
+
+// TestProviderPanicEndsStep makes a provider operation that is not a command panic
+// during its step. The runner survives and ends the task failed; the step it was in
+// must not stay "running" in the final record, which would read as a step still under
+// way in a task that has ended.
+func TestProviderPanicEndsStep(t *testing.T) {
+	for _, tc := range []struct {
+		op   string
+		mode controller.EvaluationMode
+		step controller.StepName
+	}{
+		{"open", controller.EvaluationShared, controller.StepOpen},
+		{"download", controller.EvaluationShared, controller.StepDownload},
+		{"upload", controller.EvaluationFresh, controller.StepUpload},
+	} {
+		t.Run(tc.op, func(t *testing.T) {
+			fake := controllertest.New()
+			r := newRunner(t, panicking{Provider: fake, op: tc.op})
+			rec, err := r.RunTask(context.Background(), task(t, tc.mode), nil)
+			if err == nil || rec.Status != controller.StatusFailed {
+				t.Fatalf("status %s, err %v; want failed", rec.Status, err)
+			}
+			onDisk := readRecord(t, r, "t1")
+			for _, s := range onDisk.Steps {
+				if s.Status == controller.StepRunning || s.End == nil {
+					t.Errorf("step %s left %s (end %v) in the final record", s.Name, s.Status, s.End)
+				}
+				if s.Name == tc.step && s.Status != controller.StepCrashed {
+					t.Errorf("step %s recorded %s, want %s", s.Name, s.Status, controller.StepCrashed)
+				}
+			}
+			if live := fake.Live(); len(live) != 0 {
+				t.Errorf("environments left open: %v", live)
 			}
 		})
 	}

@@ -206,7 +206,13 @@ func (r *recorder) update(change func(*Record)) {
 func (r *recorder) snapshot() *Record {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	b, err := json.Marshal(&r.rec)
+	return cloneRecord(&r.rec)
+}
+
+// cloneRecord is a deep copy of rec, through its JSON form: what a reader of the file
+// would get.
+func cloneRecord(rec *Record) *Record {
+	b, err := json.Marshal(rec)
 	if err != nil {
 		return nil
 	}

@@ -23,8 +23,8 @@ func Finished(rec *Record) bool {
 //     installed, what the agent changed) lives only in that environment and cannot be
 //     reproduced; the error says why and what to do.
 //
-// Environments the record shows as still open must be closed first: the provider must be
-// able to reattach them (Reattacher), otherwise the resume is refused.
+// The interrupted run's leftovers must be closed first: the provider must be able to
+// reattach them (Reattacher), otherwise the resume is refused.
 func ResumeFrom(prev *Record, t TaskRun, p Provider) (StepName, error) {
 	refuse := func(format string, args ...any) (StepName, error) {
 		return "", fmt.Errorf("controller: cannot resume task %s: %s", t.ID, fmt.Sprintf(format, args...))
@@ -48,7 +48,7 @@ func ResumeFrom(prev *Record, t TaskRun, p Provider) (StepName, error) {
 	if missing := agentStepsUnfinished(prev, t); len(missing) > 0 {
 		return refuse("the agent's part did not end (%s); its environment's state is lost; run it again without --resume", strings.Join(missing, ", "))
 	}
-	if open := openEnvironments(prev); len(open) > 0 {
+	if open := leftoverIDs(prev); len(open) > 0 {
 		if _, ok := p.(Reattacher); !ok {
 			return refuse("environment(s) %s may still exist and provider %s cannot reattach them; close them (`compassctl env close --task %s`) and mark them closed, or run without --resume",
 				strings.Join(open, ", "), p.Name(), t.ID)
@@ -89,22 +89,31 @@ func stepEnded(rec *Record, name StepName) bool {
 	return false
 }
 
-func openEnvironments(rec *Record) []string {
+// leftover reports whether a resume must close e first: an environment still open, or
+// an evaluation environment the interrupted run kept (retain), whose name the new
+// evaluation environment needs.
+func leftover(e EnvRecord) bool {
+	return e.State == EnvOpen || e.Role == RoleEvaluation && e.State == EnvRetained
+}
+
+func leftoverIDs(rec *Record) []string {
 	var ids []string
 	for _, e := range rec.Environments {
-		if e.State == EnvOpen {
+		if leftover(e) {
 			ids = append(ids, e.ID)
 		}
 	}
 	return ids
 }
 
-// closeLeftovers closes the environments an interrupted run left open, through the
-// provider's Reattacher (ResumeFrom made sure there is one when it is needed).
+// closeLeftovers closes the environments an interrupted run left, through the provider's
+// Reattacher (ResumeFrom made sure there is one when it is needed). An agent environment
+// is closed as its step 7 would have (kept with retain); an evaluation environment is
+// removed whatever retain says, since the resume opens a new one in its place.
 func (tr *taskRun) closeLeftovers(ctx context.Context, prev *Record) error {
 	ra, _ := tr.r.Provider.(Reattacher)
 	for _, e := range prev.Environments {
-		if e.State != EnvOpen || ra == nil {
+		if !leftover(e) || ra == nil {
 			continue
 		}
 		env, err := ra.Reattach(ctx, tr.t.ID, e.Role)
@@ -117,7 +126,7 @@ func (tr *taskRun) closeLeftovers(ctx context.Context, prev *Record) error {
 			// Gone already: the record says so instead of claiming it is open.
 			tr.rec.update(func(r *Record) {
 				for i := range r.Environments {
-					if r.Environments[i].ID == e.ID && r.Environments[i].State == EnvOpen {
+					if r.Environments[i].ID == e.ID && leftover(r.Environments[i]) {
 						r.Environments[i].State = EnvClosed
 						r.Environments[i].Reach = "not found on resume: " + err.Error()
 					}
@@ -128,7 +137,7 @@ func (tr *taskRun) closeLeftovers(ctx context.Context, prev *Record) error {
 		tr.mu.Lock()
 		tr.envs[e.Role] = &envState{env: env, role: e.Role, phase: "reattached"}
 		tr.mu.Unlock()
-		if err := tr.closeEnv(ctx, e.Role); err != nil {
+		if err := tr.closeEnv(ctx, e.Role, tr.t.Retain && e.Role != RoleEvaluation); err != nil {
 			return err
 		}
 	}

@@ -313,3 +313,167 @@ func TestRunAllCancelledBeforeResume(t *testing.T) {
 		}
 	}
 }
+
+// TestResumeRetainedTask resumes a retained fresh task whose evaluation was interrupted,
+// by the runner's death (the evaluation environment still open in the record) or by a
+// Ctrl-C (kept, as retain asks). The resume opens a new evaluation environment of the
+// same name, so the interrupted one must be removed first, not kept again: kept, the new
+// one cannot open and the task ends failed, for good. The agent environment stays
+// retained.
+func TestResumeRetainedTask(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		interrupt func(t *testing.T, fake *controllertest.Provider, r *controller.Runner, tr controller.TaskRun) *controller.Record
+	}{
+		{"runner died", func(t *testing.T, fake *controllertest.Provider, r *controller.Runner, tr controller.TaskRun) *controller.Record {
+			if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
+				t.Fatal(err)
+			}
+			rec := readRecord(t, r, tr.ID)
+			rec.Status, rec.Ended = controller.StatusRunning, nil
+			rec.Steps = rec.Steps[:len(rec.Steps)-2]
+			for i := range rec.Environments {
+				if rec.Environments[i].Role == controller.RoleEvaluation {
+					rec.Environments[i].State, rec.Environments[i].Reach = controller.EnvOpen, ""
+				}
+			}
+			return rec
+		}},
+		{"Ctrl-C", func(t *testing.T, fake *controllertest.Provider, r *controller.Runner, tr controller.TaskRun) *controller.Record {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			fake.ApplyErr = func(phase string) error {
+				if phase == controller.PhaseEvaluation {
+					cancel() // Ctrl-C as the evaluation policy is being put in force
+				}
+				return nil
+			}
+			defer func() { fake.ApplyErr = nil }()
+			if rec, err := r.RunTask(ctx, tr, nil); err == nil || rec.Status != controller.StatusCancelled {
+				t.Fatalf("interrupted run: %v, %s", err, rec.Status)
+			}
+			return readRecord(t, r, tr.ID)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := controllertest.New()
+			r := newRunner(t, fake)
+			tr := task(t, controller.EvaluationFresh)
+			tr.Retain = true
+			prev := tc.interrupt(t, fake, r, tr)
+			r.Provider = controllertest.ReattachingProvider{Provider: fake}
+			if _, err := controller.ResumeFrom(prev, tr, r.Provider); err != nil {
+				t.Fatalf("ResumeFrom: %v", err)
+			}
+			before := len(fake.Events())
+
+			out, err := r.RunTask(context.Background(), tr, prev)
+			if err != nil || out.Status != controller.StatusSucceeded {
+				t.Fatalf("resume: %v, status %s\n%s", err, out.Status, strings.Join(fake.Events()[before:], "\n"))
+			}
+			ev := fake.Events()[before:]
+			if i, j := slices.Index(ev, "evaluation close retain=false mode=no-network"), slices.Index(ev, "evaluation open no-network image=grader:1"); i < 0 || j < i {
+				t.Errorf("the interrupted evaluation environment was not removed before the new one opened:\n%s", strings.Join(ev, "\n"))
+			}
+			states := map[controller.EnvState]int{}
+			for _, e := range out.Environments {
+				if e.Role == controller.RoleEvaluation {
+					states[e.State]++
+				}
+			}
+			if states[controller.EnvClosed] != 1 || states[controller.EnvRetained] != 1 {
+				t.Errorf("evaluation environments recorded %v, want the interrupted one closed and the new one retained", out.Environments)
+			}
+			if live := fake.Live(); !slices.Equal(slices.Sorted(slices.Values(live)), []string{"t1", "t1-eval"}) {
+				t.Errorf("live environments %v, want the retained agent and the new evaluation environment", live)
+			}
+		})
+	}
+}
+
+// TestResumeUnreachedLeftoverCanResumeAgain: a resume stopped by a leftover it could
+// not look up or close (the engine unreachable) ran nothing; the record must still be
+// one a later --resume picks up, once the engine is back, not a finished task left alone.
+func TestResumeUnreachedLeftoverCanResumeAgain(t *testing.T) {
+	unreachable := errors.New("engine unreachable")
+	for _, tc := range []struct {
+		name string
+		fail func(fake *controllertest.Provider)
+	}{
+		{"lookup fails", func(fake *controllertest.Provider) {
+			fake.ReattachErr = func(controller.Role) error { return unreachable }
+		}},
+		{"close fails", func(fake *controllertest.Provider) {
+			fake.CloseErr = func(controller.Role) error { return unreachable }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := controllertest.New()
+			r, tr, rec := diedDuringEvaluation(t, fake)
+			if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: "t1", Role: controller.RoleEvaluation, Baseline: policy.Public}); err != nil {
+				t.Fatal(err)
+			}
+			r.Provider = controllertest.ReattachingProvider{Provider: fake}
+			tc.fail(fake)
+			if _, err := r.RunTask(context.Background(), tr, rec); !errors.Is(err, unreachable) {
+				t.Fatalf("resume: %v, want it stopped by the unreachable leftover", err)
+			}
+			fake.ReattachErr, fake.CloseErr = nil, nil
+
+			again := readRecord(t, r, tr.ID)
+			if controller.Finished(again) {
+				t.Fatalf("record %s with ended set: a later --resume would leave the task alone", again.Status)
+			}
+			if _, err := controller.ResumeFrom(again, tr, r.Provider); err != nil {
+				t.Fatalf("later resume refused: %v", err)
+			}
+			out, err := r.RunTask(context.Background(), tr, again)
+			if err != nil || out.Status != controller.StatusSucceeded || len(fake.Live()) != 0 {
+				t.Errorf("later resume: %v, status %s, live %v", err, out.Status, fake.Live())
+			}
+		})
+	}
+}
+
+// TestResumePanicKeepsInterruptedSteps: a resumed run that panics ends its own step
+// crashed, and leaves the step the interrupted run shows running as that run left it.
+func TestResumePanicKeepsInterruptedSteps(t *testing.T) {
+	fake := controllertest.New()
+	r, tr, rec := diedDuringEvaluation(t, fake)
+	for i := range rec.Environments {
+		rec.Environments[i].State = controller.EnvClosed // nothing left to reattach
+	}
+	rec.Steps = append(rec.Steps, controller.StepRecord{Name: controller.StepEvaluate, Status: controller.StepRunning})
+	dead := len(rec.Steps) - 1
+	r.Provider = panicking{Provider: fake, op: "upload"}
+
+	out, err := r.RunTask(context.Background(), tr, rec)
+	if err == nil {
+		t.Fatal("resume succeeded with a panicking upload")
+	}
+	if s := out.Steps[dead]; s.Status != controller.StepRunning || s.Error != "" {
+		t.Errorf("the interrupted run's step recorded %s (%s), want it left running", s.Status, s.Error)
+	}
+	if got := stepsOf(out)[dead+1:]; !slices.Contains(got, "upload_artifacts:crashed") {
+		t.Errorf("this run's steps %v, want the upload crashed", got)
+	}
+}
+
+// TestResumeLeavesPreviousRecord: RunTask works on its own copy of the interrupted run's
+// record; the caller's copy still shows what that run left (a later look at it, or a
+// retry with it, must not see this run's changes).
+func TestResumeLeavesPreviousRecord(t *testing.T) {
+	fake := controllertest.New()
+	r, tr, rec := diedDuringEvaluation(t, fake)
+	if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: "t1", Role: controller.RoleEvaluation}); err != nil {
+		t.Fatal(err)
+	}
+	r.Provider = controllertest.ReattachingProvider{Provider: fake}
+	want := fmt.Sprint(rec.Environments, stepsOf(rec))
+	if _, err := r.RunTask(context.Background(), tr, rec); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if got := fmt.Sprint(rec.Environments, stepsOf(rec)); got != want {
+		t.Errorf("the interrupted run's record changed under the caller:\n got  %s\n want %s", got, want)
+	}
+}

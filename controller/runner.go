@@ -29,6 +29,10 @@ const (
 	PhaseEvaluationBaseline = "evaluation_baseline"
 )
 
+// PhaseNotStopped labels the switch to no-network that replaces the restore of a
+// baseline when an evaluate command that was cut could not be stopped.
+const PhaseNotStopped = "command_not_stopped"
+
 // StepName names one row of a lifecycle table (SPEC §4).
 type StepName string
 
