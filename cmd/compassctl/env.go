@@ -94,6 +94,11 @@ func newEnvCommand() *cobra.Command {
 per-task internal network whose only way out is a compass-proxy sidecar. See docs/docker.md.`,
 		Args: groupArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		// Before any subcommand talks to Docker: an empty --owner would act on the
+		// default owner's environments, an empty --state-dir read the default one.
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return refuseEmpty(cmd.Flags(), providerFlags...)
+		},
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&f.stateDir, "state-dir", envOr("COMPASS_STATE_DIR", docker.DefaultStateDir), "state directory (admin sockets, intended policies, transitions.jsonl); env COMPASS_STATE_DIR")
@@ -126,6 +131,17 @@ func parseRole(s string) (controller.Role, error) {
 		return r, nil
 	}
 	return "", usageError{fmt.Errorf("--role %q: unknown role; use %s or %s", s, controller.RoleAgent, controller.RoleEvaluation)}
+}
+
+// checkTask refuses a missing or malformed --task before anything talks to Docker.
+func checkTask(task string) error {
+	if task == "" {
+		return usageError{errors.New("--task is required")}
+	}
+	if err := docker.ValidateTask(task); err != nil {
+		return usageError{fmt.Errorf("--task: %w", err)}
+	}
+	return nil
 }
 
 func splitList(s string) []string {

@@ -21,8 +21,8 @@ func newEnvCloseCommand(f *envFlags) *cobra.Command {
 		Short: "Remove what open/attach made (idempotent); --retain keeps the environment running",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if task == "" {
-				return usageError{fmt.Errorf("--task is required")}
+			if err := checkTask(task); err != nil {
+				return err
 			}
 			envRole, err := parseRole(role)
 			if err != nil {

@@ -123,6 +123,9 @@ func newEnvOpenCommand(f *envFlags) *cobra.Command {
 			if task == "" || image == "" {
 				return usageError{fmt.Errorf("--task and --image are required")}
 			}
+			if err := checkTask(task); err != nil {
+				return err
+			}
 			envRole, err := parseRole(role)
 			if err != nil {
 				return err
@@ -213,6 +216,9 @@ func newEnvAttachCommand(f *envFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if task == "" || ctr == "" {
 				return usageError{fmt.Errorf("--task and --container are required")}
+			}
+			if err := checkTask(task); err != nil {
+				return err
 			}
 			envRole, err := parseRole(role)
 			if err != nil {

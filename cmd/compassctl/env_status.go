@@ -19,8 +19,8 @@ func newEnvStatusCommand(f *envFlags) *cobra.Command {
 		Short: "Compare the intended policy with the sidecar, the Docker wiring and the agent's routes",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if task == "" {
-				return usageError{fmt.Errorf("--task is required")}
+			if err := checkTask(task); err != nil {
+				return err
 			}
 			envRole, err := parseRole(role)
 			if err != nil {

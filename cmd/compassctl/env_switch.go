@@ -22,8 +22,8 @@ func newEnvSwitchCommand(f *envFlags) *cobra.Command {
 		Short: "Put a policy in force; returns when the sidecar acknowledged it and the wiring matches",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if task == "" {
-				return usageError{fmt.Errorf("--task is required")}
+			if err := checkTask(task); err != nil {
+				return err
 			}
 			if err := src.checkGiven(); err != nil {
 				return err

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
+	"strconv"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -23,12 +26,22 @@ func newEnvVerifyCommand(f *envFlags) *cobra.Command {
 		Short: "Adversarial check from inside the agent's network namespace; exit 1 on any unexpected outcome",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if task == "" {
-				return usageError{fmt.Errorf("--task is required")}
+			if err := checkTask(task); err != nil {
+				return err
 			}
 			envRole, err := parseRole(role)
 			if err != nil {
 				return err
+			}
+			for _, fl := range []struct {
+				name    string
+				targets []string
+			}{{"allowed", allowed}, {"blocked", blocked}} {
+				for _, t := range fl.targets {
+					if err := checkHostPort(t); err != nil {
+						return usageError{fmt.Errorf("--%s %q: %w", fl.name, t, err)}
+					}
+				}
 			}
 			opts := docker.VerifyOptions{Allowed: allowed, Blocked: blocked, OutsidePort: outsidePort}
 			if outside != "" {
@@ -67,6 +80,22 @@ func newEnvVerifyCommand(f *envFlags) *cobra.Command {
 	cmd.Flags().StringVar(&outside, "outside", "", "an address outside the sandbox for the direct checks (default: the egress network's gateway)")
 	cmd.Flags().Uint16Var(&outsidePort, "outside-port", 80, "TCP port of the direct check")
 	return cmd
+}
+
+// checkHostPort checks a verify target: a check of port 0 or 70000 would only report a
+// mismatch, read as a policy that does not hold.
+func checkHostPort(t string) error {
+	host, port, err := net.SplitHostPort(t)
+	if err != nil {
+		return errors.New("want HOST:PORT ([v6]:PORT for an IPv6 address)")
+	}
+	if host == "" {
+		return errors.New("the host is empty")
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return fmt.Errorf("the port %q is not an integer in 1..65535", port)
+	}
+	return nil
 }
 
 func verifyText(w io.Writer, rep docker.VerifyReport) {

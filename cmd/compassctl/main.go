@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/compass-egress/compass-egress/internal/buildinfo"
 )
@@ -41,6 +42,17 @@ func newRootCommand() *cobra.Command {
 func groupArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
 		return usageError{fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath())}
+	}
+	return nil
+}
+
+// refuseEmpty refuses a flag given with an empty value (an unset shell variable): read
+// as absent, it would fall back to the default or the task files' value in silence.
+func refuseEmpty(fs *pflag.FlagSet, names ...string) error {
+	for _, name := range names {
+		if f := fs.Lookup(name); f != nil && f.Changed && f.Value.String() == "" {
+			return usageError{fmt.Errorf("--%s \"\": is empty; give a value, or omit the flag for the default", name)}
+		}
 	}
 	return nil
 }

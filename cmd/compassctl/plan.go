@@ -36,7 +36,12 @@ lifecycle steps with the mode in force at each, provider-native options and the
 restriction statement. --provider and --evaluation-mode, when given, replace the task
 files' values for every task. Nothing is printed on stdout when any task is invalid.`,
 		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runPlan(cmd.OutOrStdout(), o) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := refuseEmpty(cmd.Flags(), "env-params", "provider", "evaluation-mode"); err != nil {
+				return err
+			}
+			return runPlan(cmd.OutOrStdout(), o)
+		},
 	}
 	f := cmd.Flags()
 	f.StringArrayVar(&o.tasks, "task", nil, "task file (JSON or YAML: one task or a list); repeatable")

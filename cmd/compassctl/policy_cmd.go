@@ -64,6 +64,9 @@ internal address (loopback, link-local, unspecified, multicast, IPv4-mapped or
 Exits 0 whatever the decision.`,
 		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := refuseEmpty(cmd.Flags(), "resolve"); err != nil {
+				return err
+			}
 			p, err := policy.Parse([]byte(args[0]))
 			if err != nil {
 				return usageError{prefixed("policy: ", err)}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/docker"
+	"github.com/compass-egress/compass-egress/internal/filelock"
 )
 
 func init() { subcommands = append(subcommands, newRunCommand) }
@@ -52,6 +53,9 @@ docs/run.md). Exit status: 0 all tasks succeeded, 1 a task failed, 2 invalid inp
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := refuseEmpty(cmd.Flags(), append([]string{"env-params", "out"}, providerFlags...)...); err != nil {
+				return err
+			}
 			ctx, stop := stopOnSignal(cmd.Context(), cmd.ErrOrStderr())
 			defer stop()
 			return runTasks(ctx, cmd.OutOrStdout(), args, o)
@@ -67,6 +71,9 @@ docs/run.md). Exit status: 0 all tasks succeeded, 1 a task failed, 2 invalid inp
 	addProviderFlags(cmd, &o.env)
 	return cmd
 }
+
+// providerFlags are the provider settings that have a default: given empty, refused.
+var providerFlags = []string{"state-dir", "egress-network", "pool", "proxy-image", "probe-image", "owner"}
 
 // addProviderFlags registers the Docker provider's settings, read from the same
 // environment variables as `compassctl env`.
@@ -112,6 +119,11 @@ func runTasks(ctx context.Context, out io.Writer, files []string, o runOptions) 
 	}
 	defer closeClient()
 
+	unlock, err := lockOutputs(ctx, o.out)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	tasks, resume, skipped, err := prepareOutputs(o.out, tasks, o.resume, prov)
 	if err != nil {
 		return usageError{err}
@@ -189,6 +201,29 @@ func stopOnSignal(parent context.Context, errOut io.Writer) (context.Context, fu
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// outputLockFile, in --out, is held by the run that uses the directory.
+const outputLockFile = ".compassctl-run.lock"
+
+// lockOutputs makes a run the only one using out, or refuses at once: a second run
+// would clear the first's task directories, and a --resume would reattach and close
+// the environments the first is still running.
+func lockOutputs(ctx context.Context, out string) (unlock func(), err error) {
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return nil, fmt.Errorf("run: --out %s: %w", out, err)
+	}
+	path := filepath.Join(out, outputLockFile)
+	lctx, held := context.WithCancel(ctx)
+	defer held()
+	f, err := filelock.Lock(lctx, path, held)
+	if err != nil {
+		if lctx.Err() != nil && ctx.Err() == nil {
+			return nil, fmt.Errorf("run: --out %s: another compassctl run is using it (it holds %s)", out, path)
+		}
+		return nil, fmt.Errorf("run: --out %s: lock: %w", out, err)
+	}
+	return func() { f.Close() }, nil
 }
 
 // prepareOutputs decides, before anything starts, what each task does with its output
