@@ -43,6 +43,10 @@ func newEnvVerifyCommand(f *envFlags) *cobra.Command {
 					}
 				}
 			}
+			if outsidePort == 0 {
+				// Verify reads 0 as its default, 80: a check of another port than asked.
+				return usageError{errors.New(`--outside-port "0": the port is not an integer in 1..65535`)}
+			}
 			opts := docker.VerifyOptions{Allowed: allowed, Blocked: blocked, OutsidePort: outsidePort}
 			if outside != "" {
 				a, err := netip.ParseAddr(outside)

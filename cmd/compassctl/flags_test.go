@@ -54,6 +54,7 @@ func TestRefusesEmptyAndMalformedFlags(t *testing.T) {
 		{env("verify", "--task", "t1", "--blocked", "a.test:70000"), `--blocked "a.test:70000": the port "70000" is not an integer in 1..65535`},
 		{env("verify", "--task", "t1", "--blocked", ":443"), `--blocked ":443": the host is empty`},
 		{env("verify", "--task", "t1", "--allowed", "a.test"), `--allowed "a.test": want HOST:PORT`},
+		{env("verify", "--task", "t1", "--outside-port", "0"), `--outside-port "0": the port is not an integer in 1..65535`},
 	}
 	for _, tc := range tests {
 		name := strings.NewReplacer(task, "task.yaml", state, "STATE").Replace(strings.Join(tc.args, " "))
