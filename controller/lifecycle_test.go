@@ -129,6 +129,10 @@ func TestLifecycleOrder(t *testing.T) {
 			if live := p.Live(); len(live) != 0 {
 				t.Errorf("environments left open: %v", live)
 			}
+			// The record is as readable as the step logs beside it.
+			if fi, err := os.Stat(filepath.Join(r.OutDir, rec.Task, controller.RecordFile)); err != nil || fi.Mode().Perm() != 0o644 {
+				t.Errorf("record file: %v, %v; want mode 0644", fi, err)
+			}
 		})
 	}
 }

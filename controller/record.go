@@ -241,8 +241,10 @@ func writeFileAtomic(path string, v any) error {
 		return fmt.Errorf("controller: write record: %w", err)
 	}
 	_, werr := tmp.Write(append(b, '\n'))
+	// Readable as the step logs and artifacts beside it are (CreateTemp makes it 0600).
+	merr := tmp.Chmod(0o644)
 	cerr := tmp.Close()
-	if err := errors.Join(werr, cerr); err != nil {
+	if err := errors.Join(werr, merr, cerr); err != nil {
 		os.Remove(tmp.Name())
 		return fmt.Errorf("controller: write record: %w", err)
 	}
