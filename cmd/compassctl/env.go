@@ -133,6 +133,14 @@ func parseRole(s string) (controller.Role, error) {
 	return "", usageError{fmt.Errorf("--role %q: unknown role; use %s or %s", s, controller.RoleAgent, controller.RoleEvaluation)}
 }
 
+// taskRole checks --task (checkTask) and reads --role.
+func taskRole(task, role string) (controller.Role, error) {
+	if err := checkTask(task); err != nil {
+		return "", err
+	}
+	return parseRole(role)
+}
+
 // checkTask refuses a missing or malformed --task before anything talks to Docker.
 func checkTask(task string) error {
 	if task == "" {

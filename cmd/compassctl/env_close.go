@@ -21,10 +21,7 @@ func newEnvCloseCommand(f *envFlags) *cobra.Command {
 		Short: "Remove what open/attach made (idempotent); --retain keeps the environment running",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkTask(task); err != nil {
-				return err
-			}
-			envRole, err := parseRole(role)
+			envRole, err := taskRole(task, role)
 			if err != nil {
 				return err
 			}

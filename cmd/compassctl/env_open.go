@@ -123,10 +123,7 @@ func newEnvOpenCommand(f *envFlags) *cobra.Command {
 			if task == "" || image == "" {
 				return usageError{fmt.Errorf("--task and --image are required")}
 			}
-			if err := checkTask(task); err != nil {
-				return err
-			}
-			envRole, err := parseRole(role)
+			envRole, err := taskRole(task, role)
 			if err != nil {
 				return err
 			}
@@ -217,10 +214,7 @@ func newEnvAttachCommand(f *envFlags) *cobra.Command {
 			if task == "" || ctr == "" {
 				return usageError{fmt.Errorf("--task and --container are required")}
 			}
-			if err := checkTask(task); err != nil {
-				return err
-			}
-			envRole, err := parseRole(role)
+			envRole, err := taskRole(task, role)
 			if err != nil {
 				return err
 			}

@@ -19,10 +19,7 @@ func newEnvStatusCommand(f *envFlags) *cobra.Command {
 		Short: "Compare the intended policy with the sidecar, the Docker wiring and the agent's routes",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkTask(task); err != nil {
-				return err
-			}
-			envRole, err := parseRole(role)
+			envRole, err := taskRole(task, role)
 			if err != nil {
 				return err
 			}

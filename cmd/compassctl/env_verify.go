@@ -26,10 +26,7 @@ func newEnvVerifyCommand(f *envFlags) *cobra.Command {
 		Short: "Adversarial check from inside the agent's network namespace; exit 1 on any unexpected outcome",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkTask(task); err != nil {
-				return err
-			}
-			envRole, err := parseRole(role)
+			envRole, err := taskRole(task, role)
 			if err != nil {
 				return err
 			}
