@@ -274,7 +274,7 @@ func (tr *taskRun) apply(ctx context.Context, role Role, phase string, p policy.
 	actx, cancel := context.WithTimeout(ctx, tr.r.controlTimeout())
 	defer cancel()
 	start := time.Now()
-	tn, err := es.env.Apply(actx, p, PhaseLabel{Phase: phase})
+	tn, err := applyOnce(actx, es.env, p, PhaseLabel{Phase: phase})
 	tn = completeTransition(tn, tr.t.ID, es, phase, p, start, err)
 	tr.rec.update(func(r *Record) { r.Transitions = append(r.Transitions, tn) })
 	if tn.PreviousBlocked != nil {
@@ -386,6 +386,18 @@ func (tr *taskRun) closeEnv(ctx context.Context, role Role, retain bool) error {
 		tr.r.logger().Info("environment retained", "task", tr.t.ID, "environment", es.env.ID(), "reach", reach)
 	}
 	return nil
+}
+
+// applyOnce is Apply with a panic (a provider bug) turned into the failed switch it is:
+// the record gets its transition and the environment is taken for one with no egress,
+// as Apply promises for a switch that fails however it fails.
+func applyOnce(ctx context.Context, env Environment, p policy.Policy, label PhaseLabel) (tn Transition, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("switch panicked: %v", r)
+		}
+	}()
+	return env.Apply(ctx, p, label)
 }
 
 // closeOnce is one Close, a panic of which becomes its error: closes also run in

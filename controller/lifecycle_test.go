@@ -564,15 +564,17 @@ func TestFailedSwitchLeavesNoEgress(t *testing.T) {
 		{"switch to run cancelled", controller.PhaseRun, true},
 		{"switch to evaluation fails", controller.PhaseEvaluation, false},
 		{"switch to evaluation cancelled", controller.PhaseEvaluation, true},
+		{"switch to run panics", controller.PhaseRun, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := controllertest.New()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
+			panics := strings.HasSuffix(tc.name, "panics")
 			p.ApplyErr = func(phase string) error {
 				switch {
-				case phase != tc.phase:
+				case phase != tc.phase || panics:
 					return nil
 				case tc.cancel:
 					cancel()
@@ -580,10 +582,15 @@ func TestFailedSwitchLeavesNoEgress(t *testing.T) {
 				}
 				return errors.New("sidecar did not acknowledge")
 			}
+			p.ApplyPanics = func(phase string) bool { return panics && phase == tc.phase }
 			r := newRunner(t, p)
 			rec, err := r.RunTask(ctx, task(t, controller.EvaluationShared), nil)
 			if err == nil {
 				t.Fatal("RunTask succeeded")
+			}
+			// The failed switch is in the record, with the phase it was to start.
+			if last := rec.Transitions[len(rec.Transitions)-1]; last.OK || last.Phase != tc.phase {
+				t.Errorf("last transition %+v, want the failed switch to %s", last, tc.phase)
 			}
 			ev := p.Events()
 			if want := "agent close retain=false mode=no-network"; ev[len(ev)-1] != want {

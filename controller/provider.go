@@ -50,7 +50,8 @@ type Environment interface {
 	// ID is the environment's name, unique on the host ("<task>" or "<task>-eval").
 	ID() string
 	// Apply puts p in force and returns only when the enforcement point has acknowledged
-	// it and the wiring matches its mode. On error the environment has no egress at all.
+	// it and the wiring matches its mode. On error the environment has no egress at all,
+	// and so it has when Apply panics.
 	Apply(ctx context.Context, p policy.Policy, label PhaseLabel) (Transition, error)
 	// Exec runs cmd inside the environment. When ctx cuts the command and the command
 	// may still be running, the error wraps ErrCommandNotStopped.

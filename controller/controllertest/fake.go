@@ -35,6 +35,9 @@ type Provider struct {
 	OpenErr func(role controller.Role) error
 	// ApplyErr, when set, decides whether a switch to that phase fails.
 	ApplyErr func(phase string) error
+	// ApplyPanics, when set, decides whether a switch to that phase fails closed and then
+	// panics, as the Docker provider's switch does on a bug in its client.
+	ApplyPanics func(phase string) bool
 	// CloseErr, when set, decides whether closing an environment of that role fails.
 	CloseErr func(role controller.Role) error
 	// ReattachErr, when set, decides whether reattaching that role fails (other than by
@@ -178,10 +181,14 @@ func (e *Env) Apply(ctx context.Context, p policy.Policy, label controller.Phase
 	if err == nil {
 		err = ctx.Err()
 	}
-	if err != nil {
+	panics := e.p.ApplyPanics != nil && e.p.ApplyPanics(label.Phase)
+	if err != nil || panics {
 		// As Environment.Apply promises: a switch that fails, however it fails, leaves no egress.
 		_, prev := e.swap(policy.NoNetwork)
 		e.p.logf("%s apply %s %s failed", e.role, label.Phase, p.Mode)
+		if panics {
+			panic("controllertest: switch to " + label.Phase + " panicked")
+		}
 		return controller.Transition{FromMode: from, ToMode: p.Mode, PreviousBlocked: prev}, err
 	}
 	gen, prev := e.swap(p)
