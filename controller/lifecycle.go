@@ -94,7 +94,7 @@ func (r *Runner) RunTask(ctx context.Context, t TaskRun, prev *Record) (rec *Rec
 	if err := tr.writeNotice(); err != nil {
 		return nil, err
 	}
-	if from == StepEvaluationOpen {
+	if prev != nil {
 		if err := tr.closeLeftovers(ctx, prev); err != nil {
 			tr.unresumed = prev
 			return nil, err

@@ -39,7 +39,14 @@ func ResumeFrom(prev *Record, t TaskRun, p Provider) (StepName, error) {
 		return refuse("the task definition changed since the record was written; run it without --resume")
 	case Finished(prev):
 		return refuse("it already finished (%s); nothing to resume", prev.Status)
-	case len(prev.Environments) == 0:
+	}
+	if cut := cutOpens(prev); len(cut) > 0 {
+		if _, ok := p.(Reattacher); !ok {
+			return refuse("its runner died while opening the %s environment, which may have left that environment's objects, and provider %s cannot reattach them; close them (`compassctl env close --task %s`), or run without --resume",
+				cut[0], p.Name(), t.ID)
+		}
+	}
+	if len(prev.Environments) == 0 {
 		return StepOpen, nil
 	}
 	if t.Mode != EvaluationFresh {
@@ -106,6 +113,25 @@ func leftoverIDs(rec *Record) []string {
 	return ids
 }
 
+// cutOpens lists the roles whose open the interrupted run began and never saw end: its
+// runner died inside the provider's Open, which may have left the environment's objects
+// under the name the resume's open needs.
+func cutOpens(rec *Record) []Role {
+	var roles []Role
+	for _, s := range rec.Steps {
+		if s.Status != StepRunning || s.Environment != "" {
+			continue
+		}
+		switch s.Name {
+		case StepOpen:
+			roles = append(roles, RoleAgent)
+		case StepEvaluationOpen:
+			roles = append(roles, RoleEvaluation)
+		}
+	}
+	return roles
+}
+
 // closeLeftovers closes the environments an interrupted run left, through the provider's
 // Reattacher (ResumeFrom made sure there is one when it is needed). An agent environment
 // is closed as its step 7 would have (kept with retain); an evaluation environment is
@@ -138,6 +164,28 @@ func (tr *taskRun) closeLeftovers(ctx context.Context, prev *Record) error {
 		tr.envs[e.Role] = &envState{env: env, role: e.Role, phase: "reattached"}
 		tr.mu.Unlock()
 		if err := tr.closeEnv(ctx, e.Role, tr.t.Retain && e.Role != RoleEvaluation); err != nil {
+			return err
+		}
+	}
+	for _, role := range cutOpens(prev) {
+		if ra == nil {
+			continue
+		}
+		env, err := ra.Reattach(ctx, tr.t.ID, role)
+		if errors.Is(err, ErrEnvironmentGone) {
+			continue // the open had created nothing, or its own rollback removed it
+		}
+		if err != nil {
+			return fmt.Errorf("controller: resume task %s: what the cut open of its %s environment left: %w", tr.t.ID, role, err)
+		}
+		// Never usable, so never kept: the record lists it, and its close, as it goes.
+		tr.rec.update(func(r *Record) {
+			r.Environments = append(r.Environments, EnvRecord{ID: env.ID(), Role: role, State: EnvOpen})
+		})
+		tr.mu.Lock()
+		tr.envs[role] = &envState{env: env, role: role, phase: "reattached"}
+		tr.mu.Unlock()
+		if err := tr.closeEnv(ctx, role, false); err != nil {
 			return err
 		}
 	}

@@ -477,3 +477,68 @@ func TestResumeLeavesPreviousRecord(t *testing.T) {
 		t.Errorf("the interrupted run's record changed under the caller:\n got  %s\n want %s", got, want)
 	}
 }
+
+// TestResumeAfterACutOpen: a runner that died inside a provider's Open left the
+// environment's objects under the name the resume's open needs, with no environment in
+// the record. The resume closes what it finds (the open never ended, so nothing is kept)
+// before it opens again; a provider that cannot reattach is refused, naming the way out.
+func TestResumeAfterACutOpen(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mode controller.EvaluationMode
+		role controller.Role
+		open controller.StepName
+	}{
+		{"agent open, shared", controller.EvaluationShared, controller.RoleAgent, controller.StepOpen},
+		{"agent open, fresh", controller.EvaluationFresh, controller.RoleAgent, controller.StepOpen},
+		{"evaluation open", controller.EvaluationFresh, controller.RoleEvaluation, controller.StepEvaluationOpen},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := controllertest.New()
+			r := newRunner(t, fake)
+			tr := task(t, tc.mode)
+			tr.Retain = true // a cut open's leftover is removed all the same
+			if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
+				t.Fatal(err)
+			}
+			// The record as the runner left it when it died inside the open, and an engine
+			// that holds only what that open had created.
+			fake = controllertest.New()
+			prev := readRecord(t, r, tr.ID)
+			prev.Status, prev.Ended = controller.StatusRunning, nil
+			cut := slices.IndexFunc(prev.Steps, func(s controller.StepRecord) bool { return s.Name == tc.open })
+			prev.Steps = prev.Steps[:cut+1]
+			prev.Steps[cut].Status, prev.Steps[cut].End, prev.Steps[cut].Environment = controller.StepRunning, nil, ""
+			// No environment opened from the cut one on (the agent's open is the first).
+			prev.Environments = slices.DeleteFunc(prev.Environments, func(e controller.EnvRecord) bool {
+				return tc.role == controller.RoleAgent || e.Role == tc.role
+			})
+			leftover, err := fake.Open(context.Background(), controller.EnvSpec{Task: tr.ID, Role: tc.role})
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			if _, err := controller.ResumeFrom(prev, tr, fake); err == nil || !strings.Contains(err.Error(), "died while opening the "+string(tc.role)+" environment") {
+				t.Errorf("resume without reattach: %v", err)
+			}
+			r.Provider = controllertest.ReattachingProvider{Provider: fake}
+			before := len(fake.Events())
+			out, err := r.RunTask(context.Background(), tr, prev)
+			if err != nil || out.Status != controller.StatusSucceeded {
+				t.Fatalf("resume: %v, status %s\n%s", err, out.Status, strings.Join(fake.Events()[before:], "\n"))
+			}
+			ev := fake.Events()[before:]
+			closeAt := slices.IndexFunc(ev, func(e string) bool { return strings.HasPrefix(e, string(tc.role)+" close retain=false") })
+			openAt := slices.IndexFunc(ev, func(e string) bool { return strings.HasPrefix(e, string(tc.role)+" open ") })
+			if closeAt < 0 || openAt < closeAt {
+				t.Errorf("the cut open's leftover was not closed before the new open:\n%s", strings.Join(ev, "\n"))
+			}
+			closed := slices.ContainsFunc(out.Environments, func(e controller.EnvRecord) bool {
+				return e.ID == leftover.ID() && e.State == controller.EnvClosed
+			})
+			if !closed {
+				t.Errorf("the leftover is not recorded closed: %+v", out.Environments)
+			}
+		})
+	}
+}
