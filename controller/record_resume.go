@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/compass-egress/compass-egress/policy"
 )
 
 // Finished reports whether a record shows a lifecycle that ran to its end (whatever
@@ -41,9 +43,9 @@ func ResumeFrom(prev *Record, t TaskRun, p Provider) (StepName, error) {
 		return refuse("it already finished (%s); nothing to resume", prev.Status)
 	}
 	if cut := cutOpens(prev); len(cut) > 0 {
-		if _, ok := p.(Reattacher); !ok {
-			return refuse("its runner died while opening the %s environment, which may have left that environment's objects, and provider %s cannot reattach them; close them (`compassctl env close --task %s`), or run without --resume",
-				cut[0], p.Name(), t.ID)
+		if _, ok := p.(Remover); !ok {
+			return refuse("its runner died while opening the %s environment, which may have left that environment's objects, and provider %s cannot remove them; close them (`compassctl env close --task %s`), or run without --resume",
+				cut[0].Role, p.Name(), t.ID)
 		}
 	}
 	if len(prev.Environments) == 0 {
@@ -113,29 +115,36 @@ func leftoverIDs(rec *Record) []string {
 	return ids
 }
 
-// cutOpens lists the roles whose open the interrupted run began and never saw end: its
-// runner died inside the provider's Open, which may have left the environment's objects
-// under the name the resume's open needs.
-func cutOpens(rec *Record) []Role {
-	var roles []Role
+// cutOpen is an open the interrupted run began and never saw end: its runner died
+// inside the provider's Open, which may have left the environment's objects under the
+// name the resume's open needs.
+type cutOpen struct {
+	Role  Role
+	Phase string
+	Mode  policy.Mode
+}
+
+func cutOpens(rec *Record) []cutOpen {
+	var cut []cutOpen
 	for _, s := range rec.Steps {
 		if s.Status != StepRunning || s.Environment != "" {
 			continue
 		}
 		switch s.Name {
 		case StepOpen:
-			roles = append(roles, RoleAgent)
+			cut = append(cut, cutOpen{RoleAgent, s.Phase, s.Mode})
 		case StepEvaluationOpen:
-			roles = append(roles, RoleEvaluation)
+			cut = append(cut, cutOpen{RoleEvaluation, s.Phase, s.Mode})
 		}
 	}
-	return roles
+	return cut
 }
 
 // closeLeftovers closes the environments an interrupted run left, through the provider's
-// Reattacher (ResumeFrom made sure there is one when it is needed). An agent environment
-// is closed as its step 7 would have (kept with retain); an evaluation environment is
-// removed whatever retain says, since the resume opens a new one in its place.
+// Reattacher, and removes what its cut opens left, through its Remover (ResumeFrom made
+// sure of each when it is needed). An agent environment is closed as its step 7 would
+// have (kept with retain); an evaluation environment is removed whatever retain says,
+// since the resume opens a new one in its place.
 func (tr *taskRun) closeLeftovers(ctx context.Context, prev *Record) error {
 	ra, _ := tr.r.Provider.(Reattacher)
 	for _, e := range prev.Environments {
@@ -167,27 +176,37 @@ func (tr *taskRun) closeLeftovers(ctx context.Context, prev *Record) error {
 			return err
 		}
 	}
-	for _, role := range cutOpens(prev) {
-		if ra == nil {
-			continue
-		}
-		env, err := ra.Reattach(ctx, tr.t.ID, role)
-		if errors.Is(err, ErrEnvironmentGone) {
-			continue // the open had created nothing, or its own rollback removed it
-		}
-		if err != nil {
-			return fmt.Errorf("controller: resume task %s: what the cut open of its %s environment left: %w", tr.t.ID, role, err)
-		}
-		// Never usable, so never kept: the record lists it, and its close, as it goes.
-		tr.rec.update(func(r *Record) {
-			r.Environments = append(r.Environments, EnvRecord{ID: env.ID(), Role: role, State: EnvOpen})
-		})
-		tr.mu.Lock()
-		tr.envs[role] = &envState{env: env, role: role, phase: "reattached"}
-		tr.mu.Unlock()
-		if err := tr.closeEnv(ctx, role, false); err != nil {
-			return err
+	if rm, ok := tr.r.Provider.(Remover); ok {
+		for _, c := range cutOpens(prev) {
+			if err := tr.removeCutOpen(ctx, rm, c); err != nil {
+				return err
+			}
 		}
 	}
+	return nil
+}
+
+// removeCutOpen removes what a cut open left, as a close step of its own (under the
+// policy that open was putting in force, the most it can have had) and, when anything
+// was there, an environment recorded closed. Never kept: it never became usable.
+func (tr *taskRun) removeCutOpen(ctx context.Context, rm Remover, c cutOpen) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tr.r.controlTimeout())
+	defer cancel()
+	name := StepClose
+	if c.Role == RoleEvaluation {
+		name = StepEvaluationEnd
+	}
+	idx := tr.beginStep(name, c.Role, "", c.Phase, c.Mode)
+	id, err := rm.RemoveEnvironment(cctx, tr.t.ID, c.Role)
+	if err != nil {
+		err = fmt.Errorf("controller: resume task %s: remove what the cut open of its %s environment left: %w", tr.t.ID, c.Role, err)
+		tr.endStep(idx, StepError, nil, err)
+		return err
+	}
+	tr.rec.update(func(r *Record) {
+		r.Steps[idx].Environment = id
+		r.Environments = append(r.Environments, EnvRecord{ID: id, Role: c.Role, State: EnvClosed})
+	})
+	tr.endStep(idx, StepOK, nil, nil)
 	return nil
 }

@@ -518,7 +518,7 @@ func TestResumeAfterACutOpen(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			if _, err := controller.ResumeFrom(prev, tr, fake); err == nil || !strings.Contains(err.Error(), "died while opening the "+string(tc.role)+" environment") {
+			if _, err := controller.ResumeFrom(prev, tr, fake); err == nil || !strings.Contains(err.Error(), "died while opening the "+string(tc.role)+" environment") || !strings.Contains(err.Error(), "env close --task t1") {
 				t.Errorf("resume without reattach: %v", err)
 			}
 			r.Provider = controllertest.ReattachingProvider{Provider: fake}
@@ -533,11 +533,15 @@ func TestResumeAfterACutOpen(t *testing.T) {
 			if closeAt < 0 || openAt < closeAt {
 				t.Errorf("the cut open's leftover was not closed before the new open:\n%s", strings.Join(ev, "\n"))
 			}
-			closed := slices.ContainsFunc(out.Environments, func(e controller.EnvRecord) bool {
-				return e.ID == leftover.ID() && e.State == controller.EnvClosed
-			})
-			if !closed {
-				t.Errorf("the leftover is not recorded closed: %+v", out.Environments)
+			// The cut open's environment closed, the resume's own kept (retain).
+			var states []controller.EnvState
+			for _, e := range out.Environments {
+				if e.ID == leftover.ID() {
+					states = append(states, e.State)
+				}
+			}
+			if !slices.Equal(states, []controller.EnvState{controller.EnvClosed, controller.EnvRetained}) {
+				t.Errorf("environments %+v, want %s closed (the cut open's), then retained (the resume's)", out.Environments, leftover.ID())
 			}
 		})
 	}

@@ -129,6 +129,14 @@ type Reattacher interface {
 	Reattach(ctx context.Context, task string, role Role) (Environment, error)
 }
 
+// Remover is implemented by providers that can remove whatever exists of a task's
+// environment of a role, however far the open that began it got: a half-finished open
+// may have no enforcement point to reattach, only objects under the environment's name.
+// It returns the environment's ID.
+type Remover interface {
+	RemoveEnvironment(ctx context.Context, task string, role Role) (string, error)
+}
+
 // ErrEnvironmentGone is what a Reattacher's error wraps when there is nothing to reattach.
 var ErrEnvironmentGone = errors.New("controller: environment no longer exists")
 

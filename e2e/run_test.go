@@ -232,6 +232,66 @@ func TestRunResumeAfterKill(t *testing.T) {
 	}
 }
 
+// TestRunResumeAfterKillInOpen kills the runner inside the agent environment's open, once
+// the task's first Docker object exists: the resume removes what that open left (the new
+// open needs its names; Docker refused them, and the task ended failed) and runs the task
+// from the start.
+func TestRunResumeAfterKillInOpen(t *testing.T) {
+	demoImages(t)
+	t.Parallel()
+	id := h.Name("killopen")
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out")
+	file := writeTask(t, dir, "task.yaml", taskYAML(id, "shared", "run: [\"demo sleep 1ms\"]\nevaluate: [\"demo sleep 1ms\"]\n"))
+	r := startRun(t, context.Background(), file, "--out", out)
+	for deadline := time.Now().Add(2 * time.Minute); len(taskLeftovers(t, id)) == 0; {
+		select {
+		case <-r.done:
+			t.Fatalf("compassctl run ended before it created anything:\n%s", r.out.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no Docker object of task %s appeared:\n%s", id, r.out.String())
+		}
+	}
+	r.signal(syscall.SIGKILL)
+	r.wait(t, time.Minute)
+	prev, err := controller.ReadRecord(filepath.Join(out, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := prev.Steps[len(prev.Steps)-1]; last.Name != controller.StepOpen || last.Status != controller.StepRunning || len(prev.Environments) != 0 {
+		t.Fatalf("the kill did not land inside the open: last step %s %s, environments %+v", last.Name, last.Status, prev.Environments)
+	}
+	left := taskLeftovers(t, id)
+	if len(left) == 0 {
+		t.Fatal("the killed open left nothing behind to resume past")
+	}
+
+	code, text := startRun(t, context.Background(), file, "--out", out, "--resume").wait(t, 3*time.Minute)
+	rec, err := controller.ReadRecord(filepath.Join(out, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != 0 || rec.Status != controller.StatusSucceeded {
+		t.Fatalf("resume past %v: exit %d, status %s (%s):\n%s", left, code, rec.Status, rec.Error, text)
+	}
+	if len(rec.Resumes) != 1 || rec.Resumes[0].From != controller.StepOpen {
+		t.Errorf("resumes %+v", rec.Resumes)
+	}
+	if len(rec.Environments) != 2 {
+		t.Errorf("environments %+v, want the killed open's and the resume's", rec.Environments)
+	}
+	for _, e := range rec.Environments {
+		if e.State != controller.EnvClosed {
+			t.Errorf("environment %s is %s", e.ID, e.State)
+		}
+	}
+	if left := taskLeftovers(t, id); len(left) > 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}
+
 // TestRunRetain keeps the environment: it is still there after the run, the summary says
 // how to reach it, and `compassctl env close` removes it.
 func TestRunRetain(t *testing.T) {

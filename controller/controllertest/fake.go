@@ -98,10 +98,7 @@ func (p *Provider) Open(ctx context.Context, spec controller.EnvSpec) (controlle
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	id := spec.Task
-	if spec.Role == controller.RoleEvaluation {
-		id += "-eval"
-	}
+	id := envID(spec.Task, spec.Role)
 	e := &Env{p: p, id: id, role: spec.Role, policy: spec.Baseline, files: map[string]string{}}
 	p.mu.Lock()
 	if old, ok := p.envs[id]; ok && !old.isClosed() {
@@ -125,10 +122,7 @@ func (p ReattachingProvider) Reattach(_ context.Context, task string, role contr
 			return nil, err
 		}
 	}
-	id := task
-	if role == controller.RoleEvaluation {
-		id += "-eval"
-	}
+	id := envID(task, role)
 	p.mu.Lock()
 	e, ok := p.envs[id]
 	p.mu.Unlock()
@@ -137,6 +131,26 @@ func (p ReattachingProvider) Reattach(_ context.Context, task string, role contr
 	}
 	p.logf("%s reattach", role)
 	return e, nil
+}
+
+// RemoveEnvironment closes the environment of that task and role if one is open.
+func (p ReattachingProvider) RemoveEnvironment(ctx context.Context, task string, role controller.Role) (string, error) {
+	id := envID(task, role)
+	p.mu.Lock()
+	e, ok := p.envs[id]
+	p.mu.Unlock()
+	p.logf("%s remove", role)
+	if ok && !e.isClosed() {
+		return id, e.Close(ctx, false)
+	}
+	return id, nil
+}
+
+func envID(task string, role controller.Role) string {
+	if role == controller.RoleEvaluation {
+		return task + "-eval"
+	}
+	return task
 }
 
 // Env is one fake environment.
