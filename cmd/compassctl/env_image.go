@@ -60,7 +60,7 @@ func newEnvImageCommand(f *envFlags) *cobra.Command {
 	save := &cobra.Command{
 		Use:   "save FILE",
 		Short: "Export the sidecar and probe images to a tar archive",
-		Args:  exactArgs(1),
+		Args:  exactArgs("FILE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, done, err := f.provider()
 			if err != nil {
@@ -89,7 +89,7 @@ func newEnvImageCommand(f *envFlags) *cobra.Command {
 	load := &cobra.Command{
 		Use:   "load FILE",
 		Short: "Import images exported by `image save` (air-gapped hosts)",
-		Args:  exactArgs(1),
+		Args:  exactArgs("FILE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cli, err := docker.NewClient()
 			if err != nil {

@@ -61,8 +61,8 @@ func TestUnknownCommandsAndStrayArguments(t *testing.T) {
 		{[]string{"env", "ls", "all"}, `unexpected argument "all"`},
 		{[]string{"env", "doctor", "now"}, `unexpected argument "now"`},
 		{[]string{"env", "image", "build", "now"}, `unexpected argument "now"`},
-		{[]string{"env", "image", "load"}, `expected 1 argument(s), got 0`},
-		{[]string{"env", "image", "save", "a.tar", "b.tar"}, `expected 1 argument(s), got 2`},
+		{[]string{"env", "image", "load"}, `want FILE: FILE is missing`},
+		{[]string{"env", "image", "save", "a.tar", "b.tar"}, `want FILE: "b.tar" is one argument too many`},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

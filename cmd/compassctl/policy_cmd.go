@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -24,10 +25,16 @@ func newPolicyCommand() *cobra.Command {
 	return cmd
 }
 
-func exactArgs(n int) cobra.PositionalArgs {
+// exactArgs takes the named arguments, and says which one is missing or which is one
+// too many.
+func exactArgs(names ...string) cobra.PositionalArgs {
 	return func(_ *cobra.Command, args []string) error {
-		if len(args) != n {
-			return usageError{fmt.Errorf("expected %d argument(s), got %d", n, len(args))}
+		want := strings.Join(names, " ")
+		switch {
+		case len(args) < len(names):
+			return usageError{fmt.Errorf("want %s: %s is missing", want, names[len(args)])}
+		case len(args) > len(names):
+			return usageError{fmt.Errorf("want %s: %q is one argument too many", want, args[len(names)])}
 		}
 		return nil
 	}
@@ -37,7 +44,7 @@ func newPolicyCheckCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "check POLICY_JSON",
 		Short: "Validate a policy and print its canonical form",
-		Args:  exactArgs(1),
+		Args:  exactArgs("POLICY_JSON"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := policy.Parse([]byte(args[0]))
 			if err != nil {
@@ -62,7 +69,7 @@ internal address (loopback, link-local, unspecified, multicast, IPv4-mapped or
 -embedding) is denied unless an IP or CIDR rule allows it, with the proxy's own guard;
 --deny-private adds the private-use ranges, as for a sidecar run with that flag.
 Exits 0 whatever the decision.`,
-		Args: exactArgs(2),
+		Args: exactArgs("POLICY_JSON", "HOST[:PORT]"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := refuseEmpty(cmd.Flags(), "resolve"); err != nil {
 				return err

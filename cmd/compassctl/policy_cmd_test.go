@@ -99,7 +99,7 @@ func TestPolicyMatchRefusesBadInput(t *testing.T) {
 		{[]string{`"public"`, "203.0.113.7", "--resolve", "203.0.113.7"}, `--resolve is for a host name; "203.0.113.7" is already an address`},
 		{[]string{`"public"`, "x.test", "--resolve", "x.test"}, `--resolve "x.test": not an IP address`},
 		{[]string{`"public"`, "x.test:0"}, "outside 1..65535"},
-		{[]string{`"public"`}, "expected 2 argument(s), got 1"},
+		{[]string{`"public"`}, "want POLICY_JSON HOST[:PORT]: HOST[:PORT] is missing"},
 	}
 	if code, stdout, stderr := runCaptured(t, "policy", "chek", `"public"`); code != 2 || stdout != "" || !strings.Contains(stderr, `unknown command "chek" for "compassctl policy"`) {
 		t.Errorf("policy chek: exit %d stdout %q stderr %q, want exit 2 and an unknown-command error", code, stdout, stderr)
