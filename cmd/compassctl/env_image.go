@@ -91,6 +91,9 @@ func newEnvImageCommand(f *envFlags) *cobra.Command {
 		Short: "Import images exported by `image save` (air-gapped hosts)",
 		Args:  exactArgs("FILE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if _, err := os.Stat(args[0]); err != nil {
+				return usageError{fmt.Errorf("load %q: %w", args[0], err)}
+			}
 			cli, err := docker.NewClient()
 			if err != nil {
 				return err

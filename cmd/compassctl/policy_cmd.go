@@ -25,8 +25,8 @@ func newPolicyCommand() *cobra.Command {
 	return cmd
 }
 
-// exactArgs takes the named arguments, and says which one is missing or which is one
-// too many.
+// exactArgs takes the named arguments, none empty, and says which one is missing or
+// empty, or which is one too many.
 func exactArgs(names ...string) cobra.PositionalArgs {
 	return func(_ *cobra.Command, args []string) error {
 		want := strings.Join(names, " ")
@@ -35,6 +35,11 @@ func exactArgs(names ...string) cobra.PositionalArgs {
 			return usageError{fmt.Errorf("want %s: %s is missing", want, names[len(args)])}
 		case len(args) > len(names):
 			return usageError{fmt.Errorf("want %s: %q is one argument too many", want, args[len(names)])}
+		}
+		for i, a := range args {
+			if a == "" {
+				return usageError{fmt.Errorf("want %s: %s is empty", want, names[i])}
+			}
 		}
 		return nil
 	}
