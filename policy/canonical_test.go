@@ -54,11 +54,55 @@ func TestCanonicalHostnameLongUnicodeIsCheap(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("longer than %d bytes as written", maxUnicodeName)) {
 		t.Errorf("CanonicalHostname of %d bytes: %v, want a length error", len(name), err)
 	}
+	// The bound is maxUnicodeName bytes: one byte more is refused for its length, the
+	// bound itself goes on to IDNA (which refuses this one for its 256-character label).
+	at := strings.Repeat("\U0001d41a", maxUnicodeName/4)
+	for _, tc := range []struct {
+		name    string
+		refused bool
+	}{{at, false}, {at + "a", true}} {
+		_, err := CanonicalHostname(tc.name)
+		if got := err != nil && strings.Contains(err.Error(), "bytes as written"); got != tc.refused {
+			t.Errorf("CanonicalHostname of %d bytes: %v; want a length refusal: %v", len(tc.name), err, tc.refused)
+		}
+	}
 	// The longest names still pass: 253 characters, each written as a 4-byte mathematical
 	// letter or a 3-byte ideographic full stop.
 	long := strings.Repeat(strings.Repeat("\U0001d41a", 63)+"\u3002", 3) + strings.Repeat("\U0001d41a", 61)
 	want := strings.Repeat(strings.Repeat("a", 63)+".", 3) + strings.Repeat("a", 61)
 	if got, err := CanonicalHostname(long); err != nil || got != want {
 		t.Errorf("CanonicalHostname of a 253-character name in %d bytes = %q, %v; want %q", len(long), got, err, want)
+	}
+}
+
+// TestIsNonCanonicalIPv4 pins which names an inet_aton-style parser reads as an IPv4
+// address: one to four numbers, each decimal, octal (a leading 0, whose digits this
+// check does not hold to 0-7: refusing "09" too fails closed) or hex with a 0x or 0X
+// prefix and digits in either case. The proxy asks this of the host as the client
+// wrote it, before any lower-casing.
+func TestIsNonCanonicalIPv4(t *testing.T) {
+	tests := []struct {
+		in   string
+		want bool
+	}{
+		{"127.1", true},
+		{"2130706433", true},
+		{"89.1", true},
+		{"0x7f.0.0.1", true},
+		{"0X7F.0.0.1", true},
+		{"0xFf.1", true},
+		{"0x.1", true}, // "0x" with no digits reads as 0
+		{"127.0.0.1.", true},
+		{"1.2.3.4.5", false}, // five numbers are no address: a name
+		{"1..2", false},
+		{"", false},
+		{"0xg.1", false},
+		{"a.1", false},
+		{"1.2.3.x", false},
+	}
+	for _, tc := range tests {
+		if got := IsNonCanonicalIPv4(tc.in); got != tc.want {
+			t.Errorf("IsNonCanonicalIPv4(%q) = %v, want %v", tc.in, got, tc.want)
+		}
 	}
 }

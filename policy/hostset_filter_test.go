@@ -40,3 +40,31 @@ func TestNameTableFilter(t *testing.T) {
 		})
 	}
 }
+
+// TestNameTableKeepsTagCollisionsApart builds a table of two names that share the
+// 32-bit tag and the first slot, and checks that each still finds its own rule: the tag
+// only settles mismatches early, the name decides. A name that matched another's rule
+// would let an allowlist entry admit a host nobody listed.
+func TestNameTableKeepsTagCollisionsApart(t *testing.T) {
+	seed := maphash.MakeSeed()
+	// Two keys get 8 slots: a collision needs the tag and the low 3 bits of the hash
+	// alike, 35 bits, which about 2^18 names give.
+	seen := make(map[uint64]string)
+	var a, b string
+	for i := 0; a == ""; i++ {
+		name := "c" + strconv.Itoa(i) + ".collide.test"
+		h := maphash.String(seed, name)
+		key := h>>32<<3 | h&7
+		if other, ok := seen[key]; ok {
+			a, b = other, name
+		}
+		seen[key] = name
+	}
+	targets := []Target{{Kind: KindHost, Host: a}, {Kind: KindHost, Host: b, Port: 443}}
+	s := newHostSet(targets, seed)
+	for want, name := range []string{a, b} {
+		if got := s.lookup(targets, name, 443, true); got != want {
+			t.Errorf("lookup(%q) = rule %d, want %d (%q and %q share a tag and a slot)", name, got, want, a, b)
+		}
+	}
+}

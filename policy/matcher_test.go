@@ -180,6 +180,27 @@ func TestDecide(t *testing.T) {
 			{"registry.test", "", 0, false, ReasonDenylisted, "registry.test"},
 			{"", "", 0, true, ReasonNotDenylisted, ""},
 		}},
+		// Ten port rules for one name: past the linear scan, the group is searched by
+		// halves, and every listed port must still be found (SPEC §2: a target with a port
+		// matches that port).
+		// A suffix of 64 labels or more has its label count kept in the second word of
+		// the count set: the walk must still look it up.
+		{"denylist wildcard of a 64-label suffix", ModeDenylist, []string{"*." + strings.Repeat("a.", 63) + "test"}, []query{
+			{"x." + strings.Repeat("a.", 63) + "test", "", 443, false, ReasonDenylisted, "*." + strings.Repeat("a.", 63) + "test"},
+			{"x.y." + strings.Repeat("a.", 63) + "test", "", 443, false, ReasonDenylisted, "*." + strings.Repeat("a.", 63) + "test"},
+			{strings.Repeat("a.", 63) + "test", "", 443, true, ReasonNotDenylisted, ""},
+		}},
+		{"denylist host on many ports", ModeDenylist,
+			[]string{"ports.test:21", "ports.test:22", "ports.test:25", "ports.test:80", "ports.test:110",
+				"ports.test:143", "ports.test:443", "ports.test:465", "ports.test:587", "ports.test:993"}, []query{
+				{"ports.test", "", 21, false, ReasonDenylisted, "ports.test:21"},
+				{"ports.test", "", 110, false, ReasonDenylisted, "ports.test:110"},
+				{"ports.test", "", 443, false, ReasonDenylisted, "ports.test:443"},
+				{"ports.test", "", 993, false, ReasonDenylisted, "ports.test:993"},
+				{"ports.test", "", 444, true, ReasonNotDenylisted, ""},
+				{"ports.test", "", 8080, true, ReasonNotDenylisted, ""},
+				{"ports.test", "", 0, true, ReasonNotDenylisted, ""},
+			}},
 		{"denylist wildcard", ModeDenylist, []string{"*.registry.test"}, []query{
 			{"a.registry.test", "", 443, false, ReasonDenylisted, "*.registry.test"},
 			{"registry.test", "", 443, true, ReasonNotDenylisted, ""},

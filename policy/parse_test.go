@@ -34,6 +34,11 @@ func TestParseTargetAccepts(t *testing.T) {
 		{"*\uff61example.com", "*.example.com", KindWildcard},
 		{"example.123", "example.123", KindHost},
 		{strings.Repeat("a", 63) + ".test", strings.Repeat("a", 63) + ".test", KindHost},
+		// 253 characters, the longest name; its root dot does not count.
+		{strings.Repeat("abcdefghi.", 25) + "abc", strings.Repeat("abcdefghi.", 25) + "abc", KindHost},
+		{strings.Repeat("abcdefghi.", 25) + "abc.", strings.Repeat("abcdefghi.", 25) + "abc", KindHost},
+		// Five numbers are no inet_aton address, so this is a name like "example.123".
+		{"1.2.3.4.5", "1.2.3.4.5", KindHost},
 		{"xn--i-7iq.example", "xn--i-7iq.example", KindHost},
 		{"localhost", "localhost", KindHost},
 		{"203.0.113.10", "203.0.113.10", KindAddr},
@@ -139,6 +144,14 @@ func TestParseTargetRejects(t *testing.T) {
 		{"-pypi.org", "starts or ends with '-'"},
 		{strings.Repeat("a", 64) + ".test", "longer than 63"},
 		{strings.Repeat("abcdefghi.", 26) + "test", "longer than 253"},
+		{strings.Repeat("abcdefghi.", 25) + "abcd", "longer than 253"},
+		{"pypi-.org", "starts or ends with '-'"},
+		// Brackets are for IPv6 only (SPEC §2): an IPv4 address or range takes its port bare.
+		{"[203.0.113.10]:443", "brackets are only for an IPv6"},
+		{"[203.0.113.0/24]:443", "brackets are only for an IPv6"},
+		{"89.1", "dotted-decimal"},
+		{"0X7F.0.0.0/8", "dotted-decimal"},
+		{"pypi\xff.org", "not valid UTF-8"},
 		{"a:b:c", "not a valid IPv6"},
 		// An "xn--" label must be the punycode of a valid internationalised label.
 		{"xn--zz.example", `the label "xn--zz" is not a valid IDN A-label`},
@@ -211,6 +224,10 @@ func TestParseValue(t *testing.T) {
 		{name: "port as string", in: `{"network_mode":"allowlist","allowed_hosts":[{"host":"a.test","port":"443"}]}`, errs: []string{`allowed_hosts[0].port "443": the port must be an integer, not a string`}},
 		{name: "port zero", in: `{"network_mode":"allowlist","allowed_hosts":[{"host":"a.test","port":0}]}`, errs: []string{`the port must be in 1..65535`}},
 		{name: "port too big", in: `{"network_mode":"allowlist","allowed_hosts":[{"host":"a.test","port":70000}]}`, errs: []string{`the port must be in 1..65535`}},
+		// 65536 would wrap to 0 in a uint16, which means every port.
+		{name: "port one past the bound", in: `{"network_mode":"allowlist","allowed_hosts":[{"host":"a.test","port":65536}]}`, errs: []string{`allowed_hosts[0].port 65536: the port must be in 1..65535`}},
+		{name: "port at the bounds", in: `{"network_mode":"allowlist","allowed_hosts":[{"host":"a.test","port":1},{"host":"a.test","port":65535}]}`,
+			want: `{"network_mode":"allowlist","allowed_hosts":["a.test:1","a.test:65535"]}`},
 		{name: "object host bad", in: `{"network_mode":"allowlist","allowed_hosts":[{"host":"api.*.test"}]}`, errs: []string{`allowed_hosts[0].host "api.*.test": only a leading wildcard`}},
 		{name: "duplicate key", in: `{"network_mode":"public","network_mode":"no-network"}`, errs: []string{`the key "network_mode" appears twice`}},
 		{name: "trailing data", in: `"public" "no-network"`, errs: []string{`unexpected data after the first value`}},
@@ -289,6 +306,8 @@ func TestParseYAML(t *testing.T) {
 		{"network_mode: allowlist\nallowed_hosts: [{host: a.test, port: 0999}]\n", "the number 0999 has a leading zero"},
 		{"network_mode: allowlist\nallowed_hosts: [{host: a.test, port: -0443}]\n", "the number -0443 has a leading zero"},
 		{"network_mode: allowlist\nallowed_hosts: [{host: a.test, port: 0_443}]\n", "the number 0_443 has a leading zero"},
+		{"network_mode: allowlist\nallowed_hosts: [{host: a.test, port: +0443}]\n", "the number +0443 has a leading zero"},
+		{"network_mode: allowlist\nallowed_hosts: [{host: a.test, port: 01}]\n", "the number 01 has a leading zero"},
 		{"network_mode: allowlist\nallowed_hosts: [{host: a.test, port: 0}]\n", "port 0: the port must be in 1..65535"},
 		{"network_mode: allowlist\nallowed_hosts: [{host: a.test, port: 0.5}]\n", "port 0.5: the port must be an integer"},
 	} {
@@ -310,8 +329,41 @@ func TestDigestIgnoresSpelling(t *testing.T) {
 	if a.Digest() != b.Digest() || !strings.HasPrefix(a.Digest(), "sha256:") {
 		t.Fatalf("digests differ: %s %s", a.Digest(), b.Digest())
 	}
+	if !a.Equal(b) {
+		t.Fatalf("%s and %s are not Equal", a, b)
+	}
+	// Same mode, another target: neither Equal nor the same digest.
+	c, err := Parse([]byte(`{"network_mode":"allowlist","allowed_hosts":["a.test:80"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Equal(c) || a.Digest() == c.Digest() {
+		t.Fatalf("%s and %s compare equal", a, c)
+	}
 	if Public.Digest() == NoNetwork.Digest() {
 		t.Fatal("public and no-network share a digest")
+	}
+}
+
+// Restricted decides whether the Docker controller takes the agent off its outside
+// networks: every mode but public restricts, also a list-mode policy with no entries.
+func TestPolicyRestricted(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want bool
+	}{
+		{`"public"`, false},
+		{`"no-network"`, true},
+		{`{"network_mode":"allowlist","allowed_hosts":[]}`, true},
+		{`{"network_mode":"denylist","denied_hosts":[]}`, true},
+	} {
+		p, err := Parse([]byte(tc.in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Restricted(); got != tc.want {
+			t.Errorf("%s.Restricted() = %v, want %v", tc.in, got, tc.want)
+		}
 	}
 }
 

@@ -324,6 +324,12 @@ func TestPlanRecipeEndpoints(t *testing.T) {
 			wantErr: []string{"blocks it (denylisted, rule *.test)"},
 		},
 		{
+			name:    "a recipe's own denylist gets no inferred endpoint: it fails as written",
+			task:    `{"task_id":"swe-1"}`,
+			recipes: []string{`{"name":"d","run_network_policy":{"network_mode":"denylist","denied_hosts":["*.test"]},"required_endpoints":[{"host":"model.test","port":443,"phase":"run"}]}`},
+			wantErr: []string{`the effective run policy {"network_mode":"denylist","denied_hosts":["*.test"]} (source: recipe:d) blocks it (denylisted, rule *.test)`},
+		},
+		{
 			name:    "a recipe that supplies nothing only checks: public passes",
 			task:    `{"task_id":"swe-1"}`,
 			recipes: []string{checkOnly},
@@ -529,7 +535,7 @@ func TestPlanNotice(t *testing.T) {
 // A provider's refusal of an entry a recipe added says so: the policy's author never
 // wrote it. One the author wrote is refused without that note.
 func TestPlanRefusalNamesTheRecipeThatAddedAnEntry(t *testing.T) {
-	recipe := `{"name":"model-endpoint","run_network_policy":{"network_mode":"allowlist","allowed_hosts":["judge.test"]},
+	recipe := `{"name":"model-endpoint","run_network_policy":{"network_mode":"allowlist","allowed_hosts":["judge.test:80"]},
 		"required_endpoints":[{"host":"model.test","port":443,"phase":"run"}]}`
 	for _, tc := range []struct {
 		name, task, want string
@@ -537,6 +543,9 @@ func TestPlanRefusalNamesTheRecipeThatAddedAnEntry(t *testing.T) {
 	}{
 		{"added by the recipe", `{"task_id":"t1"}`,
 			`run_network_policy.allowed_hosts[1] "model.test:443": provider daytona, run phase: port-specific targets cannot be enforced; write the host without a port (recipe "model-endpoint" added this entry, an endpoint it requires; an entry of the policy's source, recipe:model-endpoint, that allows the endpoint makes the addition unneeded)`, true},
+		// The recipe's own entry, which it wrote: the line ends without the note.
+		{"written in the recipe", `{"task_id":"t1"}`,
+			`run_network_policy.allowed_hosts[0] "judge.test:80": provider daytona, run phase: port-specific targets cannot be enforced; write the host without a port` + "\n", true},
 		{"written in the task", `{"task_id":"t1","run_network_policy":` + allowModel + `}`,
 			`run_network_policy.allowed_hosts[0] "model.test:443": provider daytona, run phase: port-specific targets cannot be enforced; write the host without a port`, false},
 	} {

@@ -51,6 +51,7 @@ func TestProviderChecks(t *testing.T) {
 		{"daytona", PhaseRun, allow(``), ""},
 		{"daytona", PhaseEvaluation, deny, `evaluation_network_policy "denylist": provider daytona, evaluation phase: cannot enforce denylist (it supports public, no-network, allowlist); only docker enforces a denylist, and it is never broadened to public`},
 		{"daytona", PhaseRun, allow(`"model.test:443"`), `run_network_policy.allowed_hosts[0] "model.test:443": provider daytona, run phase: port-specific targets cannot be enforced; write the host without a port`},
+		{"daytona", PhaseRun, allow(`"model.test:1"`), `run_network_policy.allowed_hosts[0] "model.test:1": provider daytona, run phase: port-specific targets cannot be enforced; write the host without a port`},
 		{"daytona", PhaseRun, allow(`"2001:db8::1"`), `run_network_policy.allowed_hosts[0] "2001:db8::1": provider daytona, run phase: IPv6 entries are not supported`},
 		{"daytona", PhaseRun, allow(`"198.51.100.7","2001:db8::/32"`), `run_network_policy.allowed_hosts[1] "2001:db8::/32": provider daytona, run phase: IPv6 entries are not supported`},
 		{"daytona", PhaseRun, allow(`"model.test","198.51.100.7"`), `run_network_policy.allowed_hosts[1] "198.51.100.7": provider daytona, run phase: domain entries and IPv4 network entries cannot be mixed in one list (the list starts with a domain entry, model.test)`},

@@ -207,9 +207,6 @@ func parseHost(h string) (Target, error) {
 		a = a.Unmap()
 		return Target{Kind: KindAddr, Prefix: netip.PrefixFrom(a, a.BitLen())}, nil
 	}
-	if strings.Contains(h, ":") {
-		return Target{}, ruleErr("not a valid IPv6 address")
-	}
 	for _, stop := range idnFullStops {
 		// The label separator after the wildcard may be written as any full stop IDNA
 		// maps to '.', as it may between the other labels.
