@@ -15,6 +15,8 @@ func TestAddrRulePorts(t *testing.T) {
 		{`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`, nil, []uint16{22, 443}},
 		{`{"network_mode":"allowlist","allowed_hosts":["a.test","203.0.113.10:443","[2001:db8::/32]:8443"]}`, []uint16{443, 8443}, []uint16{22, 80}},
 		{`{"network_mode":"allowlist","allowed_hosts":["a.test:22","203.0.113.0/24"]}`, []uint16{22, 443, 1}, nil},
+		// Ports in no order in the policy.
+		{`{"network_mode":"allowlist","allowed_hosts":["203.0.113.10:8443","203.0.113.11:443","203.0.113.12:22"]}`, []uint16{22, 443, 8443}, []uint16{80}},
 		{`"public"`, nil, []uint16{443}},
 		{`{"network_mode":"denylist","denied_hosts":["203.0.113.0/24"]}`, nil, []uint16{443}},
 	}

@@ -33,6 +33,9 @@ func TestBypassVectors(t *testing.T) {
 		{"GET IP literal of an allowed name", fmt.Sprintf("GET http://127.0.0.2:%d/ HTTP/1.1\r\nHost: a.test\r\n\r\n", ap), "reason=not-allowlisted", "local="},
 		{"Host header names a denied host", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: b.test:%d\r\nConnection: close\r\n\r\n", ap, bp), "reason=host-mismatch", "local="},
 		{"Host header names an allowed host", fmt.Sprintf("GET http://b.test:%d/ HTTP/1.1\r\nHost: a.test:%d\r\nConnection: close\r\n\r\n", bp, ap), "reason=not-allowlisted", "local="},
+		{"Host header names a denied host without a port", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n", ap), "reason=host-mismatch", "local="},
+		{"Host header names a denied address", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: 127.0.0.3:%d\r\nConnection: close\r\n\r\n", ap, ap), "reason=host-mismatch", "local="},
+		{"HTTP/1.0 without a Host header", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.0\r\n\r\n", ap), "host=a.test:", ""},
 		{"Host header with another port", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test:%d\r\nConnection: close\r\n\r\n", ap, bp), "reason=host-mismatch", "local="},
 		{"Host header in another case, without the port", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: A.Test.\r\nConnection: close\r\n\r\n", ap), "host=a.test:", ""},
 		{"two Host headers", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\nConnection: close\r\n\r\n", ap), "HTTP/1.1 400", "local="},
@@ -47,6 +50,9 @@ func TestBypassVectors(t *testing.T) {
 		{"percent-encoded host", fmt.Sprintf("GET http://b%%2etest:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", bp), "HTTP/1.1 4", "local="},
 		{"unbracketed IPv6", fmt.Sprintf("CONNECT ::ffff:127.0.0.3:%d HTTP/1.1\r\n\r\n", bp), "HTTP/1.1 4", ""},
 		{"IPv6 zone", fmt.Sprintf("CONNECT [fe80::1%%25lo]:%d HTTP/1.1\r\n\r\n", bp), "403", ""},
+		// A zone is not part of the destination: a matcher's ranges never contain a
+		// zoned address, so it would pass a denylist's address rules.
+		{"IPv6 zone in the absolute URI", fmt.Sprintf("GET http://[::1%%25lo]:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", ap), "reason=invalid-host", "local="},
 		{"bracketed name", fmt.Sprintf("CONNECT [b.test]:%d HTTP/1.1\r\n\r\n", bp), "HTTP/1.1 4", ""},
 		{"CONNECT without a port", "CONNECT a.test HTTP/1.1\r\n\r\n", "reason=invalid-port", ""},
 		{"CONNECT with an absolute URI", fmt.Sprintf("CONNECT http://b.test:%d HTTP/1.1\r\n\r\n", bp), "HTTP/1.1 4", ""},
@@ -105,13 +111,20 @@ func TestBypassVectors(t *testing.T) {
 }
 
 // TestPortMismatchWithPortRule: an allowlist rule for one port does not allow the same
-// name on another port in the absolute URI.
+// name on another port in the absolute URI, nor on the scheme's default port when the
+// URI has none (80 for http, 443 for https).
 func TestPortMismatchWithPortRule(t *testing.T) {
 	h := newHarness(t)
-	h.apply(fmt.Sprintf(`{"network_mode":"allowlist","allowed_hosts":["a.test:%d"]}`, h.a.httpPort))
-	out := h.raw(fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test:%d\r\nConnection: close\r\n\r\n", h.a.echoPort, h.a.httpPort))
-	if !strings.Contains(out, "reason=not-allowlisted") {
-		t.Fatalf("answer %q", firstLine(out))
+	for _, tc := range []struct{ rule, request string }{
+		{fmt.Sprintf("a.test:%d", h.a.httpPort), fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test:%d\r\nConnection: close\r\n\r\n", h.a.echoPort, h.a.httpPort)},
+		{"a.test:443", "GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n"},
+		{"a.test:8080", "GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n"},
+		{"a.test:80", "GET https://a.test/ HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n"},
+	} {
+		h.apply(fmt.Sprintf(`{"network_mode":"allowlist","allowed_hosts":[%q]}`, tc.rule))
+		if out := h.raw(tc.request); !strings.Contains(out, "reason=not-allowlisted") {
+			t.Errorf("rule %s, %q: answer %q", tc.rule, firstLine(tc.request), firstLine(out))
+		}
 	}
 }
 

@@ -32,3 +32,14 @@ func TestDecisionKeepsABoundedAddressList(t *testing.T) {
 		}
 	}
 }
+
+// A lookup that answers no address and no error is a refusal that says so, not one
+// without a reason.
+func TestDecisionOnAnEmptyAnswer(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Resolver = &rebindingResolver{counts: map[string]int{}} })
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["empty.test"]}`)
+	v := h.srv.decide(context.Background(), h.srv.current.Load(), "empty.test", 443)
+	if v.Allowed || v.Reason != ReasonResolveFailed {
+		t.Fatalf("allowed %v reason %q, want refused with %q", v.Allowed, v.Reason, ReasonResolveFailed)
+	}
+}

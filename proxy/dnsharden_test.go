@@ -105,7 +105,9 @@ func TestDNSDenylistFiltersEverySection(t *testing.T) {
 			ns, _ := dns.NewRR("ok.test. 60 IN NS ns.ok.test.")
 			glue, _ := dns.NewRR("ns.ok.test. 60 IN A 10.1.2.3")
 			glue6, _ := dns.NewRR("ns.ok.test. 60 IN AAAA fd00::1")
-			m.Ns = []dns.RR{ns}
+			// An address record in the authority section, where none belongs.
+			nsAddr, _ := dns.NewRR("ns2.ok.test. 60 IN A 10.4.5.6")
+			m.Ns = []dns.RR{ns, nsAddr}
 			m.Extra = []dns.RR{glue, glue6}
 		}
 		_ = w.WriteMsg(m)

@@ -32,6 +32,8 @@ func TestDNS(t *testing.T) {
 		// Allowed only through an IP rule: resolves, answers filtered to allowed addresses.
 		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.3"]}`, "dual.test", dns.TypeA, []string{"127.0.0.3"}},
 		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.0/30"]}`, "dual.test", dns.TypeA, []string{"127.0.0.2", "127.0.0.3"}},
+		// A query has no port: an address rule with one lets its addresses through.
+		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.3:443"]}`, "dual.test", dns.TypeA, []string{"127.0.0.3"}},
 		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.3"]}`, "a.test", dns.TypeA, nil},
 		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.3"]}`, "dual.test", dns.TypeTXT, nil},
 		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.3"]}`, "missing.test", dns.TypeA, nil},
@@ -64,6 +66,39 @@ func TestDNS(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDNSRefusedNamesAreNotForwarded: a query the policy refuses never reaches an
+// upstream resolver (its name would carry data out): only a name an IP or CIDR rule
+// could allow is looked up, and only for A and AAAA.
+func TestDNSRefusedNamesAreNotForwarded(t *testing.T) {
+	h := newHarness(t)
+	cases := []struct {
+		policy string
+		name   string
+		qtype  uint16
+	}{
+		{`"no-network"`, "c2VjcmV0.exfil.test", dns.TypeA},
+		{`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`, "c2VjcmV0.exfil.test", dns.TypeA},
+		{`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`, "c2VjcmV0.exfil.test", dns.TypeAAAA},
+		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.3"]}`, "c2VjcmV0.exfil.test", dns.TypeTXT},
+		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.3"]}`, "c2VjcmV0.exfil.test", dns.TypeMX},
+		{`{"network_mode":"denylist","denied_hosts":["exfil.test"]}`, "exfil.test", dns.TypeA},
+		{`{"network_mode":"denylist","denied_hosts":["*.exfil.test"]}`, "c2VjcmV0.exfil.test", dns.TypeA},
+	}
+	for _, tc := range cases {
+		t.Run(tc.policy+" "+dns.TypeToString[tc.qtype], func(t *testing.T) {
+			h.apply(tc.policy)
+			if resp := h.query(tc.name, tc.qtype, "udp"); resp.Rcode != dns.RcodeRefused {
+				t.Errorf("rcode %s, want REFUSED", dns.RcodeToString[resp.Rcode])
+			}
+		})
+	}
+	for _, m := range h.dns.seenMsgs() {
+		if strings.HasSuffix(strings.ToLower(m.Question[0].Name), "exfil.test.") {
+			t.Errorf("a refused query reached the upstream: %s", m.Question[0].String())
+		}
 	}
 }
 

@@ -44,6 +44,10 @@ func FuzzParseRouteGateways(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte("h\nx 0 zzzzzzzz 3\n"))
+	// A line cut short, and gateway routes through the unspecified address.
+	f.Add([]byte("h\nx 0 0100000A\n"))
+	f.Add([]byte("h\nx 0 00000000 3\n"))
+	f.Add([]byte("00000000000000000000000000000000 00 00000000000000000000000000000000 00 00000000000000000000000000000000 00000400 00000001 00000000 00000003 eth0\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, a := range parseIPv4RouteGateways(b) {
 			if !a.Is4() || a.IsUnspecified() {
@@ -67,10 +71,15 @@ func TestGuardRefusesRouteGateways(t *testing.T) {
 	proc := t.TempDir()
 	a := gw.As4()
 	route := fmt.Sprintf("Iface\tDestination\tGateway\tFlags\neth0\t00000000\t%08X\t0003\n", binary.NativeEndian.Uint32(a[:]))
+	// And an IPv6 default route through 2001:db8::77.
+	route6 := "00000000000000000000000000000000 00 00000000000000000000000000000000 00 20010db8000000000000000000000077 00000400 00000001 00000000 00000003 eth0\n"
 	if err := os.MkdirAll(filepath.Join(proc, "net"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(proc, "net", "route"), []byte(route), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proc, "net", "ipv6_route"), []byte(route6), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	h := newHarness(t, func(c *Config) {
@@ -83,6 +92,7 @@ func TestGuardRefusesRouteGateways(t *testing.T) {
 	}{
 		{`"public"`, "192.0.2.77:80", ReasonInternalAddress},
 		{`"public"`, "host.test:80", ReasonInternalAddress},
+		{`"public"`, "[2001:db8::77]:80", ReasonInternalAddress},
 		{`{"network_mode":"denylist","denied_hosts":[]}`, "192.0.2.77:22", ReasonInternalAddress},
 		{`{"network_mode":"allowlist","allowed_hosts":["host.test"]}`, "host.test:80", ReasonInternalAddress},
 		{`{"network_mode":"allowlist","allowed_hosts":["192.0.2.0/24"]}`, "192.0.2.77:80", ReasonInternalAddress},

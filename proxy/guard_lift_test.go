@@ -47,6 +47,41 @@ func TestBroadRulesDoNotLiftGuard(t *testing.T) {
 	}
 }
 
+// TestSwapCutsWhatOnlyALiftedGuardAllowed: a tunnel to an internal address that an IP
+// rule let through is cut by a swap to a set whose rules still allow its name but no
+// longer lift the guard; one whose set keeps a lifting rule stays.
+func TestSwapCutsWhatOnlyALiftedGuardAllowed(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.AllowInternal = nil })
+	for _, tc := range []struct {
+		after string
+		cut   bool
+	}{
+		{`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`, true},
+		{`{"network_mode":"denylist","denied_hosts":[]}`, true},
+		{`"public"`, true},
+		{`{"network_mode":"allowlist","allowed_hosts":["a.test","127.0.0.0/30"]}`, false},
+	} {
+		t.Run(tc.after, func(t *testing.T) {
+			// The tunnel a previous case cut is gone before this one counts cuts.
+			waitFor(t, func() bool { return h.srv.tracker.len() == 0 })
+			h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test","127.0.0.2"]}`)
+			resp, tunnel := h.connect(h.a.echoHostPort("a.test"), "")
+			if tunnel == nil {
+				t.Fatalf("CONNECT a.test: %d %s", resp.StatusCode, resp.Header.Get("X-Compass-Egress"))
+			}
+			defer tunnel.Close()
+			echoRoundTrip(t, tunnel, "before")
+			res := h.apply(tc.after)
+			if want := map[bool]int{true: 1, false: 0}[tc.cut]; res.ClosedConnections != want {
+				t.Fatalf("closed %d connections, want %d", res.ClosedConnections, want)
+			}
+			if !tc.cut {
+				echoRoundTrip(t, tunnel, "after")
+			}
+		})
+	}
+}
+
 // TestOwnListenersRefusedDespiteAllowInternal: --allow-internal opens a loopback range
 // for tests, never a loop into the proxy's own listeners.
 func TestOwnListenersRefusedDespiteAllowInternal(t *testing.T) {
@@ -74,5 +109,10 @@ func TestDNSFilterUnmapsAnswers(t *testing.T) {
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["127.0.0.2"]}`)
 	if r := h.query("mapped.test", dns.TypeAAAA, "udp"); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
 		t.Errorf("127.0.0.2 rule: rcode %s, %d answers, want the record", dns.RcodeToString[r.Rcode], len(r.Answer))
+	}
+	// A denylist's IPv4 rule denies the mapped spelling too.
+	h.apply(`{"network_mode":"denylist","denied_hosts":["127.0.0.2"]}`)
+	if r := h.query("mapped.test", dns.TypeAAAA, "udp"); r.Rcode != dns.RcodeRefused || len(r.Answer) != 0 {
+		t.Errorf("127.0.0.2 denied: rcode %s, %d answers, want REFUSED", dns.RcodeToString[r.Rcode], len(r.Answer))
 	}
 }
