@@ -124,10 +124,17 @@ type cutOpen struct {
 	Mode  policy.Mode
 }
 
+// cutOpens are the cut opens a resume must clean up after: only an open's last attempt
+// counts, since a resume that ran the open again made the environment now under its
+// name (kept with retain, or its own leftover, recorded as such).
 func cutOpens(rec *Record) []cutOpen {
+	last := map[StepName]int{}
+	for i, s := range rec.Steps {
+		last[s.Name] = i
+	}
 	var cut []cutOpen
-	for _, s := range rec.Steps {
-		if s.Status != StepRunning || s.Environment != "" {
+	for i, s := range rec.Steps {
+		if last[s.Name] != i || s.Status != StepRunning || s.Environment != "" {
 			continue
 		}
 		switch s.Name {
@@ -158,7 +165,14 @@ func (tr *taskRun) closeLeftovers(ctx context.Context, prev *Record) error {
 			return fmt.Errorf("controller: resume task %s: leftover environment %s: %w", tr.t.ID, e.ID, err)
 		}
 		if err != nil {
-			// Gone already: the record says so instead of claiming it is open.
+			// Gone already: the record says so instead of claiming it is open. A close cut
+			// half-way may have left objects (the task network) under the name a new open
+			// needs: a Remover removes them first.
+			if rm, ok := tr.r.Provider.(Remover); ok {
+				if err := tr.removeGone(ctx, rm, e.Role); err != nil {
+					return fmt.Errorf("controller: resume task %s: leftover environment %s: %w", tr.t.ID, e.ID, err)
+				}
+			}
 			tr.rec.update(func(r *Record) {
 				for i := range r.Environments {
 					if r.Environments[i].ID == e.ID && leftover(r.Environments[i]) {
@@ -184,6 +198,14 @@ func (tr *taskRun) closeLeftovers(ctx context.Context, prev *Record) error {
 		}
 	}
 	return nil
+}
+
+// removeGone removes what is left of an environment that cannot be reattached.
+func (tr *taskRun) removeGone(ctx context.Context, rm Remover, role Role) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tr.r.controlTimeout())
+	defer cancel()
+	_, err := rm.RemoveEnvironment(cctx, tr.t.ID, role)
+	return err
 }
 
 // removeCutOpen removes what a cut open left, as a close step of its own (under the

@@ -546,3 +546,79 @@ func TestResumeAfterACutOpen(t *testing.T) {
 		})
 	}
 }
+
+// TestResumeIgnoresARetriedCutOpen: the open a first run died in was removed and run
+// again by a resume, which then died in its evaluation open. The first run's open step
+// still shows running, but the resume's open superseded it: a later resume must not
+// remove the agent environment the resume opened and kept (retain) as that open's
+// leftover.
+func TestResumeIgnoresARetriedCutOpen(t *testing.T) {
+	fake := controllertest.New()
+	r := newRunner(t, fake)
+	tr := task(t, controller.EvaluationFresh)
+	tr.Retain = true
+	if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
+		t.Fatal(err)
+	}
+	// cutAt is the record as a runner that died inside the last open step named open
+	// left it, without the environments that open and those after it made.
+	cutAt := func(rec *controller.Record, open controller.StepName, role controller.Role) *controller.Record {
+		rec.Status, rec.Ended = controller.StatusRunning, nil
+		cut := slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == open && s.Environment != "" })
+		rec.Steps = rec.Steps[:cut+1]
+		rec.Steps[cut].Status, rec.Steps[cut].End, rec.Steps[cut].Environment = controller.StepRunning, nil, ""
+		rec.Environments = slices.DeleteFunc(rec.Environments, func(e controller.EnvRecord) bool {
+			return e.Role == role && e.State != controller.EnvClosed || role == controller.RoleAgent
+		})
+		return rec
+	}
+	// First run: died in the agent's open, which left the agent environment.
+	fake = controllertest.New()
+	r.Provider = controllertest.ReattachingProvider{Provider: fake}
+	prev := cutAt(readRecord(t, r, tr.ID), controller.StepOpen, controller.RoleAgent)
+	if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: tr.ID, Role: controller.RoleAgent}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := r.RunTask(context.Background(), tr, prev); err != nil || out.Status != controller.StatusSucceeded {
+		t.Fatalf("first resume: %v", err)
+	}
+	// That resume then died in the evaluation open, which left the evaluation environment
+	// beside the agent environment it kept.
+	prev = cutAt(readRecord(t, r, tr.ID), controller.StepEvaluationOpen, controller.RoleEvaluation)
+	if _, err := controller.ResumeFrom(prev, tr, r.Provider); err != nil {
+		t.Fatalf("ResumeFrom: %v", err)
+	}
+	before := len(fake.Events())
+	out, err := r.RunTask(context.Background(), tr, prev)
+	if err != nil || out.Status != controller.StatusSucceeded {
+		t.Fatalf("second resume: %v, status %s\n%s", err, out.Status, strings.Join(fake.Events()[before:], "\n"))
+	}
+	if ev := fake.Events()[before:]; slices.ContainsFunc(ev, func(e string) bool { return strings.HasPrefix(e, "agent ") }) {
+		t.Errorf("the second resume acted on the agent environment:\n%s", strings.Join(ev, "\n"))
+	}
+	if live := fake.Live(); !slices.Contains(live, "t1") {
+		t.Errorf("live environments %v, want the retained agent environment t1 among them", live)
+	}
+}
+
+// TestResumeRemovesWhatAGoneLeftoverLeft: an environment the record shows open that
+// cannot be reattached (a close cut after its sidecar went) may still have objects
+// under the name the resume's open needs; a provider that can remove them does so
+// before the new open, and the record shows the environment closed.
+func TestResumeRemovesWhatAGoneLeftoverLeft(t *testing.T) {
+	fake := controllertest.New()
+	r, tr, rec := diedDuringEvaluation(t, fake) // the evaluation environment is gone from the engine
+	r.Provider = controllertest.ReattachingProvider{Provider: fake}
+	before := len(fake.Events())
+	out, err := r.RunTask(context.Background(), tr, rec)
+	if err != nil || out.Status != controller.StatusSucceeded {
+		t.Fatalf("resume: %v, status %s", err, out.Status)
+	}
+	ev := fake.Events()[before:]
+	if i, j := slices.Index(ev, "evaluation remove"), slices.Index(ev, "evaluation open no-network image=grader:1"); i < 0 || j < i {
+		t.Errorf("what the gone evaluation environment left was not removed before the new open:\n%s", strings.Join(ev, "\n"))
+	}
+	if e := out.Environments[slices.IndexFunc(out.Environments, func(e controller.EnvRecord) bool { return e.Role == controller.RoleEvaluation })]; e.State != controller.EnvClosed || !strings.Contains(e.Reach, "not found on resume") {
+		t.Errorf("the gone environment recorded %+v, want it closed, not found on resume", e)
+	}
+}

@@ -32,22 +32,21 @@ func newEnvCloseCommand(f *envFlags) *cobra.Command {
 			defer done()
 			env := docker.EnvID(task, envRole)
 			result := map[string]any{"env": env, "retained": retain}
-			e, err := p.LookupTask(cmd.Context(), task, envRole)
-			switch {
-			case errors.Is(err, docker.ErrNoEnvironment):
-				// Idempotent: a second close, or one after a half-finished open, removes
-				// whatever is left by name.
-				if !retain {
-					if err := p.RemoveByName(cmd.Context(), env); err != nil {
+			if retain {
+				e, err := p.LookupTask(cmd.Context(), task, envRole)
+				switch {
+				case errors.Is(err, docker.ErrNoEnvironment):
+				case err != nil:
+					return err
+				default:
+					if err := e.Close(cmd.Context(), true); err != nil {
 						return err
 					}
 				}
-			case err != nil:
+			} else if err := p.RemoveTask(cmd.Context(), task, envRole); err != nil {
+				// Idempotent: a second close, or one after a half-finished open, removes
+				// whatever is left of this task's environment by name.
 				return err
-			default:
-				if err := e.Close(cmd.Context(), retain); err != nil {
-					return err
-				}
 			}
 			return f.print(cmd.OutOrStdout(), result, func(w io.Writer) {
 				if retain {

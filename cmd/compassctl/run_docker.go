@@ -81,19 +81,11 @@ func (p runProvider) Reattach(ctx context.Context, task string, role controller.
 	return runEnv{Env: e, cli: p.cli}, nil
 }
 
-// RemoveEnvironment removes whatever exists of the environment of a task's role, as
-// `compassctl env close` does: through its sidecar when it has one, else by name (a
+// RemoveEnvironment removes whatever exists of the environment of a task's role
+// (docker.Provider.RemoveTask): through its sidecar when it has one, else by name (a
 // half-finished open).
 func (p runProvider) RemoveEnvironment(ctx context.Context, task string, role controller.Role) (string, error) {
-	id := docker.EnvID(task, role)
-	e, err := p.LookupTask(ctx, task, role)
-	switch {
-	case errors.Is(err, docker.ErrNoEnvironment):
-		return id, p.RemoveByName(ctx, id)
-	case err != nil:
-		return id, err
-	}
-	return id, e.Close(ctx, false)
+	return docker.EnvID(task, role), p.RemoveTask(ctx, task, role)
 }
 
 type runEnv struct {

@@ -300,6 +300,69 @@ func ignorableDisconnect(err error) bool {
 	return cerrdefs.IsNotFound(err) || containsAny(err.Error(), "is not connected", "not found", "No such")
 }
 
+// RemoveTask removes whatever exists of a task's environment of a role, however far its
+// open got: through the sidecar when there is one, else by name (RemoveByName). Names
+// are ambiguous (see LookupTask), so a task network or agent container whose labels
+// name another task, role or owner is refused, not removed. It holds the open lock: an
+// open of that name in flight is not torn down half-way.
+func (p *Provider) RemoveTask(ctx context.Context, task string, role controller.Role) error {
+	if role == "" {
+		role = controller.RoleAgent
+	}
+	n := namesFor(EnvID(task, role))
+	unlock, err := p.lockOpen(ctx, n.Env)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	e, err := p.LookupTask(ctx, task, role)
+	switch {
+	case errors.Is(err, ErrNoEnvironment):
+	case err != nil:
+		return err
+	default:
+		return e.Close(ctx, false)
+	}
+	ni, err := p.api.NetworkInspect(ctx, n.Network, network.InspectOptions{})
+	switch {
+	case err == nil:
+		if err := p.checkOwned(ni.Labels, task, role); err != nil {
+			return fmt.Errorf("docker: task network %s: %w", n.Network, err)
+		}
+	case !cerrdefs.IsNotFound(err):
+		return fmt.Errorf("docker: inspect task network %s: %w", n.Network, err)
+	}
+	ci, err := p.api.ContainerInspect(ctx, n.Agent)
+	switch {
+	case err == nil:
+		// Only a container with this controller's labels is removed by name at all.
+		if ci.Config != nil && ci.Config.Labels[labelManaged] == "true" && ci.Config.Labels[labelOwner] == p.cfg.Owner {
+			if err := p.checkOwned(ci.Config.Labels, task, role); err != nil {
+				return fmt.Errorf("docker: agent %s: %w", n.Agent, err)
+			}
+		}
+	case !cerrdefs.IsNotFound(err):
+		return fmt.Errorf("docker: inspect agent %s: %w", n.Agent, err)
+	}
+	return p.RemoveByName(ctx, n.Env)
+}
+
+// checkOwned refuses an object whose labels say it is not this controller's object of
+// the task's environment of that role.
+func (p *Provider) checkOwned(l map[string]string, task string, role controller.Role) error {
+	got := controller.Role(l[labelEnvRole])
+	if got == "" {
+		got = controller.RoleAgent
+	}
+	switch {
+	case l[labelManaged] != "true" || l[labelOwner] != p.cfg.Owner:
+		return fmt.Errorf("not managed by this controller (owner %q); nothing removed", l[labelOwner])
+	case l[labelTask] != task || got != role:
+		return fmt.Errorf("belongs to task %q (%s environment), not to task %q (%s environment); nothing removed", l[labelTask], got, task, role)
+	}
+	return nil
+}
+
 // RemoveByName removes whatever is left of an environment whose sidecar is gone (a
 // half-finished open, or a second close): its network, its state directory, and an
 // agent container only if it carries this controller's labels.

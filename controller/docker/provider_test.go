@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -228,6 +229,90 @@ func TestCloseIsIdempotent(t *testing.T) {
 	}
 	if _, err := r.p.Lookup(ctx, "t4"); err == nil {
 		t.Errorf("lookup after close succeeded")
+	}
+}
+
+// What a half-finished open of task "x-eval"'s agent environment left (its task network
+// and agent container, no sidecar yet) has the name of task "x"'s evaluation
+// environment. Removing x's by name (a resume's removal of a cut open, env close) must
+// refuse it, naming its task; removing x-eval's own removes it.
+func TestRemoveTaskRefusesAnotherTasksLeftovers(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		task   string
+		role   controller.Role
+		owner  string // of the leftovers; "" is the provider's own
+		refuse string // what the error names, "" for a removal
+	}{
+		{"another task's agent environment", "x", controller.RoleEvaluation, "", `task "x-eval"`},
+		{"another owner's", "x-eval", controller.RoleAgent, "someone-else", `owner "someone-else"`},
+		{"its own", "x-eval", controller.RoleAgent, "", ""},
+		{"its own, role defaulted", "x-eval", "", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, "x-eval")
+			r.halfOpen(t, "x-eval", tc.owner)
+			err := r.p.RemoveTask(context.Background(), tc.task, tc.role)
+			left := r.leftovers("x-eval")
+			switch {
+			case tc.refuse == "" && (err != nil || len(left) > 0):
+				t.Errorf("RemoveTask(%q, %q): %v, left %v; want everything removed", tc.task, tc.role, err, left)
+			case tc.refuse != "" && (err == nil || !strings.Contains(err.Error(), tc.refuse)):
+				t.Errorf("RemoveTask(%q, %q): %v; want a refusal naming %s", tc.task, tc.role, err, tc.refuse)
+			case tc.refuse != "" && len(left) != 2:
+				t.Errorf("RemoveTask(%q, %q) refused but left only %v of the other's objects", tc.task, tc.role, left)
+			}
+		})
+	}
+}
+
+// halfOpen leaves what an open of task's agent environment killed before its sidecar
+// leaves: its task network, agent container and state directory, labelled for owner
+// ("" is the provider's own).
+func (r *rig) halfOpen(t *testing.T, task, owner string) {
+	t.Helper()
+	n := namesFor(task)
+	labels := func(objRole string) map[string]string {
+		l := r.p.labels(n, task, controller.RoleAgent, objRole)
+		if owner != "" {
+			l[labelOwner] = owner
+		}
+		return l
+	}
+	if err := os.MkdirAll(filepath.Join(r.p.cfg.StateDir, task), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	r.docker.mu.Lock()
+	defer r.docker.mu.Unlock()
+	r.docker.networks[n.Network] = &fakeNetwork{name: n.Network, internal: true, labels: labels(roleNetwork)}
+	r.docker.containers[n.Agent] = &fakeContainer{id: "agent-id", labels: labels(roleAgent), networks: map[string]bool{}}
+}
+
+// RemoveTask removes nothing while an open of that name holds the open lock: the
+// objects it would find are that open's, half-made.
+func TestRemoveTaskWaitsForAnOpenInFlight(t *testing.T) {
+	r := newRig(t, "ro")
+	r.halfOpen(t, "ro", "")
+	unlock, err := r.p.lockOpen(context.Background(), "ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The short context only bounds how long the held lock is retried; the verdict
+	// never depends on it.
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := r.p.RemoveTask(ctx, "ro", controller.RoleAgent); err == nil {
+		t.Error("RemoveTask while an open holds the lock: nil error, want the lock's")
+	}
+	if left := r.leftovers("ro"); len(left) != 2 {
+		t.Errorf("RemoveTask while an open holds the lock left only %v", left)
+	}
+	unlock()
+	if err := r.p.RemoveTask(context.Background(), "ro", controller.RoleAgent); err != nil {
+		t.Fatalf("RemoveTask once the open let go: %v", err)
+	}
+	if left := r.leftovers("ro"); len(left) > 0 {
+		t.Errorf("RemoveTask once the open let go left %v", left)
 	}
 }
 
