@@ -241,7 +241,8 @@ func writeFileAtomic(path string, v any) error {
 		return fmt.Errorf("controller: write record: %w", err)
 	}
 	_, werr := tmp.Write(append(b, '\n'))
-	// Readable as the step logs and artifacts beside it are (CreateTemp makes it 0600).
+	// Readable by others, as a file the runner creates usually is (CreateTemp makes it
+	// 0600): whoever reads the step logs and artifacts reads the record too.
 	merr := tmp.Chmod(0o644)
 	cerr := tmp.Close()
 	if err := errors.Join(werr, merr, cerr); err != nil {

@@ -91,8 +91,10 @@ func newEnvImageCommand(f *envFlags) *cobra.Command {
 		Short: "Import images exported by `image save` (air-gapped hosts)",
 		Args:  exactArgs("FILE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if _, err := os.Stat(args[0]); err != nil {
+			if fi, err := os.Stat(args[0]); err != nil {
 				return usageError{fmt.Errorf("load %q: %w", args[0], err)}
+			} else if fi.IsDir() {
+				return usageError{fmt.Errorf("load %q: is a directory; give the tar archive `image save` wrote", args[0])}
 			}
 			cli, err := docker.NewClient()
 			if err != nil {

@@ -64,6 +64,7 @@ func TestUnknownCommandsAndStrayArguments(t *testing.T) {
 		{[]string{"env", "image", "load"}, `want FILE: FILE is missing`},
 		{[]string{"env", "image", "save", "a.tar", "b.tar"}, `want FILE: "b.tar" is one argument too many`},
 		{[]string{"env", "image", "save", ""}, `want FILE: FILE is empty`},
+		{[]string{"env", "image", "load", "/"}, `load "/": is a directory`},
 		{[]string{"env", "image", "load", "/nonexistent/images.tar"}, `load "/nonexistent/images.tar": stat /nonexistent/images.tar: no such file or directory`},
 	}
 	for _, tc := range tests {
