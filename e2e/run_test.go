@@ -217,17 +217,7 @@ func TestRunResumeAfterKill(t *testing.T) {
 			if code != 0 || rec.Status != controller.StatusSucceeded {
 				t.Fatalf("resume: exit %d, status %s (%s):\n%s", code, rec.Status, rec.Error, text)
 			}
-			if len(rec.Resumes) != 1 || rec.Resumes[0].From != controller.StepEvaluationOpen {
-				t.Errorf("resumes %+v", rec.Resumes)
-			}
-			for _, e := range rec.Environments {
-				if e.State != controller.EnvClosed {
-					t.Errorf("environment %s is %s", e.ID, e.State)
-				}
-			}
-			if left := taskLeftovers(t, id); len(left) > 0 {
-				t.Errorf("left behind: %v", left)
-			}
+			checkResumed(t, rec, id, controller.StepEvaluationOpen)
 		})
 	}
 }
@@ -276,11 +266,18 @@ func TestRunResumeAfterKillInOpen(t *testing.T) {
 	if code != 0 || rec.Status != controller.StatusSucceeded {
 		t.Fatalf("resume past %v: exit %d, status %s (%s):\n%s", left, code, rec.Status, rec.Error, text)
 	}
-	if len(rec.Resumes) != 1 || rec.Resumes[0].From != controller.StepOpen {
-		t.Errorf("resumes %+v", rec.Resumes)
-	}
 	if len(rec.Environments) != 2 {
 		t.Errorf("environments %+v, want the killed open's and the resume's", rec.Environments)
+	}
+	checkResumed(t, rec, id, controller.StepOpen)
+}
+
+// checkResumed checks a resumed task's record and the engine: one resume, from the step
+// given, every environment closed, nothing of the task left.
+func checkResumed(t *testing.T, rec *controller.Record, id string, from controller.StepName) {
+	t.Helper()
+	if len(rec.Resumes) != 1 || rec.Resumes[0].From != from {
+		t.Errorf("resumes %+v, want one from %s", rec.Resumes, from)
 	}
 	for _, e := range rec.Environments {
 		if e.State != controller.EnvClosed {
