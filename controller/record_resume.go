@@ -26,7 +26,8 @@ func Finished(rec *Record) bool {
 //     reproduced; the error says why and what to do.
 //
 // The interrupted run's leftovers must be closed first: the provider must be able to
-// reattach them (Reattacher), otherwise the resume is refused.
+// reattach them (Reattacher), and to remove what an open its runner died in left
+// (Remover), otherwise the resume is refused.
 func ResumeFrom(prev *Record, t TaskRun, p Provider) (StepName, error) {
 	refuse := func(format string, args ...any) (StepName, error) {
 		return "", fmt.Errorf("controller: cannot resume task %s: %s", t.ID, fmt.Sprintf(format, args...))
