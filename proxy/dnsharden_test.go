@@ -127,9 +127,9 @@ func TestDNSDenylistFiltersEverySection(t *testing.T) {
 // One question per query, class IN, opcode QUERY; anything else is REFUSED with EDE 15
 // for an EDNS client, as docs/proxy.md says. miekg/dns's default accept function once
 // answered some of these itself: FORMERR for none or two questions, NOTIMP for UPDATE.
+// Under public too, where every other query is forwarded.
 func TestDNSUnsupportedQueriesAreRefused(t *testing.T) {
 	h := newHarness(t)
-	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test","b.test"]}`)
 	cases := map[string]func() *dns.Msg{
 		"two questions": func() *dns.Msg {
 			m := new(dns.Msg)
@@ -155,17 +155,25 @@ func TestDNSUnsupportedQueriesAreRefused(t *testing.T) {
 			return m
 		},
 	}
-	for name, mk := range cases {
-		m := mk()
-		m.SetEdns0(1232, false)
-		resp, _, err := (&dns.Client{Net: "udp", Timeout: hangGuard}).Exchange(m, h.srv.DNSAddr().String())
-		if err != nil {
-			t.Errorf("%s: %v", name, err)
-			continue
+	for _, pol := range []string{`{"network_mode":"allowlist","allowed_hosts":["a.test","b.test"]}`, `"public"`} {
+		h.apply(pol)
+		for name, mk := range cases {
+			m := mk()
+			m.SetEdns0(1232, false)
+			resp, _, err := (&dns.Client{Net: "udp", Timeout: hangGuard}).Exchange(m, h.srv.DNSAddr().String())
+			if err != nil {
+				t.Errorf("%s %s: %v", pol, name, err)
+				continue
+			}
+			code, ok := ede(resp)
+			if resp.Rcode != dns.RcodeRefused || !ok || code != dns.ExtendedErrorCodeBlocked {
+				t.Errorf("%s %s: rcode %s EDE %d/%v, want REFUSED with EDE 15", pol, name, dns.RcodeToString[resp.Rcode], code, ok)
+			}
 		}
-		code, ok := ede(resp)
-		if resp.Rcode != dns.RcodeRefused || !ok || code != dns.ExtendedErrorCodeBlocked {
-			t.Errorf("%s: rcode %s EDE %d/%v, want REFUSED with EDE 15", name, dns.RcodeToString[resp.Rcode], code, ok)
+	}
+	for _, m := range h.dns.seenMsgs() {
+		if len(m.Question) != 1 || m.Question[0].Qclass != dns.ClassINET {
+			t.Errorf("an unsupported query reached the upstream: %v", m.Question)
 		}
 	}
 }
