@@ -8,7 +8,6 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/compass-egress/compass-egress/internal/buildinfo"
 )
@@ -34,27 +33,6 @@ func newRootCommand() *cobra.Command {
 		root.AddCommand(add())
 	}
 	return root
-}
-
-// groupArgs refuses any argument to a command that only groups subcommands: left to
-// cobra, a mistyped subcommand printed the help and exited 0 (1 at the root), which a
-// script reads as success.
-func groupArgs(cmd *cobra.Command, args []string) error {
-	if len(args) > 0 {
-		return usageError{fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath())}
-	}
-	return nil
-}
-
-// refuseEmpty refuses a flag given with an empty value (an unset shell variable): read
-// as absent, it would fall back to the default or the task files' value in silence.
-func refuseEmpty(fs *pflag.FlagSet, names ...string) error {
-	for _, name := range names {
-		if f := fs.Lookup(name); f != nil && f.Changed && f.Value.String() == "" {
-			return usageError{fmt.Errorf("--%s \"\": is empty; give a value, or omit the flag for the default", name)}
-		}
-	}
-	return nil
 }
 
 // subcommands is filled by each command's file in init, so that each command lives in

@@ -53,13 +53,6 @@ files' values for every task. Nothing is printed on stdout when any task is inva
 	return cmd
 }
 
-func noArgs(_ *cobra.Command, args []string) error {
-	if len(args) > 0 {
-		return usageError{fmt.Errorf("unexpected argument %q", args[0])}
-	}
-	return nil
-}
-
 func runPlan(out io.Writer, o planOptions) error {
 	plans, err := buildPlans(o)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -23,26 +22,6 @@ func newPolicyCommand() *cobra.Command {
 	}
 	cmd.AddCommand(newPolicyCheckCommand(), newPolicyMatchCommand())
 	return cmd
-}
-
-// exactArgs takes the named arguments, none empty, and says which one is missing or
-// empty, or which is one too many.
-func exactArgs(names ...string) cobra.PositionalArgs {
-	return func(_ *cobra.Command, args []string) error {
-		want := strings.Join(names, " ")
-		switch {
-		case len(args) < len(names):
-			return usageError{fmt.Errorf("want %s: %s is missing", want, names[len(args)])}
-		case len(args) > len(names):
-			return usageError{fmt.Errorf("want %s: %q is one argument too many", want, args[len(names)])}
-		}
-		for i, a := range args {
-			if a == "" {
-				return usageError{fmt.Errorf("want %s: %s is empty", want, names[i])}
-			}
-		}
-		return nil
-	}
 }
 
 func newPolicyCheckCommand() *cobra.Command {
