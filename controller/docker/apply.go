@@ -47,9 +47,13 @@ func (e *Env) Apply(ctx context.Context, pol policy.Policy, label controller.Pha
 // Switch is Apply with a report of the changes made.
 //
 // The order of steps keeps the agent's egress, at every instant, within what the old or
-// the new policy allows: a restricting switch cuts the wiring before it changes the
-// rules (until then the old rules hold in the sidecar), a widening switch changes the
-// rules before it connects.
+// the new policy allows: a restricting switch cuts the wiring before it puts the new
+// rules, a widening switch changes the rules before it connects. An agent that leaves
+// its direct wiring (public, or an attached container's networks) gets no-network rules
+// before the cut: a controller killed between the cut and the new rules would otherwise
+// leave the old rules in the sidecar, which under public let everything through it. So
+// at every instant of such a switch the agent has either its old wiring (nothing is cut
+// yet: what it had) or nothing beyond the new policy.
 func (e *Env) Switch(ctx context.Context, pol policy.Policy, label controller.PhaseLabel) (SwitchReport, error) {
 	clk := e.p.cfg.Clock
 	r := SwitchReport{Transition: controller.Transition{
@@ -154,6 +158,12 @@ func (e *Env) switchSteps(ctx context.Context, pol policy.Policy, label controll
 	if pol.Restricted() {
 		// Every network but the task network may lead out, whichever egress network
 		// this process is configured with, so the agent leaves all of them.
+		interim := len(otherNetworks(agent, e.names.Network)) > 0
+		if interim {
+			if err := e.timed(r, partRules, func() error { return e.putRules(ctx, policy.NoNetwork, label, r) }); err != nil {
+				return err
+			}
+		}
 		if err := e.timed(r, partWiring, func() error { return e.detachAgent(ctx, agent, r, e.names.Network) }); err != nil {
 			return err
 		}
@@ -166,8 +176,10 @@ func (e *Env) switchSteps(ctx context.Context, pol policy.Policy, label controll
 		}); err != nil {
 			return err
 		}
-		if err := e.timed(r, partRules, func() error { return e.putRules(ctx, pol, label, r) }); err != nil {
-			return err
+		if !interim || !pol.Equal(policy.NoNetwork) {
+			if err := e.timed(r, partRules, func() error { return e.putRules(ctx, pol, label, r) }); err != nil {
+				return err
+			}
 		}
 		return e.timed(r, partSidecar, func() error { return e.ensureSidecarEgress(ctx, r) })
 	}
@@ -319,13 +331,18 @@ func (e *Env) egressGateway(ctx context.Context) (netip.Addr, error) {
 
 func (e *Env) putRules(ctx context.Context, pol policy.Policy, label controller.PhaseLabel, r *SwitchReport) error {
 	ack, err := e.admin.PutPolicy(ctx, pol, e.task, label.Phase)
-	// A swap acknowledged with the wrong digest still ended the old generation.
-	r.PreviousBlocked = ack.PreviousBlocked
+	// A swap acknowledged with the wrong digest still ended the old generation. What the
+	// no-network interim of a switch blocked counts to the phase the switch ended.
+	if r.Generation == 0 {
+		r.PreviousBlocked = ack.PreviousBlocked
+	} else if r.PreviousBlocked != nil && ack.PreviousBlocked != nil {
+		r.PreviousBlocked = mergeBlocked(*r.PreviousBlocked, *ack.PreviousBlocked)
+	}
 	if err != nil {
 		return fmt.Errorf("docker: sidecar %s: %w", e.names.Sidecar, err)
 	}
 	r.Generation = ack.Generation
-	r.ClosedConnections = ack.ClosedConnections
+	r.ClosedConnections += ack.ClosedConnections
 	r.Changes = append(r.Changes, fmt.Sprintf("sidecar rules: %s generation %d", pol.Mode, ack.Generation))
 	if ack.ClosedConnections > 0 {
 		r.Changes = append(r.Changes, fmt.Sprintf("%d live connections closed", ack.ClosedConnections))

@@ -469,8 +469,9 @@ func crashPoints(ops []string, kinds ...crashKind) []crashPoint {
 }
 
 // A switch crashed at any call, in any way, leaves the agent at every instant within
-// what the old or the new policy allows; one that survives its crash (an error, a
-// cancel, a panic) leaves it no egress at all. A later status never reports ok unless
+// what the old or the new policy allows; a restricting one that has cut the agent's
+// direct wiring, within what the new one allows; one that survives its crash (an error,
+// a cancel, a panic) leaves it no egress at all. A later status never reports ok unless
 // the intended policy is fully in force, and a switch to it repairs.
 func TestSwitchCrashAtEveryStep(t *testing.T) {
 	const task = "tc"
@@ -513,6 +514,8 @@ func TestSwitchCrashAtEveryStep(t *testing.T) {
 				switch {
 				case !w.within(pair.from, pair.to):
 					t.Errorf("crashed switch left egress beyond %s and %s: %+v", pair.from.Mode, pair.to.Mode, w)
+				case !pair.from.Restricted() && pair.to.Restricted() && !w.agentOnEgress && !w.within(pair.to):
+					t.Errorf("crashed switch cut the agent's direct wiring but left the sidecar enforcing %s, beyond %s: %+v", w.rules.Mode, pair.to.Mode, w)
 				case o.killed:
 				case !applying:
 					if !w.matches(pair.from) {

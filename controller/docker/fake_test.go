@@ -429,8 +429,11 @@ type fakeAdmin struct {
 	fail       bool        // refuse every PUT with 400
 	refuse     policy.Mode // refuse PUTs of this mode with 400
 	blocked    uint64      // blocked attempts under the generation in force
-	srv        *http.Server
-	done       chan struct{}
+	// blockedAfter are the attempts blocked right after a PUT of the mode (a switch's
+	// no-network interim: while the controller rewires the agent).
+	blockedAfter map[policy.Mode]uint64
+	srv          *http.Server
+	done         chan struct{}
 }
 
 func startFakeAdmin(t *testing.T, socket string, ev *events) *fakeAdmin {
@@ -473,7 +476,7 @@ func startFakeAdmin(t *testing.T, socket string, ev *events) *fakeAdmin {
 		}
 		a.generation++
 		a.current = body.Policy
-		a.blocked = 0
+		a.blocked = a.blockedAfter[body.Policy.Mode]
 		a.ev.add("admin-put %s", body.Policy.Mode)
 		a.writeAck(w, &prev)
 	})

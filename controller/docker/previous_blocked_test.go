@@ -9,16 +9,20 @@ import (
 )
 
 // The sidecar's summary of the generation a switch ended reaches the transition, from the
-// switch's own PUT or, when that was refused, from the fail-closed PUT that ended it.
+// switch's own PUT or, when that was refused, from the fail-closed PUT that ended it;
+// what the no-network interim of a switch from public blocked counts to it too.
 func TestSwitchReportsPreviousBlocked(t *testing.T) {
 	tests := []struct {
 		name    string
 		refuse  policy.Mode // the sidecar refuses PUTs of this mode
 		blocked uint64      // attempts blocked under the outgoing generation
+		interim uint64      // attempts blocked while the switch rewires the agent
 		wantOK  bool
 	}{
 		{name: "switch", blocked: 4, wantOK: true},
 		{name: "nothing blocked", blocked: 0, wantOK: true},
+		{name: "blocked in the interim too", blocked: 4, interim: 2, wantOK: true},
+		{name: "blocked in the interim only", interim: 3, wantOK: true},
 		{name: "refused switch, fail-closed PUT answers", refuse: policy.ModeAllowlist, blocked: 5},
 	}
 	for _, tc := range tests {
@@ -27,6 +31,7 @@ func TestSwitchReportsPreviousBlocked(t *testing.T) {
 			e := r.open(t, "t5", policy.Public)
 			r.admin.mu.Lock()
 			r.admin.refuse, r.admin.blocked = tc.refuse, tc.blocked
+			r.admin.blockedAfter = map[policy.Mode]uint64{policy.ModeNoNetwork: tc.interim}
 			outgoing := r.admin.generation
 			r.admin.mu.Unlock()
 
@@ -38,14 +43,15 @@ func TestSwitchReportsPreviousBlocked(t *testing.T) {
 			if prev == nil {
 				t.Fatalf("transition %+v has no previous_blocked", tn)
 			}
-			if prev.Generation != outgoing || prev.Total != tc.blocked {
-				t.Errorf("previous_blocked generation %d total %d, want %d and %d", prev.Generation, prev.Total, outgoing, tc.blocked)
+			want := tc.blocked + tc.interim
+			if prev.Generation != outgoing || prev.Total != want {
+				t.Errorf("previous_blocked generation %d total %d, want %d and %d", prev.Generation, prev.Total, outgoing, want)
 			}
-			if tc.blocked > 0 && (len(prev.Top) != 1 || prev.Top[0].Host != "exfil.test" || prev.Top[0].Count != tc.blocked) {
+			if want > 0 && (len(prev.Top) != 1 || prev.Top[0].Host != "exfil.test" || prev.Top[0].Count != want) {
 				t.Errorf("previous_blocked top %+v", prev.Top)
 			}
 			trs, err := e.dir.lastTransitions(1)
-			if err != nil || len(trs) != 1 || trs[0].PreviousBlocked == nil || trs[0].PreviousBlocked.Total != tc.blocked {
+			if err != nil || len(trs) != 1 || trs[0].PreviousBlocked == nil || trs[0].PreviousBlocked.Total != want {
 				t.Errorf("transitions.jsonl: %+v %v", trs, err)
 			}
 		})

@@ -129,9 +129,10 @@ func TestSidecarKilledFailsClosed(t *testing.T) {
 	repairAllowlist(t, e)
 }
 
-// compassctl killed in the middle of a restricting switch (after the agent was cut from
-// the egress network, before the new rules): no egress beyond the last acknowledged
-// policy, status reports the mismatch, and a switch to the intended policy repairs.
+// compassctl killed in the middle of a restricting switch from public (after the agent
+// was cut from the egress network, before the new rules): no egress at all, neither
+// direct nor through the sidecar, which took no-network before the cut; status reports
+// the mismatch, and a switch to the intended policy repairs.
 func TestControllerKilledMidSwitch(t *testing.T) {
 	h.Need(t)
 	t.Parallel()
@@ -176,14 +177,24 @@ func TestControllerKilledMidSwitch(t *testing.T) {
 	}
 	_ = sw.Wait()
 
+	e, err := h.Provider(t).LookupTask(ctx, task, controller.RoleAgent)
+	if err != nil {
+		t.Fatalf("lookup: %v", err)
+	}
+	proxy := netip.AddrPortFrom(e.SidecarAddr(), 3128).String()
 	res, err := h.ExecProbe(ctx, agent, []harness.Check{
 		{Name: "direct", Kind: "tcp", Target: netip.AddrPortFrom(h.Fakenet, 80).String(), TimeoutMS: 1500},
+		// public let this through the sidecar, and the allowlist refuses it.
+		{Name: "proxied-blocked", Kind: "proxy", Target: "blocked.test:443", Proxy: proxy},
+		{Name: "proxied-allowed", Kind: "proxy", Target: "allowed.test:443", Proxy: proxy},
 	})
 	if err != nil {
 		t.Fatalf("probe: %v", err)
 	}
-	if res["direct"].Reachable {
-		t.Errorf("after the kill the agent still has direct egress: %s", res["direct"].Detail)
+	for name, r := range res {
+		if r.Reachable {
+			t.Errorf("after the kill the agent still has egress (%s): %s", name, r.Detail)
+		}
 	}
 	out, code := run("env", "status", "--task", task, "--json")
 	if code != 1 {
@@ -193,8 +204,8 @@ func TestControllerKilledMidSwitch(t *testing.T) {
 	if err := json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &st); err != nil {
 		t.Fatalf("status json: %v: %s", err, out)
 	}
-	if st.Sidecar.Mode != policy.ModePublic || st.Intended == nil || st.Intended.Mode != policy.ModeAllowlist {
-		t.Errorf("status: sidecar %s intended %+v; want sidecar still public (last acknowledged), allowlist intended", st.Sidecar.Mode, st.Intended)
+	if st.Sidecar.Mode != policy.ModeNoNetwork || st.Intended == nil || st.Intended.Mode != policy.ModeAllowlist {
+		t.Errorf("status: sidecar %s intended %+v; want sidecar at the switch's no-network interim, allowlist intended", st.Sidecar.Mode, st.Intended)
 	}
 
 	if out, code := run("env", "switch", "--task", task, "--policy", allowlist.String()); code != 0 {
