@@ -55,12 +55,25 @@ type taskRun struct {
 	// firstStep is the index of this run's first step: a resumed record holds the
 	// interrupted run's steps before it.
 	firstStep int
+	// status, when set, is the task's final status whatever its steps say (refused).
+	status TaskStatus
 }
 
 // RunTask runs one task's lifecycle (SPEC §4) and returns its record, which is also in
 // <OutDir>/<task>/run_info.json whatever happened. prev, when not nil, is the record of
 // an interrupted run that ResumeFrom accepted: the task picks up where it allows.
 func (r *Runner) RunTask(ctx context.Context, t TaskRun, prev *Record) (rec *Record, err error) {
+	if tl, ok := r.Provider.(TaskLocker); ok {
+		unlock, err := tl.LockTask(ctx, t.ID)
+		if err != nil {
+			if ctx.Err() != nil {
+				return r.notStarted(t, prev, ctx.Err())
+			}
+			return r.refused(t, prev, err)
+		}
+		// Deferred first, so released last: after the deferred close of every environment.
+		defer unlock()
+	}
 	from := StepOpen
 	if prev != nil {
 		from, err = ResumeFrom(prev, t, r.Provider)
@@ -110,13 +123,28 @@ func (r *Runner) notStarted(t TaskRun, prev *Record, cause error) (*Record, erro
 	if prev != nil {
 		return prev, fmt.Errorf("controller: task %s not resumed: %w", t.ID, cause)
 	}
-	tr := &taskRun{r: r, t: t, dir: filepath.Join(r.OutDir, t.ID), started: time.Now(), envs: map[Role]*envState{}}
-	rc, err := newRecorder(tr.dir, tr.initialRecord(nil, StepOpen))
-	if err != nil {
-		return nil, err
+	return r.unstarted(t, "", fmt.Errorf("controller: task %s not started: %w", t.ID, cause))
+}
+
+// refused records a task whose run lock the runner could not take: another process may
+// be running it, so nothing of it is touched, neither its environments nor (for a
+// resume) its interrupted run's record, which a later --resume picks up from.
+func (r *Runner) refused(t TaskRun, prev *Record, cause error) (*Record, error) {
+	if prev != nil {
+		return prev, fmt.Errorf("controller: task %s not resumed, nothing of it touched: %w", t.ID, cause)
+	}
+	return r.unstarted(t, StatusRefused, fmt.Errorf("controller: task %s refused, nothing of it touched: %w", t.ID, cause))
+}
+
+// unstarted writes the record of a task that never began, with the status finish gives
+// err unless status is set.
+func (r *Runner) unstarted(t TaskRun, status TaskStatus, err error) (*Record, error) {
+	tr := &taskRun{r: r, t: t, dir: filepath.Join(r.OutDir, t.ID), started: time.Now(), envs: map[Role]*envState{}, status: status}
+	rc, rerr := newRecorder(tr.dir, tr.initialRecord(nil, StepOpen))
+	if rerr != nil {
+		return nil, errors.Join(err, rerr)
 	}
 	tr.rec = rc
-	err = fmt.Errorf("controller: task %s not started: %w", t.ID, cause)
 	return tr.finish(context.Background(), err), err
 }
 
@@ -520,7 +548,8 @@ func (tr *taskRun) initialRecord(prev *Record, from StepName) Record {
 // crashRunning ends the steps of this run a panic cut short (a provider's open, download
 // or upload: a command's panic is recorded by its step), which would otherwise stay
 // "running" in the final record. An interrupted run's step that a resumed record shows
-// running is that run's evidence, left as it is.
+// running is that run's evidence, left as it is (but for a cut open, which says crashed
+// once the resume removed what it left: see removeCutOpen).
 func (tr *taskRun) crashRunning(err error) {
 	now := time.Now()
 	tr.rec.update(func(r *Record) {
@@ -565,6 +594,9 @@ func (tr *taskRun) finish(ctx context.Context, err error) *Record {
 		}
 		if p := tr.unresumed; p != nil {
 			r.Status, r.Ended = p.Status, p.Ended
+		}
+		if tr.status != "" {
+			r.Status = tr.status
 		}
 	})
 	rec := tr.rec.snapshot()

@@ -26,6 +26,10 @@ const (
 	StatusSucceeded TaskStatus = "succeeded" // every step ran and exited 0
 	StatusFailed    TaskStatus = "failed"    // a step failed, timed out, or a switch failed
 	StatusCancelled TaskStatus = "cancelled" // stopped by Ctrl-C / SIGTERM
+	// StatusRefused: nothing of the task ran or was touched, because the runner could not
+	// take its run lock (TaskLocker: another process holds it); --resume runs it from
+	// the start.
+	StatusRefused TaskStatus = "refused"
 )
 
 // StepStatus is how one lifecycle step ended.
@@ -38,7 +42,7 @@ const (
 	StepTimedOut  StepStatus = "timed_out" // the step's timeout expired
 	StepCancelled StepStatus = "cancelled" // the run was cancelled during the step
 	StepError     StepStatus = "error"     // the environment failed (exec, switch, open, close)
-	StepCrashed   StepStatus = "crashed"   // the runner panicked during the step
+	StepCrashed   StepStatus = "crashed"   // the runner panicked or died during the step
 	StepSkipped   StepStatus = "skipped"   // the step's condition does not hold
 )
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/compass-egress/compass-egress/policy"
 )
@@ -120,6 +121,7 @@ func leftoverIDs(rec *Record) []string {
 // inside the provider's Open, which may have left the environment's objects under the
 // name the resume's open needs.
 type cutOpen struct {
+	Step  int // the open's index in the record's steps
 	Role  Role
 	Phase string
 	Mode  policy.Mode
@@ -140,9 +142,9 @@ func cutOpens(rec *Record) []cutOpen {
 		}
 		switch s.Name {
 		case StepOpen:
-			cut = append(cut, cutOpen{RoleAgent, s.Phase, s.Mode})
+			cut = append(cut, cutOpen{i, RoleAgent, s.Phase, s.Mode})
 		case StepEvaluationOpen:
-			cut = append(cut, cutOpen{RoleEvaluation, s.Phase, s.Mode})
+			cut = append(cut, cutOpen{i, RoleEvaluation, s.Phase, s.Mode})
 		}
 	}
 	return cut
@@ -211,7 +213,10 @@ func (tr *taskRun) removeGone(ctx context.Context, rm Remover, role Role) error 
 
 // removeCutOpen removes what a cut open left, as a close step of its own (under the
 // policy that open was putting in force, the most it can have had) and, when anything
-// was there, an environment recorded closed. Never kept: it never became usable.
+// was there, an environment recorded closed. Never kept: it never became usable. Once
+// that is done the open's step says it crashed instead of running: its runner died in
+// it and it never ended (no end time is known). Until then it stays running, for a
+// later resume to find.
 func (tr *taskRun) removeCutOpen(ctx context.Context, rm Remover, c cutOpen) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tr.r.controlTimeout())
 	defer cancel()
@@ -231,5 +236,11 @@ func (tr *taskRun) removeCutOpen(ctx context.Context, rm Remover, c cutOpen) err
 		r.Environments = append(r.Environments, EnvRecord{ID: id, Role: c.Role, State: EnvClosed})
 	})
 	tr.endStep(idx, StepOK, nil, nil)
+	tr.rec.update(func(r *Record) {
+		s := &r.Steps[c.Step]
+		s.Status = StepCrashed
+		s.Error = fmt.Sprintf("its runner died during this open (killed, crashed, or abandoned by a second Ctrl-C), which never ended; the --resume started %s removed what it left (the %s step after it)",
+			tr.started.UTC().Format(time.RFC3339), name)
+	})
 	return nil
 }

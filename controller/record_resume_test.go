@@ -543,7 +543,43 @@ func TestResumeAfterACutOpen(t *testing.T) {
 			if !slices.Equal(states, []controller.EnvState{controller.EnvClosed, controller.EnvRetained}) {
 				t.Errorf("environments %+v, want %s closed (the cut open's), then retained (the resume's)", out.Environments, leftover.ID())
 			}
+			// The cut open says what became of it: its runner died in it, and this
+			// resume removed what it left. It never ended, so no end is made up.
+			if s := out.Steps[cut]; s.Status != controller.StepCrashed || s.End != nil ||
+				!strings.Contains(s.Error, "runner died during this open") || !strings.Contains(s.Error, "removed what it left") {
+				t.Errorf("the cut open recorded %s, end %v (%s); want crashed, no end, saying its runner died and the resume removed what it left", s.Status, s.End, s.Error)
+			}
 		})
+	}
+}
+
+// TestResumeCutOpenRunningUntilRemoved: a resume that cannot remove what a cut open left
+// stops there, and the open still shows running, so that a later resume removes it;
+// that one's record then says the open crashed, and the task's outcome is its own steps'.
+func TestResumeCutOpenRunningUntilRemoved(t *testing.T) {
+	fake := controllertest.New()
+	r := newRunner(t, controllertest.ReattachingProvider{Provider: fake})
+	tr := task(t, controller.EvaluationFresh)
+	prev := cutIn(finishedRecord(t, r, tr), controller.StepEvaluationOpen, controller.RoleEvaluation)
+	cut := len(prev.Steps) - 1
+	fake.RemoveErr = func(controller.Role) error { return errors.New("fake: engine unreachable") }
+	out, err := r.RunTask(context.Background(), tr, prev)
+	if err == nil || !strings.Contains(err.Error(), "engine unreachable") {
+		t.Fatalf("resume with a failing removal: %v", err)
+	}
+	if s := readRecord(t, r, tr.ID).Steps[cut]; s.Status != controller.StepRunning || out.Status != controller.StatusRunning {
+		t.Fatalf("after the failed removal: cut open %s, task %s; want both still running", s.Status, out.Status)
+	}
+	fake.RemoveErr = nil
+	out, err = r.RunTask(context.Background(), tr, readRecord(t, r, tr.ID))
+	if err != nil || out.Status != controller.StatusSucceeded {
+		t.Fatalf("second resume: %v, status %s (%s)", err, out.Status, out.Error)
+	}
+	if s := out.Steps[cut]; s.Status != controller.StepCrashed {
+		t.Errorf("the cut open recorded %s, want crashed once removed", s.Status)
+	}
+	if got := stepsOf(out); slices.Contains(got, "evaluation_open:running") {
+		t.Errorf("steps %v: an open still shows running", got)
 	}
 }
 

@@ -140,6 +140,21 @@ type Remover interface {
 // ErrEnvironmentGone is what a Reattacher's error wraps when there is nothing to reattach.
 var ErrEnvironmentGone = errors.New("controller: environment no longer exists")
 
+// TaskLocker is implemented by providers whose environments other processes can reach
+// by task ID (a second run of the same task into another output directory, on the same
+// host). The runner holds a task's lock for the task's whole life, from before its first
+// open or removal of a leftover until after its last close, so that such a run never
+// collides with this one's environments, nor removes or reattaches them as its own.
+type TaskLocker interface {
+	// LockTask takes the task's run lock, or fails at once, with an error that wraps
+	// ErrTaskLocked and names the lock, while another process holds it. The lock is the
+	// process's: it goes when the process dies, so the resume of a killed run takes it.
+	LockTask(ctx context.Context, task string) (unlock func(), err error)
+}
+
+// ErrTaskLocked is what a TaskLocker's error wraps when another process holds the task.
+var ErrTaskLocked = errors.New("another compassctl run holds the task")
+
 // Runner runs task lifecycles against one provider and writes their records.
 type Runner struct {
 	Provider Provider

@@ -269,7 +269,66 @@ func TestRunResumeAfterKillInOpen(t *testing.T) {
 	if len(rec.Environments) != 2 {
 		t.Errorf("environments %+v, want the killed open's and the resume's", rec.Environments)
 	}
+	if cut := rec.Steps[0]; cut.Name != controller.StepOpen || cut.Status != controller.StepCrashed || cut.End != nil {
+		t.Errorf("the killed open's step is %s %s (end %v), want open crashed with no end", cut.Name, cut.Status, cut.End)
+	}
 	checkResumed(t, rec, id, controller.StepOpen)
+}
+
+// TestRunRefusesATaskAnotherRunHolds runs a task while a second run, into another output
+// directory, reaches the same task: the second leaves it alone (refused, nothing of it
+// touched) and runs its other task; the first finishes as if alone; once it has, a
+// --resume of the second runs the task.
+func TestRunRefusesATaskAnotherRunHolds(t *testing.T) {
+	demoImages(t)
+	t.Parallel()
+	id, other := h.Name("held"), h.Name("free")
+	dir := t.TempDir()
+	outA, outB := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	held := writeTask(t, dir, "held.yaml", taskYAML(id, "shared", "run: [demo]\nevaluate: [\"demo sleep 1ms\"]\n"))
+	a := startRun(t, context.Background(), held, "--out", outA)
+	waitPhase(t, a, filepath.Join(outA, id), controller.StepRun)
+	before := taskLeftovers(t, id)
+
+	quick := writeTask(t, dir, "quick.yaml", taskYAML(id, "shared", "run: [\"demo sleep 1ms\"]\nevaluate: [\"demo sleep 1ms\"]\n"))
+	free := writeTask(t, dir, "free.yaml", taskYAML(other, "shared", "run: [\"demo sleep 1ms\"]\nevaluate: [\"demo sleep 1ms\"]\n"))
+	code, text := startRun(t, context.Background(), quick, free, "--out", outB).wait(t, 3*time.Minute)
+	if code != 1 {
+		t.Errorf("second run: exit %d, want 1 (a task did not succeed):\n%s", code, text)
+	}
+	recB, err := controller.ReadRecord(filepath.Join(outB, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if recB.Status != controller.StatusRefused || len(recB.Steps) != 0 || len(recB.Environments) != 0 ||
+		!strings.Contains(recB.Error, "another compassctl run holds the task") || !strings.Contains(recB.Error, ".run-locks") {
+		t.Errorf("second run's record of the held task: status %s, %d steps, %d environments, error %q; want refused, untouched, naming the run lock",
+			recB.Status, len(recB.Steps), len(recB.Environments), recB.Error)
+	}
+	if rec, err := controller.ReadRecord(filepath.Join(outB, other)); err != nil || rec.Status != controller.StatusSucceeded {
+		t.Errorf("second run's other task: %v %+v", err, rec)
+	}
+	after := taskLeftovers(t, id)
+	slices.Sort(before)
+	slices.Sort(after)
+	if !slices.Equal(before, after) {
+		t.Errorf("the second run touched the first's environment: %v, then %v", before, after)
+	}
+
+	a.signal(syscall.SIGINT)
+	a.wait(t, 2*time.Minute)
+	if left := taskLeftovers(t, id); len(left) > 0 {
+		t.Fatalf("the first run left %v", left)
+	}
+	code, text = startRun(t, context.Background(), quick, free, "--out", outB, "--resume").wait(t, 3*time.Minute)
+	recB, err = controller.ReadRecord(filepath.Join(outB, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != 0 || recB.Status != controller.StatusSucceeded {
+		t.Fatalf("resume of the refused task once the first run ended: exit %d, status %s (%s):\n%s", code, recB.Status, recB.Error, text)
+	}
+	checkResumed(t, recB, id, controller.StepOpen)
 }
 
 // checkResumed checks a resumed task's record and the engine: one resume, from the step

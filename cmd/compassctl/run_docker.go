@@ -26,11 +26,18 @@ import (
 
 // runProvider gives the runner what it needs from Docker beyond the shared interface:
 // reattaching an environment a crashed run left (for --resume), copying saved artifacts
-// into a fresh evaluation environment, and telling how to reach a retained one.
+// into a fresh evaluation environment, telling how to reach a retained one, and (the
+// embedded Provider's LockTask) keeping a task to one run at a time.
 type runProvider struct {
 	*docker.Provider
 	cli *client.Client
 }
+
+var _ interface {
+	controller.Reattacher
+	controller.Remover
+	controller.TaskLocker
+} = runProvider{}
 
 // newRunProvider opens a Docker client and a provider configured like `compassctl env`.
 func newRunProvider(f *envFlags) (runProvider, func(), error) {

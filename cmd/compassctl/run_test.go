@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
+	"github.com/compass-egress/compass-egress/controller/docker"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -302,4 +304,49 @@ func captureStderr(t *testing.T, f func()) string {
 	os.Stderr = old
 	w.Close()
 	return <-done
+}
+
+// TestRunRefusesATaskAnotherRunHolds: another compassctl run (another --out, the same
+// state directory and owner) holds the task's run lock. This run records the task
+// refused, naming the task and the lock, and exits 1 like any task that did not
+// succeed; it never reaches Docker (DOCKER_HOST names a socket nothing listens on).
+func TestRunRefusesATaskAnotherRunHolds(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(dir, "no-docker.sock"))
+	state, out := filepath.Join(dir, "state"), filepath.Join(dir, "out")
+	file := filepath.Join(dir, "task.yaml")
+	if err := os.WriteFile(file, []byte("task_id: c\nimage: i\nrun: [x]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	other, err := docker.New(nil, docker.Config{StateDir: state, Owner: "o"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := other.LockTask(t.Context(), "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+
+	var stdout bytes.Buffer
+	root := newRootCommand()
+	root.SetOut(&stdout)
+	root.SetArgs([]string{"run", file, "--out", out, "--state-dir", state, "--owner", "o", "--progress", "plain"})
+	err = root.Execute()
+	var ue usageError
+	if err == nil || errors.As(err, &ue) || !strings.Contains(err.Error(), "1 of 1 tasks did not succeed") {
+		t.Errorf("run: %v, want a task that did not succeed (exit 1)", err)
+	}
+	for _, want := range []string{"refused", "task c", "another compassctl run holds", other.RunLockPath("c")} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output does not say %q:\n%s", want, stdout.String())
+		}
+	}
+	rec, err := controller.ReadRecord(filepath.Join(out, "c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != controller.StatusRefused || len(rec.Steps) != 0 {
+		t.Errorf("record: status %s, steps %d; want refused with no step", rec.Status, len(rec.Steps))
+	}
 }

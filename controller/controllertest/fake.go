@@ -43,6 +43,9 @@ type Provider struct {
 	// ReattachErr, when set, decides whether reattaching that role fails (other than by
 	// the environment being gone: the engine unreachable, say).
 	ReattachErr func(role controller.Role) error
+	// RemoveErr, when set, decides whether removing what is left of an environment of
+	// that role fails.
+	RemoveErr func(role controller.Role) error
 	// Missing lists artifact paths that do not resolve.
 	Missing map[string]bool
 	// Cancel is called by the "cancel" command (a test's Ctrl-C).
@@ -136,6 +139,12 @@ func (p ReattachingProvider) Reattach(_ context.Context, task string, role contr
 // RemoveEnvironment closes the environment of that task and role if one is open.
 func (p ReattachingProvider) RemoveEnvironment(ctx context.Context, task string, role controller.Role) (string, error) {
 	id := envID(task, role)
+	if p.RemoveErr != nil {
+		if err := p.RemoveErr(role); err != nil {
+			p.logf("%s remove failed", role)
+			return id, err
+		}
+	}
 	p.mu.Lock()
 	e, ok := p.envs[id]
 	p.mu.Unlock()
@@ -144,6 +153,54 @@ func (p ReattachingProvider) RemoveEnvironment(ctx context.Context, task string,
 		return id, e.Close(ctx, false)
 	}
 	return id, nil
+}
+
+// Locks is a host's table of task run locks, shared by the LockingProviders of the
+// runners that stand for that host's processes.
+type Locks struct {
+	mu   sync.Mutex
+	held map[string]bool
+}
+
+// NewLocks returns a table with no lock held.
+func NewLocks() *Locks { return &Locks{held: map[string]bool{}} }
+
+// Hold takes the task's lock as another process would, or reports that it is held.
+func (l *Locks) Hold(task string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.held[task] {
+		return false
+	}
+	l.held[task] = true
+	return true
+}
+
+// Release lets the task's lock go, as its holder's death would.
+func (l *Locks) Release(task string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.held, task)
+}
+
+// LockingProvider is ReattachingProvider with run locks (controller.TaskLocker) in
+// Locks; it logs taking and letting go of each.
+type LockingProvider struct {
+	ReattachingProvider
+	Locks *Locks
+}
+
+// LockTask takes the task's lock, or fails at once while it is held.
+func (p LockingProvider) LockTask(_ context.Context, task string) (func(), error) {
+	if !p.Locks.Hold(task) {
+		p.logf("lock %s refused", task)
+		return nil, fmt.Errorf("fake: task %s: %w: it holds the run lock fake-locks/%s", task, controller.ErrTaskLocked, task)
+	}
+	p.logf("lock %s", task)
+	return func() {
+		p.logf("unlock %s", task)
+		p.Locks.Release(task)
+	}, nil
 }
 
 func envID(task string, role controller.Role) string {
