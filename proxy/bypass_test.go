@@ -47,6 +47,13 @@ func TestBypassVectors(t *testing.T) {
 		{"absolute URI with another port", fmt.Sprintf("GET http://a.test:%d/ HTTP/1.1\r\nHost: a.test:%d\r\n\r\n", bp, ap), "", ""},
 		{"trailing dot and case of a denied name", fmt.Sprintf("GET http://B.TEST.:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", bp), "reason=not-allowlisted", "local="},
 		{"double trailing dot", fmt.Sprintf("GET http://a.test..:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", ap), "reason=invalid-host", "local="},
+		// IDNA maps U+3002 to a dot for the decision; net/http would write the Host field
+		// as punycode without that mapping (golang/go#80417): the upstream must be sent
+		// the name decided.
+		{"ideographic full stop in an allowed name", fmt.Sprintf("GET http://a\u3002test:%d/ HTTP/1.1\r\nHost: a.test:%d\r\n\r\n", ap, ap), fmt.Sprintf("host=a.test:%d local=127.0.0.2", ap), "xn--"},
+		{"ideographic full stop in a denied name", fmt.Sprintf("GET http://b\u3002test:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", bp), "reason=not-allowlisted", "local="},
+		{"CONNECT with an ideographic full stop in a denied name", fmt.Sprintf("CONNECT b\u3002test:%d HTTP/1.1\r\n\r\n", h.b.echoPort), "reason=not-allowlisted", ""},
+		{"fullwidth digits of an address", fmt.Sprintf("GET http://\uff11\uff12\uff17\uff0e\uff10\uff0e\uff10\uff0e\uff13:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", bp), "HTTP/1.1 403", "local="},
 		{"percent-encoded host", fmt.Sprintf("GET http://b%%2etest:%d/ HTTP/1.1\r\nHost: x\r\n\r\n", bp), "HTTP/1.1 4", "local="},
 		{"unbracketed IPv6", fmt.Sprintf("CONNECT ::ffff:127.0.0.3:%d HTTP/1.1\r\n\r\n", bp), "HTTP/1.1 4", ""},
 		{"IPv6 zone", fmt.Sprintf("CONNECT [fe80::1%%25lo]:%d HTTP/1.1\r\n\r\n", bp), "403", ""},
@@ -257,5 +264,47 @@ func TestRefusedNamesAreNotResolved(t *testing.T) {
 	}
 	if res.counts["exfil.test"] != 0 {
 		t.Fatalf("refused name was resolved %d times", res.counts["exfil.test"])
+	}
+}
+
+// TestRefusalsNameTheTargetAsWritten: a target refused for its form (userinfo, a path
+// after a CONNECT authority, no authority net/http could read) is logged and listed in
+// /v1/blocked as the client wrote it. net/http's reading of it is the allowed a.test,
+// or no host at all, so logging that would leave b.test, the destination sought, out
+// of every record.
+func TestRefusalsNameTheTargetAsWritten(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+	ap, bp := h.a.echoPort, h.b.httpPort
+	cases := []struct {
+		name, request, host string
+	}{
+		{"CONNECT with userinfo", fmt.Sprintf("CONNECT b.test:%d@a.test:%d HTTP/1.1\r\n\r\n", bp, ap), fmt.Sprintf("b.test:xxxxx@a.test:%d", ap)},
+		{"CONNECT with a user name", fmt.Sprintf("CONNECT b.test@a.test:%d HTTP/1.1\r\n\r\n", ap), fmt.Sprintf("b.test@a.test:%d", ap)},
+		{"CONNECT with a path", fmt.Sprintf("CONNECT a.test:%d/../b.test:%d HTTP/1.1\r\n\r\n", ap, bp), fmt.Sprintf("a.test:%d/../b.test:%d", ap, bp)},
+		{"absolute URI with userinfo", fmt.Sprintf("GET http://b.test:%d@a.test:%d/ HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n", bp, ap), fmt.Sprintf("b.test:xxxxx@a.test:%d", ap)},
+		{"absolute URI with a password", fmt.Sprintf("GET http://me:s3cret@a.test:%d/ HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n", ap), fmt.Sprintf("me:xxxxx@a.test:%d", ap)},
+		{"CONNECT in lower case", fmt.Sprintf("connect b.test:%d HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n", bp), fmt.Sprintf("b.test:%d", bp)},
+		{"URI without an authority", fmt.Sprintf("GET http:b.test:%d/ HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n", bp), fmt.Sprintf("http:b.test:%d/", bp)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := len(logLines(h.logs.String(), "decision"))
+			out := h.raw(tc.request)
+			if !strings.Contains(out, " 403 ") {
+				t.Fatalf("answer %q, want 403", firstLine(out))
+			}
+			var lines []map[string]any
+			waitFor(t, func() bool { lines = logLines(h.logs.String(), "decision"); return len(lines) > before })
+			if got := lines[before]["host"]; got != tc.host {
+				t.Errorf("decision line host %q, want %q", got, tc.host)
+			}
+			if _, ok := findBlocked(h.srv.current.Load().blocked.summary(0), tc.host); !ok {
+				t.Errorf("/v1/blocked does not list %q", tc.host)
+			}
+		})
+	}
+	if strings.Contains(h.logs.String(), "s3cret") {
+		t.Error("a password of a refused URI's userinfo reached the log")
 	}
 }

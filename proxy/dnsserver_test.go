@@ -86,6 +86,10 @@ func TestDNSRefusedNamesAreNotForwarded(t *testing.T) {
 		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.3"]}`, "c2VjcmV0.exfil.test", dns.TypeMX},
 		{`{"network_mode":"denylist","denied_hosts":["exfil.test"]}`, "exfil.test", dns.TypeA},
 		{`{"network_mode":"denylist","denied_hosts":["*.exfil.test"]}`, "c2VjcmV0.exfil.test", dns.TypeA},
+		// One wire label holding a dot: a name of the zone test, not under exfil.test,
+		// though its text unescaped would read as one the wildcard allows.
+		{`{"network_mode":"allowlist","allowed_hosts":["*.exfil.test"]}`, `c2VjcmV0\.exfil.test`, dns.TypeA},
+		{`{"network_mode":"allowlist","allowed_hosts":["*.exfil.test"]}`, `x\000.exfil.test`, dns.TypeA},
 	}
 	for _, tc := range cases {
 		t.Run(tc.policy+" "+dns.TypeToString[tc.qtype], func(t *testing.T) {

@@ -12,10 +12,12 @@ import (
 	"net/http/httptrace"
 	"net/netip"
 	"net/textproto"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/elazarl/goproxy"
 	"golang.org/x/net/http/httpguts"
@@ -421,7 +423,8 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	var defaultPort uint16
 	switch {
 	case r.URL.User != nil:
-		v.Reason = ReasonUserinfo
+		// Logged with the userinfo: the host after the @ may be an allowed name.
+		v.Host, v.Reason = withUserinfo(r.URL.User, r.URL.Host), ReasonUserinfo
 	case r.URL.Scheme == "http":
 		defaultPort = 80
 	case r.URL.Scheme == "https":
@@ -467,6 +470,12 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	}
 	rs = s.decidedBy(rs, v)
 	if !v.Allowed {
+		if v.Host == "" {
+			// A target net/http read no host from ("connect b.test:443" is a URI of
+			// scheme b.test, "http:b.test/" one without an authority) is logged and
+			// listed as written, not as a refusal of nothing.
+			v.Host = r.RequestURI
+		}
 		s.record(rs, typeHTTP, v, r.RemoteAddr)
 		return r, refusalResponse(r, rs, typeHTTP, v)
 	}
@@ -477,6 +486,17 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 			allowed.Addr = s.tracker.addrOf(st.entry)
 			s.record(rs, typeHTTP, allowed, client)
 		})
+	}
+	if v.Name != "" && hasNonASCII(r.URL.Host) {
+		// The decision read the name through IDNA's mapping ("a。test" is a.test), but
+		// net/http would write the Host field as punycode alone (xn--atest-7t3d), another
+		// name, while it verifies TLS for the mapped one (golang/go#80417): the upstream
+		// is sent the name decided.
+		host := v.Name
+		if p := r.URL.Port(); p != "" {
+			host = net.JoinHostPort(host, p)
+		}
+		r.URL.Host, r.Host = host, host
 	}
 	dropConnectionFields(r.Header)
 	if _, ok := r.Header["User-Agent"]; !ok {
@@ -835,4 +855,24 @@ type goproxyLogger struct{ s *Server }
 
 func (l goproxyLogger) Printf(format string, v ...any) {
 	l.s.log.Debug("goproxy", "message", strings.TrimSpace(fmt.Sprintf(format, v...)))
+}
+
+// withUserinfo is host with the userinfo a client put before it, as a refusal records
+// it, its password masked: "b.test:1@a.test" names the destination sought in its user
+// name, but a real password has no place in logs.
+func withUserinfo(u *url.Userinfo, host string) string {
+	if _, ok := u.Password(); ok {
+		u = url.UserPassword(u.Username(), "xxxxx")
+	}
+	return u.String() + "@" + host
+}
+
+// hasNonASCII reports whether s has a byte outside ASCII.
+func hasNonASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return true
+		}
+	}
+	return false
 }

@@ -481,16 +481,19 @@ func (f *front) connect(ctx context.Context, cancel context.CancelFunc, cc *clie
 	s := f.s
 	rs := s.current.Load()
 	var v Verdict
+	// These refusals are logged and counted under the target as written: net/http's
+	// reading of it (the host after an @, before a path, decoded) can be an allowed
+	// name while the rest names the destination the client was after.
 	switch {
 	case req.URL.User != nil:
 		// net/http reads "CONNECT u@host:port" as host:port with userinfo; the
 		// authority form has none (RFC 9110, 9.3.6).
-		v = Verdict{Host: req.URL.Host, Reason: ReasonUserinfo}
+		v = Verdict{Host: withUserinfo(req.URL.User, req.URL.Host), Reason: ReasonUserinfo}
 		s.record(rs, typeConnect, v, req.RemoteAddr)
 	case req.RequestURI != req.URL.Host:
 		// Nor a path, a query or a percent-encoded host, which net/http drops or
 		// decodes: the target must be the authority the decision reads, as written.
-		v = Verdict{Host: req.URL.Host, Reason: ReasonInvalidHost}
+		v = Verdict{Host: req.RequestURI, Reason: ReasonInvalidHost}
 		s.record(rs, typeConnect, v, req.RemoteAddr)
 	default:
 		v = s.decideTunnel(ctx, rs, req.URL.Host, req.RemoteAddr)
