@@ -286,6 +286,12 @@ func TestRefusalsNameTheTargetAsWritten(t *testing.T) {
 		{"absolute URI with a password", fmt.Sprintf("GET http://me:s3cret@a.test:%d/ HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n", ap), fmt.Sprintf("me:xxxxx@a.test:%d", ap)},
 		{"CONNECT in lower case", fmt.Sprintf("connect b.test:%d HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n", bp), fmt.Sprintf("b.test:%d", bp)},
 		{"URI without an authority", fmt.Sprintf("GET http:b.test:%d/ HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n", bp), fmt.Sprintf("http:b.test:%d/", bp)},
+		// Written so that net/http reads no userinfo, yet a URI parser, a log reader
+		// or the client took the part before an @ for one: its password is masked too.
+		{"CONNECT an absolute URI with a password", fmt.Sprintf("CONNECT http://me:s3cret@a.test:%d HTTP/1.1\r\n\r\n", ap), fmt.Sprintf("http://me:xxxxx@a.test:%d", ap)},
+		{"CONNECT with a path holding a password", fmt.Sprintf("CONNECT a.test:%d/me:s3cret@b.test HTTP/1.1\r\n\r\n", ap), fmt.Sprintf("a.test:%d/me:xxxxx@b.test", ap)},
+		{"URI without an authority, with a password", "GET http:me:s3cret@b.test/ HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n", "http:xxxxx@b.test/"},
+		{"URI with an empty authority, with a password", "GET http:///me:s3cret@b.test/ HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n", "http:///me:xxxxx@b.test/"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -474,7 +474,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 			// A target net/http read no host from ("connect b.test:443" is a URI of
 			// scheme b.test, "http:b.test/" one without an authority) is logged and
 			// listed as written, not as a refusal of nothing.
-			v.Host = r.RequestURI
+			v.Host = asWritten(r.RequestURI)
 		}
 		s.record(rs, typeHTTP, v, r.RemoteAddr)
 		return r, refusalResponse(r, rs, typeHTTP, v)
@@ -865,6 +865,21 @@ func withUserinfo(u *url.Userinfo, host string) string {
 		u = url.UserPassword(u.Username(), "xxxxx")
 	}
 	return u.String() + "@" + host
+}
+
+// asWritten is a refused target as the client wrote it, for logs and /v1/blocked, with
+// anything a reader could take for a password masked as withUserinfo masks it: in each
+// part between slashes, from its first ':' to its last '@' ("http://me:pw@a.test" is
+// no userinfo to net/http as a CONNECT target, but its password is one all the same).
+func asWritten(target string) string {
+	parts := strings.Split(target, "/")
+	for i, p := range parts {
+		at := strings.LastIndexByte(p, '@')
+		if colon := strings.IndexByte(p, ':'); colon >= 0 && colon < at {
+			parts[i] = p[:colon+1] + "xxxxx" + p[at:]
+		}
+	}
+	return strings.Join(parts, "/")
 }
 
 // hasNonASCII reports whether s has a byte outside ASCII.

@@ -493,7 +493,7 @@ func (f *front) connect(ctx context.Context, cancel context.CancelFunc, cc *clie
 	case req.RequestURI != req.URL.Host:
 		// Nor a path, a query or a percent-encoded host, which net/http drops or
 		// decodes: the target must be the authority the decision reads, as written.
-		v = Verdict{Host: req.RequestURI, Reason: ReasonInvalidHost}
+		v = Verdict{Host: asWritten(req.RequestURI), Reason: ReasonInvalidHost}
 		s.record(rs, typeConnect, v, req.RemoteAddr)
 	default:
 		v = s.decideTunnel(ctx, rs, req.URL.Host, req.RemoteAddr)

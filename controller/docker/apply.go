@@ -35,6 +35,10 @@ type SwitchReport struct {
 	Changes           []string `json:"changes"`
 	ClosedConnections uint64   `json:"closed_connections"`
 	FailClosed        []string `json:"fail_closed,omitempty"`
+	// interim is the generation of the switch's no-network interim until the sidecar
+	// acknowledges the new rules: a fail-closed PUT before then ends that generation,
+	// whose blocked attempts count to the phase the switch ended.
+	interim uint64
 }
 
 // Apply puts pol in force. It returns only when the sidecar has acknowledged the new
@@ -93,10 +97,13 @@ func (e *Env) Switch(ctx context.Context, pol policy.Policy, label controller.Ph
 	if err != nil {
 		var prev *controller.BlockedSummary
 		r.FailClosed, prev, err = e.failClosed(ctx, err)
-		if r.PreviousBlocked == nil {
+		switch {
+		case r.PreviousBlocked == nil:
 			// The rules never changed, so the fail-closed PUT is what ended the old
 			// generation. Had they changed, the first PUT's summary is the old phase's.
 			r.PreviousBlocked = prev
+		case prev != nil && r.interim != 0 && prev.Generation == r.interim:
+			r.PreviousBlocked = mergeBlocked(*r.PreviousBlocked, *prev)
 		}
 		r.Error = err.Error()
 	} else {
@@ -163,6 +170,9 @@ func (e *Env) switchSteps(ctx context.Context, pol policy.Policy, label controll
 			if err := e.timed(r, partRules, func() error { return e.putRules(ctx, policy.NoNetwork, label, r) }); err != nil {
 				return err
 			}
+			if !pol.Equal(policy.NoNetwork) {
+				r.interim = r.Generation
+			}
 		}
 		if err := e.timed(r, partWiring, func() error { return e.detachAgent(ctx, agent, r, e.names.Network) }); err != nil {
 			return err
@@ -180,6 +190,7 @@ func (e *Env) switchSteps(ctx context.Context, pol policy.Policy, label controll
 			if err := e.timed(r, partRules, func() error { return e.putRules(ctx, pol, label, r) }); err != nil {
 				return err
 			}
+			r.interim = 0
 		}
 		return e.timed(r, partSidecar, func() error { return e.ensureSidecarEgress(ctx, r) })
 	}
@@ -392,6 +403,21 @@ func (e *Env) failClosed(ctx context.Context, cause error) ([]string, *controlle
 	defer cancel()
 	var done []string
 	var errs []error
+	// The sidecar first: a process killed between the agent's cut and this would leave
+	// the agent, with no direct path left, whatever the sidecar still allows (all of
+	// public, when the switch failed before its no-network interim).
+	pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+	ack, err := e.admin.PutPolicy(pctx, policy.NoNetwork, e.task, "fail-closed")
+	pcancel()
+	var prev *controller.BlockedSummary
+	if err == nil {
+		prev = ack.PreviousBlocked
+		done = append(done, fmt.Sprintf("sidecar rules: no-network generation %d", ack.Generation))
+	} else if derr := e.p.api.NetworkDisconnect(ctx, e.egressNet, e.names.Sidecar, true); derr != nil && !ignorableDisconnect(derr) {
+		errs = append(errs, fmt.Errorf("sidecar unreachable (%v) and could not be cut from %s: %w", err, e.egressNet, derr))
+	} else {
+		done = append(done, "sidecar unreachable, cut from "+e.egressNet)
+	}
 	if agent, err := e.p.api.ContainerInspect(ctx, e.agentRef); err != nil {
 		// Without the agent's network list, at least the egress network goes.
 		errs = append(errs, fmt.Errorf("docker: inspect agent %s: %w", e.agentRef, err))
@@ -414,18 +440,6 @@ func (e *Env) failClosed(ctx context.Context, cause error) ([]string, *controlle
 		} else {
 			done = append(done, "agent default routes removed")
 		}
-	}
-	pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
-	ack, err := e.admin.PutPolicy(pctx, policy.NoNetwork, e.task, "fail-closed")
-	pcancel()
-	var prev *controller.BlockedSummary
-	if err == nil {
-		prev = ack.PreviousBlocked
-		done = append(done, fmt.Sprintf("sidecar rules: no-network generation %d", ack.Generation))
-	} else if derr := e.p.api.NetworkDisconnect(ctx, e.egressNet, e.names.Sidecar, true); derr != nil && !ignorableDisconnect(derr) {
-		errs = append(errs, fmt.Errorf("sidecar unreachable (%v) and could not be cut from %s: %w", err, e.egressNet, derr))
-	} else {
-		done = append(done, "sidecar unreachable, cut from "+e.egressNet)
 	}
 	msg := fmt.Sprintf("docker: switch of %s failed, agent left with no egress (%s): %v", e.names.Env, strings.Join(done, "; "), cause)
 	if len(errs) > 0 {

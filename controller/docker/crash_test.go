@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,12 +62,13 @@ type crashPanicValue struct{ op string }
 // agent's routes, the sidecar's admin API) and crashes it at one of them: before the
 // call took effect, or after it did but before the process saw the answer.
 type crasher struct {
-	at     int    // 1-based index of the call to crash at; 0: never
-	atOp   string // or the first call of this name
-	failOp string // every call of this name fails (an engine error), crash or not
-	after  bool   // crash once the call took effect
-	kind   crashKind
-	cancel context.CancelFunc // crashCancel: ends the command's context
+	at      int    // 1-based index of the call to crash at; 0: never
+	atOp    string // or the first call of this name
+	failOp  string // every call of this name fails (an engine error), crash or not
+	errOnce string // the first call of this name fails (an engine error), crash or not
+	after   bool   // crash once the call took effect
+	kind    crashKind
+	cancel  context.CancelFunc // crashCancel: ends the command's context
 
 	mu      sync.Mutex
 	calls   []string
@@ -97,11 +99,15 @@ func (c *crasher) call(ctx context.Context, op string, f func() error) error {
 	if hit {
 		c.atOp = ""
 	}
+	once := c.errOnce != "" && op == c.errOnce
+	if once {
+		c.errOnce = ""
+	}
 	c.mu.Unlock()
 	if ctx != nil && ctx.Err() != nil {
 		return ctx.Err() // the real clients fail every call on an ended context
 	}
-	if op == c.failOp {
+	if op == c.failOp || once {
 		return fmt.Errorf("%s: %w", op, errInjected)
 	}
 	if hit && !c.after {
@@ -535,6 +541,70 @@ func TestSwitchCrashAtEveryStep(t *testing.T) {
 				// whatever the world looks like.
 				r.checkStatusThenRepair(t, task, w, o.killed)
 			})
+		}
+	}
+}
+
+// A restricting switch from public that fails before its no-network interim is in the
+// sidecar (a step errs, or Ctrl-C) fails closed; a kill during those fail-closed steps
+// (a second Ctrl-C abandons the run at once) must not leave the agent cut from its
+// direct wiring beside a sidecar that still lets public through: at every call of
+// them, the agent keeps its old wiring or has nothing beyond the new policy.
+func TestSwitchKilledWhileFailingClosed(t *testing.T) {
+	const task = "tk"
+	label := controller.PhaseLabel{Phase: "run"}
+	killed := newKilledSet(t)
+	for _, to := range []policy.Policy{allowA, policy.NoNetwork} {
+		for _, fail := range []struct {
+			op   string
+			once bool
+		}{
+			{"admin PUT /v1/policy", true},  // the interim PUT fails, the fail-closed one goes through
+			{"admin PUT /v1/policy", false}, // the sidecar takes no PUT, the fail-closed one neither
+		} {
+			failOp := fail.op
+			switchCmd := func(r *rig, c *crasher) error {
+				e, err := r.process(t, c).LookupTask(context.Background(), task, controller.RoleAgent)
+				if err != nil {
+					return err
+				}
+				_, err = e.Apply(context.Background(), to, label)
+				return err
+			}
+			clean := newRig(t, task)
+			clean.open(t, task, policy.Public)
+			failing := func(c *crasher) *crasher {
+				if fail.once {
+					c.errOnce = failOp
+				} else {
+					c.failOp = failOp
+				}
+				return c
+			}
+			c := failing(newCrasher(0, false, crashKill, nil))
+			if err := switchCmd(clean, c); err == nil {
+				t.Fatalf("%s: the switch succeeded though %q failed", to.Mode, failOp)
+			}
+			ops := c.ops()
+			first := slices.Index(ops, failOp)
+			for i := first + 1; i < len(ops); i++ {
+				for _, after := range []bool{false, true} {
+					pt := crashPoint{at: i + 1, after: after, kind: crashKill, op: ops[i]}
+					t.Run(fmt.Sprintf("%s/%s_once=%t/%s", to.Mode, failOp, fail.once, pt), func(t *testing.T) {
+						r := newRig(t, task)
+						e := r.open(t, task, policy.Public)
+						c := failing(newCrasher(pt.at, pt.after, crashKill, nil))
+						o := runCrashing(t, c, func() error { return switchCmd(r, c) })
+						w := r.world(e.AgentContainer(), e.SidecarContainer())
+						if !w.within(policy.Public, to) || !w.agentOnEgress && !w.within(to) {
+							t.Errorf("killed while failing closed: egress beyond %s once the agent was cut: %+v", to.Mode, w)
+						}
+						if o.killed {
+							killed.add(t, o, c, r.p.cfg.StateDir)
+						}
+					})
+				}
+			}
 		}
 	}
 }

@@ -24,6 +24,7 @@ func TestSwitchReportsPreviousBlocked(t *testing.T) {
 		{name: "blocked in the interim too", blocked: 4, interim: 2, wantOK: true},
 		{name: "blocked in the interim only", interim: 3, wantOK: true},
 		{name: "refused switch, fail-closed PUT answers", refuse: policy.ModeAllowlist, blocked: 5},
+		{name: "refused switch, fail-closed PUT ends the interim", refuse: policy.ModeAllowlist, blocked: 5, interim: 2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -17,7 +17,12 @@ import (
 	"github.com/compass-egress/compass-egress/policy"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(runLockHolderEnv); dir != "" {
+		os.Exit(holdRunLock(dir))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 type rig struct {
 	ev     *events

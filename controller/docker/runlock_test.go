@@ -99,30 +99,31 @@ func TestRunLockPath(t *testing.T) {
 	}
 }
 
-// runLockHolderEnv, set, makes TestRunLockHolderProcess a run that takes a task's lock
-// in that state directory and holds it until it is killed.
+// runLockHolderEnv, set to a state directory, makes the test binary (TestMain) a run
+// that takes task t1's lock there and holds it until it is killed: the child process of
+// TestRunLockGoesWithItsProcess.
 const runLockHolderEnv = "COMPASS_TEST_RUN_LOCK_HOLDER"
 
-// TestRunLockHolderProcess is the child of TestRunLockGoesWithItsProcess.
-func TestRunLockHolderProcess(t *testing.T) {
-	dir := os.Getenv(runLockHolderEnv)
-	if dir == "" {
-		t.Skip("the child process of TestRunLockGoesWithItsProcess")
+func holdRunLock(dir string) int {
+	p, err := New(nil, Config{StateDir: dir}, nil)
+	if err == nil {
+		_, err = p.LockTask(context.Background(), "t1")
 	}
-	if _, err := runLocker(t, dir, "").LockTask(context.Background(), "t1"); err != nil {
+	if err != nil {
 		fmt.Println("error:", err)
-		return
+		return 1
 	}
 	fmt.Println("locked")
 	// Until killed: its parent never writes, and an end of input means the parent is gone.
-	io.Copy(io.Discard, os.Stdin)
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return 0
 }
 
 // TestRunLockGoesWithItsProcess: a run killed while it holds a task's lock (SIGKILL:
 // nothing of it runs) leaves no lock behind, so the --resume of its record takes it.
 func TestRunLockGoesWithItsProcess(t *testing.T) {
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestRunLockHolderProcess$", "-test.count=1")
+	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), runLockHolderEnv+"="+dir)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
