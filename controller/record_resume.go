@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,7 +19,8 @@ func Finished(rec *Record) bool {
 
 // ResumeFrom decides where an interrupted task (cancelled, or its runner died) picks up.
 // What is safe to resume:
-//   - nothing ran in a sandbox yet (no environment was opened): start from the top;
+//   - nothing ran in a sandbox yet (no agent environment came up: no open ended ok):
+//     start from the top;
 //   - fresh mode, once the agent's part is over (rollout, collection and artifact
 //     download all ended): the evaluation environment is new by design, so the task
 //     resumes at opening it, with the saved artifacts;
@@ -50,7 +52,9 @@ func ResumeFrom(prev *Record, t TaskRun, p Provider) (StepName, error) {
 				cut[0].Role, p.Name(), t.ID)
 		}
 	}
-	if len(prev.Environments) == 0 {
+	if !stepOK(prev, StepOpen) {
+		// No agent environment ever came up (none opened, or only opens that failed or
+		// were cut, whose leftovers the resume removes first): nothing ran in a sandbox.
 		return StepOpen, nil
 	}
 	if t.Mode != EvaluationFresh {
@@ -87,6 +91,11 @@ func agentStepsUnfinished(prev *Record, t TaskRun) []string {
 		}
 	}
 	return missing
+}
+
+// stepOK reports whether a step of that name ended ok.
+func stepOK(rec *Record, name StepName) bool {
+	return slices.ContainsFunc(rec.Steps, func(s StepRecord) bool { return s.Name == name && s.Status == StepOK })
 }
 
 // stepEnded reports whether a step of that name ran to its own end (ok, failed or timed

@@ -658,3 +658,35 @@ func TestResumeRemovesWhatAGoneLeftoverLeft(t *testing.T) {
 		t.Errorf("the gone environment recorded %+v, want it closed, not found on resume", e)
 	}
 }
+
+// TestResumeAfterACancelledResumeOfACutOpen: a resume removed what a cut agent open left
+// (the record now holds that environment, closed) and was then cancelled in its own
+// open. Nothing ever ran in a sandbox, so a later resume runs the task from the start,
+// in shared mode too, instead of refusing it for a lost agent environment.
+func TestResumeAfterACancelledResumeOfACutOpen(t *testing.T) {
+	fake := controllertest.New()
+	r := newRunner(t, controllertest.ReattachingProvider{Provider: fake})
+	tr := task(t, controller.EvaluationShared)
+	prev := cutIn(finishedRecord(t, r, tr), controller.StepOpen, controller.RoleAgent)
+	if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: tr.ID, Role: controller.RoleAgent}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fake.OpenErr = func(controller.Role) error { cancel(); return context.Canceled }
+	if out, err := r.RunTask(ctx, tr, prev); err == nil || out.Status != controller.StatusCancelled {
+		t.Fatalf("resume cancelled in its open: %v, status %s", err, out.Status)
+	}
+	fake.OpenErr = nil
+	prev = readRecord(t, r, tr.ID)
+	if len(prev.Environments) != 1 || prev.Environments[0].State != controller.EnvClosed {
+		t.Fatalf("environments %+v, want the cut open's, closed", prev.Environments)
+	}
+	from, err := controller.ResumeFrom(prev, tr, r.Provider)
+	if err != nil || from != controller.StepOpen {
+		t.Fatalf("ResumeFrom = %s, %v; want open", from, err)
+	}
+	if out, err := r.RunTask(context.Background(), tr, prev); err != nil || out.Status != controller.StatusSucceeded {
+		t.Fatalf("second resume: %v", err)
+	}
+}
