@@ -39,6 +39,9 @@ type SwitchReport struct {
 	// acknowledges the new rules: a fail-closed PUT before then ends that generation,
 	// whose blocked attempts count to the phase the switch ended.
 	interim uint64
+	// endedPhase labels the interim in the sidecar's logs and metrics: its decisions
+	// count to the phase the switch ends, as its blocked attempts do.
+	endedPhase string
 }
 
 // Apply puts pol in force. It returns only when the sidecar has acknowledged the new
@@ -87,7 +90,7 @@ func (e *Env) Switch(ctx context.Context, pol policy.Policy, label controller.Ph
 	defer unlock()
 	start := clk.Now()
 	if prev, ok, err := e.dir.readIntent(); err == nil && ok {
-		r.FromMode = prev.Policy.Mode
+		r.FromMode, r.endedPhase = prev.Policy.Mode, prev.Phase
 	}
 	err = e.dir.writeIntent(intent{Policy: pol, Digest: pol.Digest(), Phase: label.Phase, Time: r.Time})
 	var panicked any
@@ -167,11 +170,12 @@ func (e *Env) switchSteps(ctx context.Context, pol policy.Policy, label controll
 		// this process is configured with, so the agent leaves all of them.
 		interim := len(otherNetworks(agent, e.names.Network)) > 0
 		if interim {
-			if err := e.timed(r, partRules, func() error { return e.putRules(ctx, policy.NoNetwork, label, r) }); err != nil {
-				return err
+			phase := r.endedPhase
+			if pol.Equal(policy.NoNetwork) {
+				phase = label.Phase // the interim is the switch's own policy
 			}
-			if !pol.Equal(policy.NoNetwork) {
-				r.interim = r.Generation
+			if err := e.timed(r, partRules, func() error { return e.putRules(ctx, policy.NoNetwork, phase, r) }); err != nil {
+				return err
 			}
 		}
 		if err := e.timed(r, partWiring, func() error { return e.detachAgent(ctx, agent, r, e.names.Network) }); err != nil {
@@ -187,14 +191,13 @@ func (e *Env) switchSteps(ctx context.Context, pol policy.Policy, label controll
 			return err
 		}
 		if !interim || !pol.Equal(policy.NoNetwork) {
-			if err := e.timed(r, partRules, func() error { return e.putRules(ctx, pol, label, r) }); err != nil {
+			if err := e.timed(r, partRules, func() error { return e.putRules(ctx, pol, label.Phase, r) }); err != nil {
 				return err
 			}
-			r.interim = 0
 		}
 		return e.timed(r, partSidecar, func() error { return e.ensureSidecarEgress(ctx, r) })
 	}
-	if err := e.timed(r, partRules, func() error { return e.putRules(ctx, pol, label, r) }); err != nil {
+	if err := e.timed(r, partRules, func() error { return e.putRules(ctx, pol, label.Phase, r) }); err != nil {
 		return err
 	}
 	if err := e.timed(r, partSidecar, func() error { return e.ensureSidecarEgress(ctx, r) }); err != nil {
@@ -340,19 +343,28 @@ func (e *Env) egressGateway(ctx context.Context) (netip.Addr, error) {
 	return netip.Addr{}, fmt.Errorf("docker: egress network %s has no IPv4 gateway", e.egressNet)
 }
 
-func (e *Env) putRules(ctx context.Context, pol policy.Policy, label controller.PhaseLabel, r *SwitchReport) error {
-	ack, err := e.admin.PutPolicy(ctx, pol, e.task, label.Phase)
+// putRules puts pol in the sidecar under the phase label given. The switch's own policy
+// sets the transition's generation; another (the no-network interim) is kept in
+// r.interim, so that a failed switch does not record a generation that never held
+// its policy.
+func (e *Env) putRules(ctx context.Context, pol policy.Policy, phase string, r *SwitchReport) error {
+	ack, err := e.admin.PutPolicy(ctx, pol, e.task, phase)
 	// A swap acknowledged with the wrong digest still ended the old generation. What the
 	// no-network interim of a switch blocked counts to the phase the switch ended.
-	if r.Generation == 0 {
+	switch {
+	case r.interim == 0:
 		r.PreviousBlocked = ack.PreviousBlocked
-	} else if r.PreviousBlocked != nil && ack.PreviousBlocked != nil {
+	case r.PreviousBlocked != nil && ack.PreviousBlocked != nil:
 		r.PreviousBlocked = mergeBlocked(*r.PreviousBlocked, *ack.PreviousBlocked)
 	}
 	if err != nil {
 		return fmt.Errorf("docker: sidecar %s: %w", e.names.Sidecar, err)
 	}
-	r.Generation = ack.Generation
+	if pol.Digest() == r.Digest {
+		r.Generation, r.interim = ack.Generation, 0
+	} else {
+		r.interim = ack.Generation
+	}
 	r.ClosedConnections += ack.ClosedConnections
 	r.Changes = append(r.Changes, fmt.Sprintf("sidecar rules: %s generation %d", pol.Mode, ack.Generation))
 	if ack.ClosedConnections > 0 {

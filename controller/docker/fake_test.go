@@ -477,7 +477,7 @@ func startFakeAdmin(t *testing.T, socket string, ev *events) *fakeAdmin {
 		a.generation++
 		a.current = body.Policy
 		a.blocked = a.blockedAfter[body.Policy.Mode]
-		a.ev.add("admin-put %s", body.Policy.Mode)
+		a.ev.add("admin-put %s phase=%s", body.Policy.Mode, body.Phase)
 		a.writeAck(w, &prev)
 	})
 	a.srv = &http.Server{Handler: mux, ReadHeaderTimeout: time.Second}

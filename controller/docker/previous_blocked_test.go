@@ -40,6 +40,9 @@ func TestSwitchReportsPreviousBlocked(t *testing.T) {
 			if (err == nil) != tc.wantOK || tn.OK != tc.wantOK {
 				t.Fatalf("switch: ok=%t err=%v, want ok=%t", tn.OK, err, tc.wantOK)
 			}
+			if !tc.wantOK && tn.Generation != 0 {
+				t.Errorf("failed switch recorded generation %d, which never held its policy", tn.Generation)
+			}
 			prev := tn.PreviousBlocked
 			if prev == nil {
 				t.Fatalf("transition %+v has no previous_blocked", tn)

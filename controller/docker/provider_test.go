@@ -129,12 +129,18 @@ func TestSwitchOrderNeverWidensEgress(t *testing.T) {
 	}{
 		{policy.NoNetwork, append([]string{"admin-put no-network"}, cut...)},
 		{policy.Public, []string{"admin-put public", "connect " + agent + " test-egress"}},
-		{allowA, append(append([]string{"admin-put no-network"}, cut...), "admin-put allowlist")},
+		// The interim is labelled with the phase the switch ends, to which its blocked
+		// attempts count.
+		{allowA, append(append([]string{"admin-put no-network phase=test"}, cut...), "admin-put allowlist phase=run")},
 		{policy.NoNetwork, []string{"admin-put no-network"}},
 	}
-	for _, tc := range tests {
+	for i, tc := range tests {
 		r.ev.log = nil
-		tr, err := e.Apply(context.Background(), tc.to, controller.PhaseLabel{Phase: "test"})
+		label := controller.PhaseLabel{Phase: "test"}
+		if i == 2 {
+			label.Phase = "run"
+		}
+		tr, err := e.Apply(context.Background(), tc.to, label)
 		if err != nil {
 			t.Fatalf("switch to %s: %v", tc.to.Mode, err)
 		}
