@@ -21,12 +21,24 @@ const (
 	ReasonUpstreamFailed  = "upstream-failed"   // no upstream answered
 	ReasonNoAllowedAnswer = "no-allowed-answer" // every address in the answer was disallowed
 	ReasonOverloaded      = "overloaded"        // --dns-max-inflight queries were being answered
+	ReasonInternalError   = "internal-error"    // answering the query panicked
 )
 
 // serveDNS answers the sandbox's queries: forward what the policy allows, refuse the
 // rest with Extended DNS Error 15 (Blocked).
 func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
-	client := w.RemoteAddr().String()
+	// miekg/dns does not recover a handler's panic, which would end the process: the
+	// sandbox's DNS and every connection with it. As CoreDNS does, a panic ends this
+	// query alone.
+	var client string
+	wrote := false // a write was attempted: its message may be out, whole or in part
+	defer func() {
+		if p := recover(); p != nil {
+			s.recovered(componentDNS, typeDNS, client, p)
+			s.endPanicked(w, req, wrote)
+		}
+	}()
+	client = w.RemoteAddr().String()
 	_, udp := w.RemoteAddr().(*net.UDPAddr)
 	select {
 	case s.dnsSlots <- struct{}{}:
@@ -35,6 +47,7 @@ func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		// Full: shed at once rather than pile up goroutines waiting for upstreams.
 		// Not logged (a flood would flood the log), counted.
 		s.metrics.dnsOverloaded.WithLabelValues(protocolLabel(udp)).Inc()
+		wrote = true
 		_ = w.WriteMsg(refusal(req, dns.RcodeServerFailure, ReasonOverloaded))
 		return
 	}
@@ -51,7 +64,7 @@ func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		resp.Truncate(size)
 	}
 	var netErr net.Error
-	if err := w.WriteMsg(resp); err != nil && a.decision == "allowed" && !errors.As(err, &netErr) {
+	if err := writeMsg(w, resp, &wrote); err != nil && a.decision == "allowed" && !errors.As(err, &netErr) {
 		// Not even compressed does it fit: the client gets SERVFAIL, not silence. (A
 		// network error is a TCP client that left: its query was still allowed.)
 		s.log.Warn("dns answer not sent", "name", a.name, "error", err.Error())
@@ -63,6 +76,32 @@ func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		a.rs.blocked.add(a.name, 0, typeDNS, a.reason)
 	}
 	s.logDecision(a.rs, typeDNS, a.decision, a.reason, a.rule, a.name, 0, netip.Addr{}, client, slog.String("qtype", dns.Type(a.qtype).String()))
+}
+
+// writeMsg is w.WriteMsg (the proxy signs nothing: no TSIG) with the packing apart,
+// so that wrote says whether a write began: a panic while an upstream's answer is
+// packed leaves the query to be answered SERVFAIL.
+func writeMsg(w dns.ResponseWriter, m *dns.Msg, wrote *bool) error {
+	data, err := m.Pack()
+	if err != nil {
+		return err
+	}
+	*wrote = true
+	_, err = w.Write(data)
+	return err
+}
+
+// endPanicked ends a query whose answering panicked: SERVFAIL if nothing was written
+// yet; else nothing more, and a TCP connection closes, since a message cut short would
+// make the client read the stream's next bytes as an answer. A panic of this last
+// write, or of the close, ends the query silently: it is the writer's own.
+func (s *Server) endPanicked(w dns.ResponseWriter, req *dns.Msg, wrote bool) {
+	defer func() { _ = recover() }()
+	if !wrote && req != nil {
+		_ = w.WriteMsg(refusal(req, dns.RcodeServerFailure, ReasonInternalError))
+		return
+	}
+	_ = w.Close() // for UDP, nothing: the socket is the server's
 }
 
 // acceptDNS hands every message but a response to serveDNS, which refuses what it does

@@ -662,16 +662,35 @@ func (s *Server) decide(ctx context.Context, rs *RuleSet, host string, port uint
 
 type verdictKey struct{}
 
+// errDialPanicked fails a dial that panicked.
+var errDialPanicked = errors.New("proxy: the dial panicked")
+
 // dialChecked is the upstream transport's dialer: it dials only the addresses the
 // request's verdict checked, ignoring the address the transport asks for. Its writes
 // are bounded by the tunnel idle timeout (see idleWriter), its reads are the progress
 // of the wait for an answer head (see headWatch).
-func (s *Server) dialChecked(ctx context.Context, network, _ string) (net.Conn, error) {
+func (s *Server) dialChecked(ctx context.Context, network, _ string) (_ net.Conn, err error) {
 	v, _ := ctx.Value(verdictKey{}).(*Verdict)
 	if v == nil || !v.Allowed {
 		return nil, errors.New("proxy: dial without an allowed decision")
 	}
 	st := stateIn(ctx)
+	var c *net.TCPConn
+	// The Transport dials on a goroutine of its own, which nothing else recovers: a
+	// panic fails this dial (and with it the request), and closes what it dialled.
+	defer func() {
+		if p := recover(); p != nil {
+			client := ""
+			if st != nil && st.client != nil {
+				client = st.client.conn.RemoteAddr().String()
+			}
+			s.recovered(componentFront, typeHTTP, client, p)
+			if c != nil {
+				c.Close()
+			}
+			err = errDialPanicked
+		}
+	}()
 	rs, entry := st.live()
 	if st != nil {
 		// The Transport dials under a context without the request's cancellation (a
@@ -683,7 +702,7 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (net.Conn, 
 		stop := context.AfterFunc(st.ctx, cancel)
 		defer stop()
 	}
-	c, _, err := s.dialVerdict(ctx, v, true, rs, entry)
+	c, _, err = s.dialVerdict(ctx, v, true, rs, entry)
 	if err != nil {
 		return nil, err
 	}

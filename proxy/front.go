@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -183,6 +182,17 @@ func (f *front) waiting(c net.Conn, cancel context.CancelFunc) bool {
 	}
 }
 
+// cancelRequest ends the context of the request c serves, if any, which a panic
+// left uncancelled: its upstream exchange or dial ends with it.
+func (f *front) cancelRequest(c net.Conn) {
+	f.mu.Lock()
+	st := f.conns[c]
+	f.mu.Unlock()
+	if st != nil {
+		st.cancel()
+	}
+}
+
 func (f *front) untrack(c net.Conn) {
 	f.mu.Lock()
 	delete(f.conns, c)
@@ -242,6 +252,7 @@ type clientConn struct {
 	remote string
 	out    idleWriter // c, for answers to forwarded requests
 	gone   goneWatch  // c, while a request without a body is served
+	typ    string     // the type of the request being served, for a panic's log line
 }
 
 func (f *front) serveConn(c net.Conn) {
@@ -252,15 +263,29 @@ func (f *front) serveConn(c net.Conn) {
 	cc.br.Reset(cc.in)
 	owned := false // a tunnel or hijacker took the connection
 	defer func() {
+		// A panic ends this connection alone (net/http's server does the same). It
+		// is closed, never answered: part of an answer, or a CONNECT's 200, may have
+		// gone out, after which any bytes of the proxy's own would read as the
+		// destination's. What it held is released as on any other end: the slot
+		// here, its tracked entries and counts by the deferred releases that
+		// panicked through them; its request's context is ended.
+		p := recover()
+		if p != nil {
+			f.s.recovered(componentFront, cc.typ, cc.remote, p)
+			f.cancelRequest(c)
+		}
 		if !owned {
 			f.closeAnswered(c)
 		}
-		if cc.br != nil && cc.br.Size() == 4096 {
+		// After a panic the reader may still be in use (a body a transport goroutine
+		// reads): it is left to the collector rather than shared.
+		if p == nil && cc.br != nil && cc.br.Size() == 4096 {
 			cc.br.Reset(nil)
 			frontReaders.Put(cc.br)
 		}
 	}()
 	for first := true; ; first = false {
+		cc.typ = "" // not known until a head is read
 		if cc.br.Size() > 4096 && cc.br.Buffered() == 0 {
 			// The long head that needed a reader of its own is served and nothing
 			// follows it yet: the connection waits with 4 KiB, not 68, so idle
@@ -324,10 +349,12 @@ func (f *front) serveConn(c net.Conn) {
 			return
 		}
 		if req.Method == http.MethodConnect {
+			cc.typ = typeConnect
 			owned = f.connect(ctx, cancel, cc, req)
 			cancel()
 			return
 		}
+		cc.typ = typeHTTP
 		keep, hijacked := f.serveRequest(ctx, cc, req, cancel, fields.hosts)
 		cancel()
 		if hijacked {
@@ -546,8 +573,8 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	panicked := true
 	func() {
 		defer func() {
-			if p := recover(); p != nil && p != http.ErrAbortHandler {
-				f.s.log.Error("panic serving a request", "client", cc.remote, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			if p := recover(); p != nil {
+				f.s.recovered(componentFront, typeHTTP, cc.remote, p)
 			}
 		}()
 		f.s.serveProxy(w, req, st)
@@ -560,8 +587,16 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	if left && st.entry != nil {
 		f.s.log.Info("client gone", "type", typeHTTP, "host", st.entry.name, "port", st.entry.port, "client", cc.remote)
 	}
-	if w.hijacked {
+	// A connection handed over is the relay's, which settle closed if goproxy
+	// panicked; one a panic stopped between the hand-over and the relay is nobody's,
+	// and closes here.
+	if w.hijacked && (!panicked || st.relay != nil) {
 		return false, true
+	}
+	if panicked {
+		// Nothing of a response has gone out, not even part of a head: the client
+		// is told the proxy failed, in an answer no destination sends.
+		w.replaceUnsent(errorAnswer("500 Internal Server Error", "internal-error"))
 	}
 	// The head of an answer is held until its body's first bytes: one whose body broke
 	// off before any (the upstream closed right after its head) has sent the client

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"time"
-	"unicode/utf8"
 
 	"github.com/compass-egress/compass-egress/internal/jsonlog"
 )
@@ -29,17 +28,7 @@ func clipHost(host string) string {
 // answer head's bound (four times that once each byte is quoted).
 const maxErrorBytes = 512
 
-func clipError(err error) string {
-	msg := err.Error()
-	if len(msg) <= maxErrorBytes {
-		return msg
-	}
-	cut := maxErrorBytes
-	for cut > 0 && !utf8.RuneStart(msg[cut]) {
-		cut-- // not in the middle of a character
-	}
-	return msg[:cut] + "..."
-}
+func clipError(err error) string { return clipText(err.Error()) }
 
 func (s *Server) logDecision(rs *RuleSet, typ, decision, reason, rule, host string, port uint16, addr netip.Addr, client string, extra ...slog.Attr) {
 	level := slog.LevelInfo

@@ -28,6 +28,7 @@ type metrics struct {
 	swapClosed                prometheus.Counter
 	connectionsCap            prometheus.Gauge
 	dnsOverloaded             *prometheus.CounterVec
+	panics                    *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -78,6 +79,10 @@ func newMetrics() *metrics {
 			Name: "compass_proxy_dns_overloaded_total",
 			Help: "DNS queries answered SERVFAIL at once because --dns-max-inflight queries were being answered, by protocol (udp or tcp).",
 		}, []string{"protocol"}),
+		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "compass_proxy_panics_total",
+			Help: "Panics recovered while serving one connection or query, which was closed (or answered SERVFAIL), by component: front, tunnel, dns or resolver.",
+		}, []string{"component"}),
 	}
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "compass_proxy_build_info",
@@ -85,12 +90,15 @@ func newMetrics() *metrics {
 	}, []string{"version", "goversion"})
 	buildInfo.WithLabelValues(buildinfo.Version, runtime.Version()).Set(1)
 	m.registry.MustRegister(m.requests, m.dnsQueries, m.active, m.bytes, m.dialDuration,
-		m.generation, m.reloads, m.reloadOK, m.swapClosed, m.connectionsCap, m.dnsOverloaded, buildInfo,
+		m.generation, m.reloads, m.reloadOK, m.swapClosed, m.connectionsCap, m.dnsOverloaded, m.panics, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.activeHTTP, m.activeConnect = m.active.WithLabelValues(typeHTTP), m.active.WithLabelValues(typeConnect)
 	m.bytesUp, m.bytesDown = m.bytes.WithLabelValues("upstream"), m.bytes.WithLabelValues("downstream")
 	for _, p := range []string{"udp", "tcp"} {
 		m.dnsOverloaded.WithLabelValues(p)
+	}
+	for _, c := range panicComponents {
+		m.panics.WithLabelValues(c)
 	}
 	for _, r := range []string{"success", "failure"} {
 		m.reloads.WithLabelValues(r)

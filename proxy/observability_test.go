@@ -204,7 +204,7 @@ func TestMetricsGaugesAndLabels(t *testing.T) {
 		t.Fatal(err)
 	}
 	allowed := map[string]bool{"type": true, "decision": true, "reason": true, "qtype": true,
-		"direction": true, "result": true, "protocol": true, "version": true, "goversion": true}
+		"direction": true, "result": true, "protocol": true, "version": true, "goversion": true, "component": true}
 	for _, f := range families {
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {

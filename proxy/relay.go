@@ -27,6 +27,7 @@ type direction struct {
 	dst, src net.Conn
 	pre      []byte // what the client sent along with the CONNECT, for the upward one
 	n        int64  // bytes written to dst; final once copy returns
+	ended    uint8  // relayRunning, relayEndedFirst or relayEndedLast (recoverRelay)
 	// Both ends' *net.TCPConn, or nil when either end is another kind of connection.
 	tcpDst, tcpSrc *net.TCPConn
 }

@@ -293,10 +293,12 @@ func (w *responseWriter) finish() bool {
 
 // replaceUnsent writes answer (a whole response that ends the connection) in place of
 // a response nothing of which has reached the client, and reports whether it did.
+// Nothing may wait in the buffer either: a panic can stop an informational answer
+// part-way through its head.
 func (w *responseWriter) replaceUnsent(answer string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.headSent || w.hijacked || w.bw == nil {
+	if w.headSent || w.hijacked || w.bw == nil || w.bw.Buffered() > 0 {
 		return false
 	}
 	w.headSent = true

@@ -195,6 +195,7 @@ func New(cfg Config) (*Server, error) {
 	if resolver == nil {
 		s.ownResolver = NewUpstreamResolver(s.upstreams)
 		s.ownResolver.admit = s.resolvable
+		s.ownResolver.panicked = func(p any) { s.recovered(componentResolver, "", "", p) }
 		resolver = s.ownResolver
 	}
 	s.decider = &Decider{Resolver: resolver}

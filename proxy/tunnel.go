@@ -72,6 +72,8 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 		up    *net.TCPConn
 		// confirmed is closed once the write of the 200 has returned.
 		confirmed = make(chan struct{})
+		counted   bool // for the drain (addTunnel), not yet given back
+		handed    bool // the relay owns the tunnel
 	)
 	entry := &liveConn{typ: typeConnect, name: v.Name, addr: v.Addrs[0], port: v.Port}
 	entry.close = func() func() {
@@ -98,6 +100,28 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 		return nil
 	}
 	s.tracker.add(entry)
+	// Every return below gives back what it took; a panic (which the front recovers)
+	// gives it back here. Nothing may outlive it: an entry a swap would cut to no
+	// avail, an upstream socket, a count that would hold the drain to its deadline, a
+	// cut waiting on a 200 that never went out.
+	defer func() {
+		if handed {
+			return
+		}
+		mu.Lock()
+		if state == confirming {
+			state = established
+			close(confirmed)
+		}
+		mu.Unlock()
+		if up != nil {
+			up.Close()
+		}
+		s.tracker.remove(entry)
+		if counted {
+			s.tunnels.Done()
+		}
+	}()
 	refuse := func() {
 		s.tracker.remove(entry)
 		if up != nil {
@@ -145,6 +169,7 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 		fail("503 Service Unavailable", "draining")
 		return false
 	}
+	counted = true
 	// The 200 is bounded as the front's last answers are: a client that reads nothing
 	// (its buffers full of answers to requests it pipelined) must not hold a worker and
 	// a connection slot. Set before the state says confirming, so a cut's shorter
@@ -153,6 +178,7 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 	mu.Lock()
 	if cut {
 		mu.Unlock()
+		counted = false
 		s.tunnels.Done()
 		refuse()
 		return false
@@ -168,16 +194,19 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 	if err != nil || cutWhileConfirming {
 		s.tracker.remove(entry)
 		up.Close()
+		counted = false
 		s.tunnels.Done()
 		return false
 	}
 	_ = client.SetWriteDeadline(time.Time{})
-	s.metrics.activeConnect.Inc()
 	// The tunnel keeps only what it logs: not the request, whose memory would otherwise
 	// live as long as the tunnel.
 	t := &tunnel{upward: newDirection(up, client, buffered), downward: newDirection(client, up, nil),
 		entry: entry, host: blockedHost(v), port: v.Port, addr: addr, clientAddr: r.RemoteAddr,
 		gen: rs.Generation, task: rs.Task, phase: rs.Phase}
+	s.startTunnel(t)
+	s.metrics.activeConnect.Inc()
+	handed = true
 	go s.runTunnel(t)
 	return true
 }
@@ -190,6 +219,7 @@ type tunnel struct {
 	clock            *idleClock
 	keepAlive        *time.Timer
 	ended            atomic.Int32 // directions that have ended
+	finishing        bool         // finishTunnel has begun (on the last direction's goroutine)
 	// idle cuts an idle tunnel whose directions are blocked in writes to peers that
 	// read nothing, which no read deadline ends, and shows the copies the progress of
 	// writes to peers that read slowly (see idleWatch).
@@ -209,14 +239,12 @@ type tunnel struct {
 // tunnel, and the upstream's back on a second one. Whichever direction ends last
 // closes the tunnel.
 func (s *Server) runTunnel(t *tunnel) {
-	s.startTunnel(t)
 	go s.relayDirection(t, &t.downward)
 	s.relayDirection(t, &t.upward)
 }
 
-// startTunnel is out of line so that its locals stay out of the relay's stack.
-//
-//go:noinline
+// startTunnel starts t's clocks. It runs before the relay's goroutines, under
+// openTunnel's release of what a panic would leave.
 func (s *Server) startTunnel(t *tunnel) {
 	t.start = time.Now()
 	t.clock = newIdleClock(s.cfg.TunnelIdleTimeout)
@@ -230,13 +258,51 @@ func (s *Server) startTunnel(t *tunnel) {
 }
 
 // relayDirection runs direction d of t and, if it is the last to end, closes the
-// tunnel.
+// tunnel. A panic is recovered at the top, by a deferred call: not in the copy loop,
+// whose frames must stay small (see direction) and whose reads cheap.
 func (s *Server) relayDirection(t *tunnel, d *direction) {
+	defer s.recoverRelay(t, d)
 	err := d.copy(t.clock)
 	last := t.ended.Add(1) == 2 // after d's count is final: the closing one reads it
+	d.ended = relayEndedFirst
+	if last {
+		d.ended = relayEndedLast
+	}
 	d.end(err, last)
 	if last {
 		s.finishTunnel(t)
+	}
+}
+
+// What a direction has done of its ending, for recoverRelay.
+const (
+	relayRunning    = iota // copying: not counted in tunnel.ended
+	relayEndedFirst        // counted; the other direction finishes the tunnel
+	relayEndedLast         // counted; this one finishes the tunnel
+)
+
+// recoverRelay ends the tunnel whose direction d panicked, and that tunnel alone: both
+// sides close, which ends the other direction, the tunnel leaves the tracker at once,
+// and it is finished once, by whichever direction is the last to end (finishTunnel's
+// own releases are deferred, so one that panicked has given them back).
+func (s *Server) recoverRelay(t *tunnel, d *direction) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	s.recovered(componentTunnel, typeConnect, t.clientAddr, p)
+	t.upward.src.Close()
+	t.upward.dst.Close()
+	s.tracker.remove(t.entry)
+	switch d.ended {
+	case relayRunning:
+		if t.ended.Add(1) == 2 {
+			s.finishTunnel(t)
+		}
+	case relayEndedLast:
+		if !t.finishing {
+			s.finishTunnel(t)
+		}
 	}
 }
 
@@ -249,7 +315,11 @@ var tunnelKeepAliveAfter = keepAliveIdle * time.Second
 
 //go:noinline
 func (s *Server) finishTunnel(t *tunnel) {
+	t.finishing = true
+	// Deferred, as they are counts that must be given back once, a panic or not.
 	defer s.tunnels.Done()
+	defer s.metrics.activeConnect.Dec()
+	defer s.proxyLn.release()
 	if t.keepAlive != nil {
 		t.keepAlive.Stop()
 	}
@@ -257,7 +327,6 @@ func (s *Server) finishTunnel(t *tunnel) {
 	t.upward.src.Close()
 	t.upward.dst.Close()
 	s.tracker.remove(t.entry)
-	s.proxyLn.release()
 	s.metrics.bytesUp.Add(float64(t.upward.n))
 	s.metrics.bytesDown.Add(float64(t.downward.n))
 	if s.log.Enabled(context.Background(), slog.LevelInfo) {
@@ -267,7 +336,6 @@ func (s *Server) finishTunnel(t *tunnel) {
 			slog.Float64("duration_seconds", time.Since(t.start).Seconds()), slog.Uint64("generation", t.gen),
 			slog.String("task", t.task), slog.String("phase", t.phase))
 	}
-	s.metrics.activeConnect.Dec()
 }
 
 // addTunnel counts a new tunnel for the drain, unless the drain has begun.

@@ -201,7 +201,9 @@ type UpstreamResolver struct {
 	// admit, when set, is asked before every query a lookup sends: a lookup shared by
 	// decisions made under an earlier rule set sends nothing more once the rule set in
 	// force refuses the name.
-	admit    func(name string) bool
+	admit func(name string) bool
+	// panicked, when set, logs and counts a panic a lookup recovered from.
+	panicked func(p any)
 	ctx      context.Context // cancelled by Close: ends the lookups in flight
 	cancel   context.CancelFunc
 	lookups  sync.WaitGroup
@@ -286,6 +288,22 @@ func lookupBudget(timeout time.Duration, upstreams int) time.Duration {
 // not fail the others).
 func (r *UpstreamResolver) resolve(name string, l *lookup) {
 	defer r.lookups.Done()
+	finished := false
+	defer func() {
+		if finished {
+			return
+		}
+		// A panic fails the lookup, not the process; and the decisions waiting on it,
+		// or on a later lookup of the name, must not wait for it forever.
+		r.recovered(recover())
+		l.addrs, l.err = nil, errLookupPanicked
+		r.mu.Lock()
+		if r.inflight[name] == l {
+			delete(r.inflight, name)
+		}
+		r.mu.Unlock()
+		close(l.done)
+	}()
 	ctx, cancel := context.WithTimeout(r.ctx, lookupBudget(r.upstreams.udp.Timeout, len(r.upstreams.servers)))
 	defer cancel()
 	addrs, ttl, err := r.query(ctx, name)
@@ -305,6 +323,16 @@ func (r *UpstreamResolver) resolve(name string, l *lookup) {
 	}
 	r.mu.Unlock()
 	close(l.done)
+	finished = true
+}
+
+// errLookupPanicked fails a lookup that panicked.
+var errLookupPanicked = errors.New("proxy: the lookup panicked")
+
+func (r *UpstreamResolver) recovered(p any) {
+	if r.panicked != nil {
+		r.panicked(p)
+	}
 }
 
 // query asks for A and AAAA records in parallel.
@@ -320,6 +348,12 @@ func (r *UpstreamResolver) query(ctx context.Context, name string) ([]netip.Addr
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() {
+				if p := recover(); p != nil {
+					r.recovered(p)
+					errs[i] = errLookupPanicked
+				}
+			}()
 			q := new(dns.Msg)
 			q.SetQuestion(fqdn, qtype)
 			q.RecursionDesired = true

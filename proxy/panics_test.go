@@ -1,0 +1,430 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// panicConn is a client connection whose Read panics once a read returns onRead, and
+// whose Write panics on a write that carries onWrite: the stand-in for a bug one client
+// can reach.
+type panicConn struct {
+	net.Conn
+	onRead, onWrite string
+	beforePanic     func() // if set, runs first
+}
+
+func (c *panicConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if c.onRead != "" && bytes.Contains(p[:n], []byte(c.onRead)) {
+		panic("test: read panics")
+	}
+	return n, err
+}
+
+func (c *panicConn) Write(p []byte) (int, error) {
+	if c.onWrite != "" && bytes.Contains(p, []byte(c.onWrite)) {
+		if c.beforePanic != nil {
+			c.beforePanic()
+		}
+		panic("test: write panics")
+	}
+	return c.Conn.Write(p)
+}
+
+// servePanicking hands the proxy's front a client connection wrapped in a panicConn,
+// the way its accept loop hands one over (a slot, tracked, to a worker), and returns
+// the client's end.
+func (h *harness) servePanicking(t *testing.T, onRead, onWrite string, beforePanic func()) net.Conn {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	_ = client.SetDeadline(time.Now().Add(hangGuard))
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &panicConn{Conn: server, onRead: onRead, onWrite: onWrite, beforePanic: beforePanic}
+	h.srv.proxyLn.sem <- struct{}{}
+	if !h.srv.front.track(c) {
+		t.Fatal("the front is draining")
+	}
+	h.srv.front.dispatch(c)
+	return client
+}
+
+// checkRecovered checks that one panic of component was counted and logged with its
+// value and stack, and that nothing the connection held is still held: no tracked
+// entry, no connection of the front's, no slot, no tunnel the drain would wait for,
+// no active connection in the gauges.
+func (h *harness) checkRecovered(t *testing.T, component, value string) {
+	t.Helper()
+	waitFor(t, func() bool { return strings.Contains(h.logs.String(), value) })
+	var line string
+	for _, l := range strings.Split(h.logs.String(), "\n") {
+		if strings.Contains(l, `"msg":"panic recovered"`) && strings.Contains(l, value) {
+			line = l
+		}
+	}
+	for _, want := range []string{`"level":"ERROR"`, `"component":"` + component + `"`, `"client":"127.0.0.1:`, `"stack":"goroutine `} {
+		if !strings.Contains(line, want) {
+			t.Errorf("no %s in the panic's log line: %s", want, line)
+		}
+	}
+	waitFor(t, func() bool { return h.srv.tracker.len() == 0 })
+	waitFor(t, func() bool {
+		h.srv.front.mu.Lock()
+		defer h.srv.front.mu.Unlock()
+		return len(h.srv.front.conns) == 0
+	})
+	// The accept loop holds a slot while it waits for the next connection.
+	waitFor(t, func() bool { return len(h.srv.proxyLn.sem) <= 1 })
+	tunnels := make(chan struct{})
+	go func() { h.srv.tunnels.Wait(); close(tunnels) }()
+	select {
+	case <-tunnels:
+	case <-time.After(hangGuard):
+		t.Fatal("the drain would wait for a tunnel the panic ended")
+	}
+	m := h.metricsText()
+	for _, want := range []string{
+		`compass_proxy_panics_total{component="` + component + `"} 1`,
+		`compass_proxy_active_connections{type="connect"} 0`,
+		`compass_proxy_active_connections{type="http"} 0`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("no %s in:\n%s", want, grepLines(m, "compass_proxy_"))
+		}
+	}
+}
+
+// TestFrontRecoversPanic: a panic while serving one client connection (reading its
+// head, writing a CONNECT's 200, in the tunnel's relay either way, in the forward
+// path) ends that connection alone. It is closed, with nothing written after the
+// panic but a 500 when nothing of the answer had gone out; what it held is given back;
+// the proxy goes on serving the next connection.
+func TestFrontRecoversPanic(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		onRead, onWrite string
+		send            string // after the head, once the CONNECT is answered
+		cut             bool   // a swap cuts the tunnel while its 200 is written
+		component       string
+		value           string
+		want            string // what the client reads until the close
+	}{
+		{name: "reading the head", onRead: "CONNECT", component: componentFront, value: "test: read panics"},
+		{name: "writing the 200", onWrite: "200 Connection established", component: componentFront, value: "test: write panics"},
+		{name: "writing the 200 as a swap cuts it", onWrite: "200 Connection established", cut: true, component: componentFront, value: "test: write panics"},
+		{name: "relaying upward", onRead: "boom", send: "boom", component: componentTunnel, value: "test: read panics",
+			want: "HTTP/1.1 200 Connection established\r\n\r\n"},
+		{name: "relaying downward", onWrite: "boom", send: "boom", component: componentTunnel, value: "test: write panics",
+			want: "HTTP/1.1 200 Connection established\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(c *Config) { c.MaxConnections = 4 })
+			h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+			var swapped chan struct{}
+			var before func()
+			if tc.cut {
+				// A swap that refuses the tunnel cuts it while its 200 is on its way
+				// out, and waits for that write, which panics.
+				swapped = make(chan struct{})
+				before = func() {
+					go func() {
+						h.apply(`{"network_mode":"allowlist","allowed_hosts":["b.test"]}`)
+						close(swapped)
+					}()
+					waitFor(t, func() bool { return h.srv.tracker.len() == 0 })
+				}
+			}
+			c := h.servePanicking(t, tc.onRead, tc.onWrite, before)
+			if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: a.test\r\n\r\n", h.a.echoHostPort("a.test")); err != nil {
+				t.Fatal(err)
+			}
+			if tc.send != "" {
+				head := make([]byte, len(tc.want))
+				if _, err := io.ReadFull(c, head); err != nil || string(head) != tc.want {
+					t.Fatalf("answer %q, %v; want %q", head, err, tc.want)
+				}
+				if _, err := io.WriteString(c, tc.send); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if rest, err := io.ReadAll(c); len(rest) > 0 || err != nil && !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("after the panic the client read %q, %v; want the close alone", rest, err)
+			}
+			h.checkRecovered(t, tc.component, tc.value)
+			if swapped != nil {
+				select {
+				case <-swapped:
+				case <-time.After(hangGuard):
+					t.Fatal("the swap waits for a 200 the panic stopped")
+				}
+				h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+			}
+			if status, _, body := h.get("http://a.test:" + fmt.Sprint(h.a.httpPort) + "/"); status != http.StatusOK || !strings.HasPrefix(body, "host=a.test") {
+				t.Errorf("the next request: %d %q", status, body)
+			}
+		})
+	}
+}
+
+// TestForwardRecoversPanic: a panic in the forward path (goproxy's handler) closes the
+// connection after a 500 when nothing of the answer had gone out, and after nothing
+// when something had: its 101 (the connection handed over to a relay the panic never
+// started), or part of an informational answer that the panic cut short. Nothing stays
+// open, and its slot is given back.
+func TestForwardRecoversPanic(t *testing.T) {
+	unwrap := func(w http.ResponseWriter) http.ResponseWriter {
+		return w.(interface{ Unwrap() http.ResponseWriter }).Unwrap()
+	}
+	for _, tc := range []struct {
+		name    string
+		onWrite string // the client connection's writes panic on it (see panicConn)
+		then    func(w http.ResponseWriter)
+		value   string
+		want    string
+	}{
+		{name: "before the answer", then: func(http.ResponseWriter) {}, value: "test: the handler panics",
+			want: errorAnswer("500 Internal Server Error", "internal-error")},
+		{name: "after the hand-over", then: func(w http.ResponseWriter) {
+			unwrap(w).WriteHeader(http.StatusSwitchingProtocols)
+			if _, _, err := unwrap(w).(http.Hijacker).Hijack(); err != nil {
+				panic(err)
+			}
+		}, value: "test: the handler panics", want: "HTTP/1.1 101 Switching Protocols\r\n"},
+		{name: "in an informational answer", onWrite: "103 Early Hints", then: func(w http.ResponseWriter) {
+			w.WriteHeader(http.StatusEarlyHints)
+		}, value: "test: write panics"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(c *Config) {
+				c.MaxConnections = 4
+				c.wrapRelay = func(next http.Handler) http.Handler {
+					return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+						tc.then(w)
+						panic("test: the handler panics")
+					})
+				}
+			})
+			var c net.Conn
+			if tc.onWrite != "" {
+				c = h.servePanicking(t, "", tc.onWrite, nil)
+			} else {
+				c = h.dialProxy(t)
+			}
+			if _, err := fmt.Fprintf(c, "GET http://%s/ HTTP/1.1\r\nHost: %s\r\n\r\n", h.a.httpHostPort("a.test"), h.a.httpHostPort("a.test")); err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(c)
+			if !strings.HasPrefix(string(got), tc.want) || tc.want == "" && len(got) > 0 || err != nil && !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("the client read %q, %v; want %q, then the close", got, err, tc.want)
+			}
+			// One panic: the recovery wrote nothing that could panic again.
+			h.checkRecovered(t, componentFront, tc.value)
+		})
+	}
+}
+
+// panicWriter is a DNS response writer whose RemoteAddr (onAddr) or Write panics the
+// first time; it records the messages written after that, and whether it was closed.
+type panicWriter struct {
+	onAddr bool
+	mu     sync.Mutex
+	calls  int
+	got    []*dns.Msg
+	closed bool
+}
+
+func (w *panicWriter) first() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls++
+	return w.calls == 1
+}
+
+func (w *panicWriter) LocalAddr() net.Addr { return &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 53} }
+func (w *panicWriter) RemoteAddr() net.Addr {
+	if w.onAddr && w.first() {
+		panic("test: the dns client's address panics")
+	}
+	return &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}
+}
+
+func (w *panicWriter) WriteMsg(m *dns.Msg) error {
+	data, err := m.Pack()
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(data)
+	return err
+}
+
+func (w *panicWriter) Write(data []byte) (int, error) {
+	if !w.onAddr && w.first() {
+		panic("test: the dns write panics")
+	}
+	m := new(dns.Msg)
+	if err := m.Unpack(data); err != nil {
+		return 0, err
+	}
+	w.mu.Lock()
+	w.got = append(w.got, m)
+	w.mu.Unlock()
+	return len(data), nil
+}
+
+func (w *panicWriter) Close() error {
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
+	return nil
+}
+func (w *panicWriter) TsigStatus() error   { return nil }
+func (w *panicWriter) TsigTimersOnly(bool) {}
+func (w *panicWriter) Hijack()             {}
+
+// TestDNSRecoversPanic: a panic while answering one query is recovered (miekg/dns
+// does not): counted, logged, answered SERVFAIL when nothing was written yet, and
+// left unanswered (the writer closed: a TCP connection ends) when a write had begun;
+// the query's slot is given back, and the next query is answered.
+func TestDNSRecoversPanic(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		onAddr     bool
+		value      string
+		wantRcodes []int // of the messages written, the next query's answer included
+		wantClosed bool
+	}{
+		{name: "writing the answer", value: "test: the dns write panics",
+			wantRcodes: []int{dns.RcodeRefused}, wantClosed: true},
+		{name: "before any write", onAddr: true, value: "test: the dns client's address panics",
+			wantRcodes: []int{dns.RcodeServerFailure, dns.RcodeRefused}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			w := &panicWriter{onAddr: tc.onAddr}
+			for range 2 {
+				q := new(dns.Msg).SetQuestion("b.test.", dns.TypeA)
+				q.SetEdns0(1232, false)
+				h.srv.serveDNS(w, q)
+			}
+			var rcodes []int
+			for _, m := range w.got {
+				rcodes = append(rcodes, m.Rcode)
+			}
+			if fmt.Sprint(rcodes) != fmt.Sprint(tc.wantRcodes) || w.closed != tc.wantClosed {
+				t.Errorf("written rcodes %v, closed %v; want %v, %v", rcodes, w.closed, tc.wantRcodes, tc.wantClosed)
+			}
+			if len(w.got) > 0 && w.got[0].Rcode == dns.RcodeServerFailure {
+				if opt := w.got[0].IsEdns0(); opt == nil || len(opt.Option) != 1 ||
+					opt.Option[0].(*dns.EDNS0_EDE).ExtraText != "compass-egress: "+ReasonInternalError {
+					t.Errorf("SERVFAIL without the reason: %v", w.got[0])
+				}
+			}
+			if len(h.srv.dnsSlots) != 0 {
+				t.Errorf("%d query slots still held", len(h.srv.dnsSlots))
+			}
+			line := ""
+			for _, l := range strings.Split(h.logs.String(), "\n") {
+				if strings.Contains(l, tc.value) {
+					line = l
+				}
+			}
+			for _, want := range []string{`"msg":"panic recovered"`, `"level":"ERROR"`, `"component":"dns"`, `"type":"dns"`, `"stack":"goroutine `} {
+				if !strings.Contains(line, want) {
+					t.Errorf("no %s in the panic's log line: %q", want, line)
+				}
+			}
+			if m := h.metricsText(); !strings.Contains(m, `compass_proxy_panics_total{component="dns"} 1`) {
+				t.Errorf("not counted:\n%s", grepLines(m, "panics"))
+			}
+			if resp := h.query("b.test", dns.TypeA, "udp"); resp.Rcode != dns.RcodeRefused {
+				t.Errorf("the server's next answer: %v", resp)
+			}
+		})
+	}
+}
+
+// TestResolverRecoversPanic: a panic in the proxy's own lookup of a name (in the
+// lookup, or in one of its two queries) fails that lookup and is counted; a later
+// lookup of the name does not wait on the one that panicked.
+func TestResolverRecoversPanic(t *testing.T) {
+	fake := startFakeDNS(t, map[string][]netip.Addr{"a.test": {netip.MustParseAddr("127.0.0.2")}})
+	for _, tc := range []struct {
+		name     string
+		resolver func() *UpstreamResolver
+	}{
+		{name: "the lookup", resolver: func() *UpstreamResolver { return NewUpstreamResolver(nil) }},
+		{name: "a query", resolver: func() *UpstreamResolver {
+			r := NewUpstreamResolver(NewUpstreams([]string{fake.addr}, time.Second))
+			r.admit = func(string) bool { panic("test: admit panics") }
+			return r
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := tc.resolver()
+			var mu sync.Mutex
+			var panics []any
+			r.panicked = func(p any) { mu.Lock(); panics = append(panics, p); mu.Unlock() }
+			for i := range 2 {
+				ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+				_, err := r.LookupNetIP(ctx, "a.test")
+				cancel()
+				if !errors.Is(err, errLookupPanicked) {
+					t.Errorf("lookup %d: %v, want %v", i, err, errLookupPanicked)
+				}
+			}
+			r.Close()
+			mu.Lock()
+			defer mu.Unlock()
+			if len(panics) < 2 {
+				t.Errorf("panics seen: %v, want one per lookup at least", panics)
+			}
+		})
+	}
+}
+
+// TestDialRecoversPanic: a panic in the dial of a forwarded request, which the
+// Transport runs on a goroutine of its own, fails that dial alone.
+func TestDialRecoversPanic(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.dialControl = func(string, string, syscall.RawConn) error { panic("test: the dial panics") }
+	})
+	v := &Verdict{Allowed: true, Host: "a.test", Name: "a.test", Port: h.a.httpPort, Addrs: []netip.Addr{h.a.ip}}
+	ctx := context.WithValue(context.Background(), verdictKey{}, v)
+	if c, err := h.srv.dialChecked(ctx, "tcp", ""); !errors.Is(err, errDialPanicked) {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("dial: %v, want %v", err, errDialPanicked)
+	}
+	if m := h.metricsText(); !strings.Contains(m, `compass_proxy_panics_total{component="front"} 1`) {
+		t.Errorf("not counted:\n%s", grepLines(m, "panics"))
+	}
+	if !strings.Contains(h.logs.String(), "test: the dial panics") {
+		t.Errorf("not logged:\n%s", h.logs.String())
+	}
+}
