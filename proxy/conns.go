@@ -43,9 +43,19 @@ func (t *tracker) remove(c *liveConn) {
 // sweeps, so a connection added after it returns is one whose owner will see the rule
 // set published before the call.
 func (t *tracker) closeIf(cut func(*liveConn) bool) int {
+	settles, n := t.sweep(cut)
+	for _, settle := range settles {
+		settle()
+	}
+	return n
+}
+
+// sweep closes and forgets the connections cut selects, under the lock. The unlock is
+// deferred: a panic in cut or in a close, which the control server's net/http
+// recovers, must not leave every later connection (tracker.add) waiting for the lock.
+func (t *tracker) sweep(cut func(*liveConn) bool) (settles []func(), n int) {
 	t.mu.Lock()
-	var settles []func()
-	n := 0
+	defer t.mu.Unlock()
 	for c := range t.conns {
 		if cut(c) {
 			if settle := c.close(); settle != nil {
@@ -55,11 +65,7 @@ func (t *tracker) closeIf(cut func(*liveConn) bool) int {
 			n++
 		}
 	}
-	t.mu.Unlock()
-	for _, settle := range settles {
-		settle()
-	}
-	return n
+	return settles, n
 }
 
 // addrOf is c's address as last recorded.

@@ -74,6 +74,41 @@ func (h *harness) servePanicking(t *testing.T, onRead, onWrite string, beforePan
 	return client
 }
 
+// echoOnce listens on ip for one connection, which it echoes; the channel closes once
+// the other end has closed it (or half-closed it). The tunnel's upstream side is the
+// proxy's own socket, which no other check of the panic's releases would see left open.
+func echoOnce(t *testing.T, ip netip.Addr) (uint16, <-chan struct{}) {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	accepted := make(chan net.Conn, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		accepted <- c
+		_, _ = io.Copy(c, c)
+		close(closed)
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		select {
+		case c := <-accepted:
+			c.Close()
+		case <-done:
+		}
+		<-done
+	})
+	return uint16(ln.Addr().(*net.TCPAddr).Port), closed
+}
+
 // checkRecovered checks that one panic of component was counted and logged with its
 // value and stack, and that nothing the connection held is still held: no tracked
 // entry, no connection of the front's, no slot, no tunnel the drain would wait for,
@@ -130,16 +165,17 @@ func TestFrontRecoversPanic(t *testing.T) {
 		onRead, onWrite string
 		send            string // after the head, once the CONNECT is answered
 		cut             bool   // a swap cuts the tunnel while its 200 is written
+		dials           bool   // the tunnel's upstream side was dialled, and must close
 		component       string
 		value           string
 		want            string // what the client reads until the close
 	}{
 		{name: "reading the head", onRead: "CONNECT", component: componentFront, value: "test: read panics"},
-		{name: "writing the 200", onWrite: "200 Connection established", component: componentFront, value: "test: write panics"},
-		{name: "writing the 200 as a swap cuts it", onWrite: "200 Connection established", cut: true, component: componentFront, value: "test: write panics"},
-		{name: "relaying upward", onRead: "boom", send: "boom", component: componentTunnel, value: "test: read panics",
+		{name: "writing the 200", onWrite: "200 Connection established", dials: true, component: componentFront, value: "test: write panics"},
+		{name: "writing the 200 as a swap cuts it", onWrite: "200 Connection established", cut: true, dials: true, component: componentFront, value: "test: write panics"},
+		{name: "relaying upward", onRead: "boom", send: "boom", dials: true, component: componentTunnel, value: "test: read panics",
 			want: "HTTP/1.1 200 Connection established\r\n\r\n"},
-		{name: "relaying downward", onWrite: "boom", send: "boom", component: componentTunnel, value: "test: write panics",
+		{name: "relaying downward", onWrite: "boom", send: "boom", dials: true, component: componentTunnel, value: "test: write panics",
 			want: "HTTP/1.1 200 Connection established\r\n\r\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -159,8 +195,9 @@ func TestFrontRecoversPanic(t *testing.T) {
 					waitFor(t, func() bool { return h.srv.tracker.len() == 0 })
 				}
 			}
+			upPort, upClosed := echoOnce(t, h.a.ip)
 			c := h.servePanicking(t, tc.onRead, tc.onWrite, before)
-			if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: a.test\r\n\r\n", h.a.echoHostPort("a.test")); err != nil {
+			if _, err := fmt.Fprintf(c, "CONNECT a.test:%d HTTP/1.1\r\nHost: a.test\r\n\r\n", upPort); err != nil {
 				t.Fatal(err)
 			}
 			if tc.send != "" {
@@ -176,6 +213,13 @@ func TestFrontRecoversPanic(t *testing.T) {
 				t.Errorf("after the panic the client read %q, %v; want the close alone", rest, err)
 			}
 			h.checkRecovered(t, tc.component, tc.value)
+			if tc.dials {
+				select {
+				case <-upClosed:
+				case <-time.After(hangGuard):
+					t.Fatal("the tunnel's upstream socket outlives the panic")
+				}
+			}
 			if swapped != nil {
 				select {
 				case <-swapped:
@@ -426,5 +470,45 @@ func TestDialRecoversPanic(t *testing.T) {
 	}
 	if !strings.Contains(h.logs.String(), "test: the dial panics") {
 		t.Errorf("not logged:\n%s", h.logs.String())
+	}
+}
+
+// TestTrackerSweepPanicReleasesLock: a panic while a swap sweeps the live connections
+// (in its re-decision or in a connection's close) reaches the control server's
+// net/http, which recovers it; the tracker's lock must not stay held, or every later
+// connection would wait on it.
+func TestTrackerSweepPanicReleasesLock(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cut   func(*liveConn) bool
+		close func() func()
+	}{
+		{name: "in the re-decision", cut: func(*liveConn) bool { panic("test: recheck panics") },
+			close: func() func() { return nil }},
+		{name: "in a close", cut: func(*liveConn) bool { return true },
+			close: func() func() { panic("test: close panics") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newTracker()
+			tr.add(&liveConn{typ: typeConnect, close: tc.close})
+			func() {
+				defer func() {
+					if p := recover(); p == nil {
+						t.Error("the sweep did not panic")
+					}
+				}()
+				tr.closeIf(tc.cut)
+			}()
+			added := make(chan struct{})
+			go func() {
+				tr.add(&liveConn{typ: typeConnect})
+				close(added)
+			}()
+			select {
+			case <-added:
+			case <-time.After(hangGuard):
+				t.Fatal("the tracker's lock is still held after the sweep panicked")
+			}
+		})
 	}
 }
