@@ -12,7 +12,6 @@ import (
 	"net/http/httptrace"
 	"net/netip"
 	"net/textproto"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -424,7 +423,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	switch {
 	case r.URL.User != nil:
 		// Logged with the userinfo: the host after the @ may be an allowed name.
-		v.Host, v.Reason = withUserinfo(r.URL.User, r.URL.Host), ReasonUserinfo
+		v.Host, v.Reason = asWritten(r.URL.User.String()+"@"+r.URL.Host), ReasonUserinfo
 	case r.URL.Scheme == "http":
 		defaultPort = 80
 	case r.URL.Scheme == "https":
@@ -876,20 +875,11 @@ func (l goproxyLogger) Printf(format string, v ...any) {
 	l.s.log.Debug("goproxy", "message", strings.TrimSpace(fmt.Sprintf(format, v...)))
 }
 
-// withUserinfo is host with the userinfo a client put before it, as a refusal records
-// it, its password masked: "b.test:1@a.test" names the destination sought in its user
-// name, but a real password has no place in logs.
-func withUserinfo(u *url.Userinfo, host string) string {
-	if _, ok := u.Password(); ok {
-		u = url.UserPassword(u.Username(), "xxxxx")
-	}
-	return u.String() + "@" + host
-}
-
 // asWritten is a refused target as the client wrote it, for logs and /v1/blocked, with
-// anything a reader could take for a password masked as withUserinfo masks it: in each
-// part between slashes, from its first ':' to its last '@' ("http://me:pw@a.test" is
-// no userinfo to net/http as a CONNECT target, but its password is one all the same).
+// anything a reader could take for a password masked as "xxxxx": in each part between
+// slashes, from its first ':' to its last '@'. "b.test:1@a.test" names the destination
+// sought in its user name, which stays; "http://me:pw@a.test" is no userinfo to
+// net/http as a CONNECT target, but its password is one all the same.
 func asWritten(target string) string {
 	parts := strings.Split(target, "/")
 	for i, p := range parts {

@@ -515,7 +515,7 @@ func (f *front) connect(ctx context.Context, cancel context.CancelFunc, cc *clie
 	case req.URL.User != nil:
 		// net/http reads "CONNECT u@host:port" as host:port with userinfo; the
 		// authority form has none (RFC 9110, 9.3.6).
-		v = Verdict{Host: withUserinfo(req.URL.User, req.URL.Host), Reason: ReasonUserinfo}
+		v = Verdict{Host: asWritten(req.RequestURI), Reason: ReasonUserinfo}
 		s.record(rs, typeConnect, v, req.RemoteAddr)
 	case req.RequestURI != req.URL.Host:
 		// Nor a path, a query or a percent-encoded host, which net/http drops or
