@@ -247,13 +247,14 @@ type rateWorkload struct {
 }
 
 // round runs each workload on every target in turn, so that a disturbance of the machine
-// spreads over all of them instead of favouring whichever ran at a quiet moment; each
-// round starts one target further, so none always follows the same neighbour.
+// spreads over all of them instead of favouring whichever ran at a quiet moment, in an
+// order that changes from round to round so that no target always runs right after the
+// same neighbour (roundOrder).
 func (b *bench) round(round int) {
 	lim, work, up := b.cfg.Limits, b.cfg.Workloads, b.up
 	order := make([]Target, len(b.targets))
-	for i := range b.targets {
-		order[i] = b.targets[(i+round-1)%len(b.targets)]
+	for i, j := range roundOrder(len(b.targets), round) {
+		order[i] = b.targets[j]
 	}
 	var rates []rateWorkload
 	if work.Bulk {
