@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"net"
 	"os"
@@ -24,11 +23,11 @@ const clientWatchDelay = time.Second
 // left) cancels the request; a byte (the start of a pipelined request) is kept for the
 // next head and ends the watch. Each client connection has one, armed per request.
 type goneWatch struct {
-	c      net.Conn
-	timer  *time.Timer
-	cancel context.CancelFunc // the request's, while armed
-	left   *atomic.Bool       // the request's clientLeft, while armed
-	wg     sync.WaitGroup     // the armed watch, until it is stopped or its read returns
+	c     net.Conn
+	timer *time.Timer
+	cl    *requestClient // the request's, while armed
+	left  *atomic.Bool   // the request's clientLeft, while armed
+	wg    sync.WaitGroup // the armed watch, until it is stopped or its read returns
 
 	mu      sync.Mutex
 	stopped bool // stop has begun: a read not yet started must not start
@@ -37,10 +36,10 @@ type goneWatch struct {
 	got bool // b holds a byte the client sent
 }
 
-// arm starts the watch of one request after delay; stop must follow. A client that
-// leaves sets left, then cancels.
-func (w *goneWatch) arm(c net.Conn, delay time.Duration, cancel context.CancelFunc, left *atomic.Bool) {
-	w.c, w.cancel, w.left, w.stopped, w.got = c, cancel, left, false, false
+// arm starts the watch of the request of cl after delay; stop must follow. A client
+// that leaves sets left, then cancels.
+func (w *goneWatch) arm(cl *requestClient, delay time.Duration, left *atomic.Bool) {
+	w.c, w.cl, w.left, w.stopped, w.got = cl.conn, cl, left, false, false
 	w.wg.Add(1)
 	if w.timer == nil {
 		w.timer = time.AfterFunc(delay, w.watch)
@@ -51,15 +50,17 @@ func (w *goneWatch) arm(c net.Conn, delay time.Duration, cancel context.CancelFu
 
 func (w *goneWatch) watch() {
 	defer w.wg.Done()
-	w.mu.Lock()
-	if w.stopped {
-		w.mu.Unlock()
+	// The timer runs the watch on a goroutine of its own, which nothing else recovers:
+	// a panic cuts the request and its connection, not the process. Before wg.Done,
+	// which lets stop forget the request.
+	defer func() {
+		if p := recover(); p != nil {
+			w.cl.recovered(p)
+		}
+	}()
+	if !w.begin() {
 		return
 	}
-	// The head's deadline is still on the connection: the watch reads without one, and
-	// stop wakes it with one in the past. The lock orders the two.
-	_ = w.c.SetReadDeadline(time.Time{})
-	w.mu.Unlock()
 	n, err := w.c.Read(w.b[:])
 	switch {
 	case n == 1:
@@ -68,8 +69,22 @@ func (w *goneWatch) watch() {
 		// stopped, the drain's wake-up, or the proxy's own close (a swap's cut)
 	default:
 		w.left.Store(true)
-		w.cancel()
+		w.cl.cancel()
 	}
+}
+
+// begin readies the connection for the watch's read, unless stop has begun. The head's
+// deadline is still on the connection: the watch reads without one, and stop wakes it
+// with one in the past. The lock orders the two; its unlock is deferred, so that a
+// panic does not leave stop waiting for it.
+func (w *goneWatch) begin() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return false
+	}
+	_ = w.c.SetReadDeadline(time.Time{})
+	return true
 }
 
 // stop ends the watch and waits for its read. It returns the byte the client sent
@@ -79,7 +94,7 @@ func (w *goneWatch) watch() {
 func (w *goneWatch) stop() (pending []byte) {
 	if w.timer.Stop() {
 		w.wg.Done()
-		w.cancel, w.left = nil, nil
+		w.cl, w.left = nil, nil
 		return nil
 	}
 	w.mu.Lock()
@@ -87,7 +102,7 @@ func (w *goneWatch) stop() (pending []byte) {
 	_ = w.c.SetReadDeadline(aLongTimeAgo)
 	w.mu.Unlock()
 	w.wg.Wait()
-	w.cancel, w.left = nil, nil
+	w.cl, w.left = nil, nil
 	if w.got {
 		return w.b[:]
 	}

@@ -67,7 +67,7 @@ type answerBody struct {
 
 func (b *answerBody) Read(p []byte) (n int, err error) {
 	if b.watch.timeout > 0 {
-		n, err = b.watch.read(b.ReadCloser, p, b.st.client.cancel)
+		n, err = b.watch.read(b.ReadCloser, p, b.st.client)
 	} else {
 		n, err = b.ReadCloser.Read(p)
 	}
@@ -270,6 +270,7 @@ type stateKey struct{}
 // upstream exchange, and closes the upstream side of a websocket relay before it
 // returns.
 type requestClient struct {
+	s      *Server
 	conn   net.Conn
 	cancel context.CancelFunc
 
@@ -289,6 +290,15 @@ func (c *requestClient) cut() {
 		up.Close()
 	}
 	c.cancel()
+}
+
+// recovered reports a panic the request's watches (goneWatch, headWatch, readWatch,
+// its websocket relay's idle watch and copies) recovered on goroutines of their own,
+// and cuts the request: its connection, its upstream exchange or relay, end with it,
+// as a panic ends the connection it happens on.
+func (c *requestClient) recovered(p any) {
+	c.s.recovered(componentFront, typeHTTP, c.conn.RemoteAddr().String(), p)
+	c.cut()
 }
 
 // relay records a 101's upstream connection for cut to close, or closes it at once
@@ -546,7 +556,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		},
 		WroteRequest: func(info httptrace.WroteRequestInfo) {
 			if info.Err == nil {
-				st.head.wrote(st.client.cancel)
+				st.head.wrote(st.client)
 			}
 		},
 	}
@@ -850,8 +860,15 @@ func (w *proxyResponseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	// passes c, which stamps the clock; once the relay idles, a cut ends both sides
 	// (a copy blocked writing to an upstream that reads nothing never sees c's deadline).
 	clock := newIdleClock(w.idle)
-	st.relayIdle = watchIdle(clock, st.client.cut)
-	st.relay = &idleConn{Conn: c, clock: clock, up: &st.up, down: &st.down}
+	cl := st.client
+	st.relayIdle = watchIdle(clock, func(p any) {
+		if p != nil {
+			cl.recovered(p)
+			return
+		}
+		cl.cut()
+	})
+	st.relay = &idleConn{Conn: c, clock: clock, up: &st.up, down: &st.down, client: cl}
 	return st.relay, rw, nil
 }
 

@@ -551,7 +551,7 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 		}
 		req.Body = body
 	}
-	st := &requestState{client: &requestClient{conn: cc.c, cancel: cancel}, ctx: ctx, body: body}
+	st := &requestState{client: &requestClient{s: f.s, conn: cc.c, cancel: cancel}, ctx: ctx, body: body}
 	if body != nil {
 		st.head.onConnEnd = func() {
 			if !body.done() {
@@ -564,7 +564,7 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	// connection's end belongs to that request.
 	watch := body == nil && req.Header.Get("Upgrade") == "" && cc.br.Buffered() == 0
 	if watch {
-		cc.gone.arm(cc.c, f.s.cfg.clientWatchDelay, cancel, &st.clientLeft)
+		cc.gone.arm(st.client, f.s.cfg.clientWatchDelay, &st.clientLeft)
 	}
 	if len(hosts) > 0 {
 		st.host = hostField{value: hosts[0], present: true}

@@ -46,13 +46,15 @@ func (c *idleClock) arm(src net.Conn) { _ = src.SetReadDeadline(time.Now().Add(c
 // idle reports whether no direction made progress for the timeout.
 func (c *idleClock) idle() bool { return time.Since(time.Unix(0, c.last.Load())) >= c.timeout }
 
-// idleWatch calls end once its clock has seen no progress for its timeout, checking
-// at most a timeout after the last progress, and every half timeout when the clock
-// has sockets, whose kernel counts it then reads as progress when they changed. A
-// tunnel holds one by value: a tunnel's memory is most of what an idle tunnel costs.
+// idleWatch calls end(nil) once its clock has seen no progress for its timeout,
+// checking at most a timeout after the last progress, and every half timeout when the
+// clock has sockets, whose kernel counts it then reads as progress when they changed.
+// Its timer runs the checks on goroutines of their own: a panic in one calls end with
+// the value recovered, for the owner to report and end the relay. A tunnel holds one
+// by value: a tunnel's memory is most of what an idle tunnel costs.
 type idleWatch struct {
 	clock   *idleClock
-	end     func()
+	end     func(panicked any)
 	every   time.Duration
 	mu      sync.Mutex
 	t       *time.Timer
@@ -61,13 +63,13 @@ type idleWatch struct {
 
 // watchIdle starts a watch of clock; the function it returns stops it, for a relay
 // that ended first.
-func watchIdle(clock *idleClock, end func()) (stop func()) {
+func watchIdle(clock *idleClock, end func(panicked any)) (stop func()) {
 	w := new(idleWatch)
 	w.start(clock, end)
 	return w.stop
 }
 
-func (w *idleWatch) start(clock *idleClock, end func()) {
+func (w *idleWatch) start(clock *idleClock, end func(panicked any)) {
 	w.clock, w.end, w.every = clock, end, clock.timeout
 	if clock.socks[0] != nil {
 		w.every /= 2
@@ -80,6 +82,13 @@ func (w *idleWatch) start(clock *idleClock, end func()) {
 func (w *idleWatch) check() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	// Nothing else recovers the timer's goroutine (see idleWatch).
+	defer func() {
+		if p := recover(); p != nil {
+			w.stopped = true
+			w.end(p)
+		}
+	}()
 	if w.stopped {
 		return
 	}
@@ -97,7 +106,7 @@ func (w *idleWatch) check() {
 		w.t.Reset(min(left, w.every))
 		return
 	}
-	w.end()
+	w.end(nil)
 }
 
 func (w *idleWatch) stop() {
@@ -131,14 +140,15 @@ type idleConn struct {
 	net.Conn
 	clock    *idleClock
 	up, down *atomic.Int64
+	client   *requestClient // the websocket request's, which a panic in a copy cuts
 	// inFlight is held (shared) across each read and write with its count, so that
 	// quiesce can wait for the last one.
 	inFlight sync.RWMutex
 }
 
-func (c *idleConn) Read(p []byte) (int, error) {
+func (c *idleConn) Read(p []byte) (n int, err error) {
 	c.inFlight.RLock()
-	defer c.inFlight.RUnlock()
+	defer c.endIO(&n, &err)
 	for {
 		c.clock.arm(c.Conn)
 		n, err := c.Conn.Read(p)
@@ -156,16 +166,31 @@ func (c *idleConn) Read(p []byte) (int, error) {
 	}
 }
 
-func (c *idleConn) Write(p []byte) (int, error) {
+func (c *idleConn) Write(p []byte) (n int, err error) {
 	c.inFlight.RLock()
-	defer c.inFlight.RUnlock()
-	n, err := c.Conn.Write(p)
+	defer c.endIO(&n, &err)
+	n, err = c.Conn.Write(p)
 	if n > 0 {
 		c.down.Add(int64(n))
 		c.clock.touch()
 	}
 	return n, err
 }
+
+// endIO ends a read or write. goproxy's copies of a websocket relay call them on
+// goroutines of their own, which the proxy cannot recover at their top: a panic in one
+// (the client's connection is the relay's one side the proxy's code serves) cuts the
+// request and fails the call, which ends that copy, instead of ending the process.
+func (c *idleConn) endIO(n *int, err *error) {
+	if p := recover(); p != nil {
+		*n, *err = 0, errRelayPanicked
+		c.client.recovered(p)
+	}
+	c.inFlight.RUnlock()
+}
+
+// errRelayPanicked fails a websocket relay's read or write that panicked.
+var errRelayPanicked = errors.New("proxy: the relay panicked")
 
 // quiesce waits for the read and write in progress, if any, to return and be
 // counted. Call it after closing the connection: later ones move no byte.
@@ -275,9 +300,9 @@ func (w *idleWriter) handOver() net.Conn {
 }
 
 // idleTimer is the one timer per request of readWatch and headWatch. Started once, it
-// is moved only when it expires: then it ends the request (end) if the moment in mark
-// is a whole timeout old, and otherwise waits for what is left; a mark of 0 (no wait in
-// progress) waits a whole timeout again.
+// is moved only when it expires: then it ends the request (cancels it) if the moment in
+// mark is a whole timeout old, and otherwise waits for what is left; a mark of 0 (no
+// wait in progress) waits a whole timeout again.
 type idleTimer struct {
 	timeout time.Duration
 	mark    atomic.Int64 // unix nanoseconds
@@ -287,16 +312,25 @@ type idleTimer struct {
 	stopped bool
 }
 
-// startLocked starts the timer, unless it runs or was stopped. w.mu is held.
-func (w *idleTimer) startLocked(end func()) {
+// startLocked starts the timer of cl's request, unless it runs or was stopped. w.mu is
+// held.
+func (w *idleTimer) startLocked(cl *requestClient) {
 	if w.t == nil && !w.stopped {
-		w.t = time.AfterFunc(w.timeout, func() { w.check(end) })
+		w.t = time.AfterFunc(w.timeout, func() { w.check(cl) })
 	}
 }
 
-func (w *idleTimer) check(end func()) {
+func (w *idleTimer) check(cl *requestClient) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	// The timer runs check on a goroutine of its own, which nothing else recovers: a
+	// panic cuts the request, not the process.
+	defer func() {
+		if p := recover(); p != nil {
+			w.stopped = true
+			cl.recovered(p)
+		}
+	}()
 	if w.stopped {
 		return
 	}
@@ -310,7 +344,7 @@ func (w *idleTimer) check(end func()) {
 	}
 	w.stopped = true
 	w.fired.Store(true)
-	end()
+	cl.cancel()
 }
 
 // stopLocked stops the timer for good. w.mu is held.
@@ -324,18 +358,17 @@ func (w *idleTimer) stopLocked() {
 // readWatch bounds the reads of an answer body whose connection the proxy cannot give a
 // deadline (net/http's Transport reads it and pools it): its timer looks at the read in
 // progress (mark: when it began; 0 between reads), and once that read has waited for
-// the timeout it calls end, which cancels the request (the Transport then closes the
-// connection); the read fails with errUpstreamIdle. The timer starts with the first
-// read.
+// the timeout it cancels the request (the Transport then closes the connection); the
+// read fails with errUpstreamIdle. The timer starts with the first read.
 type readWatch struct {
 	idleTimer // timeout 0: no watch
 }
 
-func (w *readWatch) read(r io.Reader, p []byte, end func()) (int, error) {
+func (w *readWatch) read(r io.Reader, p []byte, cl *requestClient) (int, error) {
 	w.mark.Store(time.Now().UnixNano())
 	if w.t == nil { // only this goroutine sets it
 		w.mu.Lock()
-		w.startLocked(end)
+		w.startLocked(cl)
 		w.mu.Unlock()
 	}
 	n, err := r.Read(p)
@@ -354,7 +387,7 @@ func (w *readWatch) stop() {
 
 // headWatch bounds the wait for an answer head on net/http's Transport as headLimit
 // does on the upstream client's connections: the wait starts once the request is
-// written (its body included) and ends the request (end cancels it; the Transport then
+// written (its body included) and ends the request (cancels it; the Transport then
 // closes the connection) when the upstream sends no byte for the timeout; every byte
 // read meanwhile, interim 1xx answers included, is progress. The Transport's own
 // ResponseHeaderTimeout would be one timer for the whole head, which interim answers
@@ -385,12 +418,12 @@ func (w *headWatch) gotConn(c net.Conn) {
 	}
 }
 
-// wrote starts the wait: the request, body included, is written.
-func (w *headWatch) wrote(end func()) {
+// wrote starts the wait of cl's request: the request, body included, is written.
+func (w *headWatch) wrote(cl *requestClient) {
 	w.mark.Store(time.Now().UnixNano())
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.startLocked(end)
+	w.startLocked(cl)
 }
 
 // progress records a read of the head; bytes read before the request is written (an

@@ -10,7 +10,7 @@ import (
 // The components of compass_proxy_panics_total: where a panic was recovered.
 const (
 	componentFront    = "front"    // a client connection's worker, a request's watch
-	componentTunnel   = "tunnel"   // a tunnel's relay
+	componentTunnel   = "tunnel"   // a tunnel's relay or idle watch
 	componentDNS      = "dns"      // a query to the sandbox's resolver
 	componentResolver = "resolver" // the proxy's own lookup of a name it decides on
 )

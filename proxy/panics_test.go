@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -510,5 +512,242 @@ func TestTrackerSweepPanicReleasesLock(t *testing.T) {
 				t.Fatal("the tracker's lock is still held after the sweep panicked")
 			}
 		})
+	}
+}
+
+// TestRequestWatchRecoversPanic: a panic on a goroutine of a request's own that no
+// handler's recover covers (the client watch's timer, goproxy's copies of a websocket
+// relay, which read and write the client's connection through the proxy's idleConn)
+// cuts that request and its connection, as a panic on the connection's worker does,
+// instead of ending the process: counted, logged, nothing of the request held, its
+// upstream side closed.
+func TestRequestWatchRecoversPanic(t *testing.T) {
+	const upgrade = "GET http://ws.test:%d/ HTTP/1.1\r\nHost: ws.test:%d\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+	const switched = "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+	// wsEcho answers the upgrade with a 101, sends send, and reads until EOF, which it
+	// reports on the channel.
+	wsEcho := func(t *testing.T, h *harness, send string) (string, <-chan time.Time) {
+		h.dns.set("ws.test", netip.MustParseAddr("127.0.0.9"))
+		h.apply(`{"network_mode":"allowlist","allowed_hosts":["ws.test"]}`)
+		closed := make(chan time.Time, 1)
+		port := serveTCP(t, "127.0.0.9", func(c net.Conn, _ <-chan struct{}) {
+			br := bufio.NewReader(c)
+			if readHead(br) != nil {
+				return
+			}
+			_, _ = io.WriteString(c, switched+send)
+			_, _ = io.Copy(io.Discard, br)
+			closed <- time.Now()
+		}).Port
+		return fmt.Sprintf(upgrade, port, port), closed
+	}
+	for _, tc := range []struct {
+		name            string
+		onRead, onWrite string
+		// start sends the request (and reads a 101 the client is to see before
+		// the panic); its channel reports the upstream side's close.
+		start func(t *testing.T, h *harness, c net.Conn) <-chan time.Time
+		value string
+		want  string // what the client reads after start, until the close
+	}{
+		{name: "in the client watch", onRead: "!", value: "test: read panics",
+			start: func(t *testing.T, h *harness, c net.Conn) <-chan time.Time {
+				port, closed := quietUpstream(t, h, func(net.Conn, []byte) bool { return false })
+				if _, err := io.WriteString(c, quietRequest(http.MethodGet, port, "", "")); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(4 * testWatchDelay) // the watch is reading
+				// The start of a pipelined request, which the watch reads.
+				if _, err := io.WriteString(c, "!"); err != nil {
+					t.Fatal(err)
+				}
+				return closed
+			}},
+		{name: "in a websocket relay's read of the client", onRead: "boom", value: "test: read panics",
+			start: func(t *testing.T, h *harness, c net.Conn) <-chan time.Time {
+				req, closed := wsEcho(t, h, "")
+				if _, err := io.WriteString(c, req); err != nil {
+					t.Fatal(err)
+				}
+				head := make([]byte, len(switched))
+				if _, err := io.ReadFull(c, head); err != nil || string(head) != switched {
+					t.Fatalf("upgrade: %q, %v", head, err)
+				}
+				if _, err := io.WriteString(c, "boom"); err != nil {
+					t.Fatal(err)
+				}
+				return closed
+			}},
+		{name: "in a websocket relay's write to the client", onWrite: "boom", value: "test: write panics", want: switched,
+			start: func(t *testing.T, h *harness, c net.Conn) <-chan time.Time {
+				req, closed := wsEcho(t, h, "boom")
+				if _, err := io.WriteString(c, req); err != nil {
+					t.Fatal(err)
+				}
+				return closed
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(c *Config) {
+				c.MaxConnections = 4
+				c.clientWatchDelay = testWatchDelay
+			})
+			c := h.servePanicking(t, tc.onRead, tc.onWrite, nil)
+			upClosed := tc.start(t, h, c)
+			got, err := io.ReadAll(c)
+			if string(got) != tc.want || err != nil && !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("after the panic the client read %q, %v; want %q, then the close", got, err, tc.want)
+			}
+			h.checkRecovered(t, componentFront, tc.value)
+			upstreamClosed(t, upClosed)
+		})
+	}
+}
+
+// TestIdleTimerRecoversPanic: a panic in the timer of a request's wait for its answer
+// head (headWatch) or for its answer body's next bytes (readWatch), which runs on a
+// goroutine of its own, cuts that request (its connection closes, its context ends)
+// instead of ending the process, and is counted and logged.
+func TestIdleTimerRecoversPanic(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		start func(cl *requestClient, cancelled <-chan struct{})
+	}{
+		{name: "the answer head's", start: func(cl *requestClient, _ <-chan struct{}) {
+			w := &headWatch{}
+			w.timeout = time.Millisecond
+			w.wrote(cl)
+		}},
+		{name: "the answer body's", start: func(cl *requestClient, cancelled <-chan struct{}) {
+			w := &readWatch{}
+			w.timeout = time.Millisecond
+			go func() {
+				_, _ = w.read(readerFunc(func([]byte) (int, error) { <-cancelled; return 0, io.EOF }), nil, cl)
+			}()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			client, server := net.Pipe()
+			defer client.Close()
+			cancelled := make(chan struct{})
+			calls := 0 // the timer's goroutine alone calls cancel
+			// The idle request's cancellation panics: the stand-in for a bug in the
+			// timer's check.
+			cl := &requestClient{s: h.srv, conn: server, cancel: func() {
+				if calls++; calls == 1 {
+					panic("test: the idle timer panics")
+				}
+				close(cancelled)
+			}}
+			tc.start(cl, cancelled)
+			select {
+			case <-cancelled:
+			case <-time.After(hangGuard):
+				t.Fatal("the request was not cut")
+			}
+			if _, err := client.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+				t.Errorf("the client's connection: %v, want closed", err)
+			}
+			if m := h.metricsText(); !strings.Contains(m, `compass_proxy_panics_total{component="front"} 1`) {
+				t.Errorf("not counted:\n%s", grepLines(m, "panics"))
+			}
+			if l := h.logs.String(); !strings.Contains(l, `"msg":"panic recovered"`) || !strings.Contains(l, "test: the idle timer panics") {
+				t.Errorf("not logged:\n%s", l)
+			}
+		})
+	}
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
+// clearPanicConn is a connection whose first SetReadDeadline that clears the deadline
+// panics.
+type clearPanicConn struct {
+	net.Conn
+	once sync.Once
+}
+
+func (c *clearPanicConn) SetReadDeadline(t time.Time) error {
+	if t.IsZero() {
+		c.once.Do(func() { panic("test: clearing the deadline panics") })
+	}
+	return c.Conn.SetReadDeadline(t)
+}
+
+// TestClientWatchPanicReleasesLock: a panic in the client watch while it holds its lock
+// (readying the connection for its read) is recovered with the lock released: the
+// request's end, which stops the watch, must not wait for it forever.
+func TestClientWatchPanicReleasesLock(t *testing.T) {
+	h := newHarness(t)
+	client, server := net.Pipe()
+	defer client.Close()
+	cancelled := make(chan struct{})
+	var left atomic.Bool
+	cl := &requestClient{s: h.srv, conn: &clearPanicConn{Conn: server}, cancel: sync.OnceFunc(func() { close(cancelled) })}
+	var w goneWatch
+	w.arm(cl, time.Millisecond, &left)
+	select {
+	case <-cancelled:
+	case <-time.After(hangGuard):
+		t.Fatal("the request was not cut")
+	}
+	stopped := make(chan struct{})
+	go func() {
+		w.stop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(hangGuard):
+		t.Fatal("the watch's lock is still held after its panic")
+	}
+	if m := h.metricsText(); !strings.Contains(m, `compass_proxy_panics_total{component="front"} 1`) {
+		t.Errorf("not counted:\n%s", grepLines(m, "panics"))
+	}
+	if left.Load() {
+		t.Error("a panic taken for the client leaving")
+	}
+}
+
+// closePanicConn is a connection whose first Close panics.
+type closePanicConn struct {
+	net.Conn
+	once sync.Once
+}
+
+func (c *closePanicConn) Close() error {
+	c.once.Do(func() { panic("test: close panics") })
+	return c.Conn.Close()
+}
+
+// TestTunnelIdleWatchRecoversPanic: a panic in an idle tunnel's watch (here, in its
+// close of the client's side) is counted and logged as the tunnel's, and both sides
+// of the tunnel close, which ends its relay, whose end releases the rest.
+func TestTunnelIdleWatchRecoversPanic(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.TunnelIdleTimeout = time.Millisecond })
+	clientPeer, client := net.Pipe()
+	defer clientPeer.Close()
+	upPeer, up := net.Pipe()
+	defer upPeer.Close()
+	// No relay runs: the watch alone ends the tunnel.
+	tun := &tunnel{upward: newDirection(up, &closePanicConn{Conn: client}, nil), downward: newDirection(client, up, nil),
+		clientAddr: "127.0.0.1:40000"}
+	h.srv.startTunnel(tun)
+	defer tun.idle.stop()
+	for name, peer := range map[string]net.Conn{"client": clientPeer, "upstream": upPeer} {
+		_ = peer.SetReadDeadline(time.Now().Add(hangGuard))
+		if _, err := peer.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+			t.Errorf("the tunnel's %s side: %v, want closed", name, err)
+		}
+	}
+	waitFor(t, func() bool { return strings.Contains(h.logs.String(), "test: close panics") })
+	if m := h.metricsText(); !strings.Contains(m, `compass_proxy_panics_total{component="tunnel"} 1`) {
+		t.Errorf("not counted:\n%s", grepLines(m, "panics"))
+	}
+	if l := h.logs.String(); !strings.Contains(l, `"client":"127.0.0.1:40000"`) {
+		t.Errorf("not logged with the tunnel's client:\n%s", l)
 	}
 }

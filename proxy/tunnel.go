@@ -254,7 +254,14 @@ func (s *Server) startTunnel(t *tunnel) {
 	if t.upward.tcpDst != nil {
 		t.clock.socks = [2]*net.TCPConn{t.upward.tcpDst, t.upward.tcpSrc}
 	}
-	t.idle.start(t.clock, func() { t.upward.src.Close(); t.upward.dst.Close() })
+	t.idle.start(t.clock, func(panicked any) {
+		if panicked != nil {
+			s.recovered(componentTunnel, typeConnect, t.clientAddr, panicked)
+		}
+		// Both sides close, which ends both directions: the last one finishes the tunnel.
+		t.upward.src.Close()
+		t.upward.dst.Close()
+	})
 }
 
 // relayDirection runs direction d of t and, if it is the last to end, closes the
