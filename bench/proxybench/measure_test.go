@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,12 +18,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // testProxy is the smallest HTTP proxy the measurements can run through: CONNECT
 // tunnels and keep-alive absolute-URI GETs, one upstream connection per client
-// connection.
+// connection. With tunnelLimit set, it answers 403 to every CONNECT after that many.
 type testProxy struct {
 	ln    net.Listener
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	conns []net.Conn
+
+	tunnelLimit, tunnels atomic.Int64
 }
 
 func startTestProxy(t *testing.T) *testProxy {
@@ -68,6 +71,10 @@ func (p *testProxy) serve(c net.Conn) {
 	for {
 		req, err := http.ReadRequest(r)
 		if err != nil {
+			return
+		}
+		if req.Method == http.MethodConnect && p.tunnelLimit.Load() > 0 && p.tunnels.Add(1) > p.tunnelLimit.Load() {
+			io.WriteString(c, "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
 			return
 		}
 		if up == nil {

@@ -111,10 +111,14 @@ func ProcessTree(pid int) []int {
 }
 
 // clockTicks is USER_HZ, the unit of the CPU times in /proc/<pid>/stat; it is 100 on
-// every Linux architecture Go supports.
+// every Linux architecture Go supports (TestClockTicksIsUserHZ checks it against the
+// kernel's AT_CLKTCK).
 const clockTicks = 100
 
-// CPUTime sums the user and system CPU time the processes have used so far.
+// CPUTime sums the user and system CPU time the processes have used so far, with that of
+// their children that have ended and been waited for: a proxy that serves with child
+// processes (tinyproxy before 1.10 does) would otherwise lose the CPU of every child that
+// ended during a measurement, and the difference of two readings could even go negative.
 func CPUTime(pids []int) (time.Duration, error) {
 	var total time.Duration
 	for _, pid := range pids {
@@ -131,20 +135,27 @@ func CPUTime(pids []int) (time.Duration, error) {
 	return total, nil
 }
 
-// cpuTicks returns utime+stime, the 14th and 15th fields of /proc/<pid>/stat.
+// cpuTicks returns utime+stime+cutime+cstime, the 14th to 17th fields of
+// /proc/<pid>/stat (cutime and cstime: children that ended and were waited for).
 func cpuTicks(stat []byte) (int64, bool) {
 	i := bytes.LastIndexByte(stat, ')')
 	if i < 0 {
 		return 0, false
 	}
-	// After the name: state is field 3, so utime (14) is index 11 and stime index 12.
+	// After the name: state is field 3, so utime (14) is index 11 and cstime (17) index 14.
 	fields := strings.Fields(string(stat[i+1:]))
-	if len(fields) < 13 {
+	if len(fields) < 15 {
 		return 0, false
 	}
-	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
-	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
-	return utime + stime, err1 == nil && err2 == nil
+	var sum int64
+	for _, f := range fields[11:15] {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		sum += n
+	}
+	return sum, true
 }
 
 // parentPID extracts the fourth field of /proc/<pid>/stat. The second field, the command

@@ -2,7 +2,14 @@ package proxybench
 
 import (
 	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestParseVmRSS(t *testing.T) {
@@ -73,8 +80,11 @@ func TestCPUTicks(t *testing.T) {
 		ok   bool
 	}{
 		{"utime plus stime", "25012 (my proc) R 24932 24932 8509 0 -1 4194304 102 0 0 0 70 30 0 0 20 0 1 0", 100, true},
+		{"with ended children", "25012 (my proc) R 24932 24932 8509 0 -1 4194304 102 0 0 0 70 30 5 7 20 0 1 0", 112, true},
 		{"truncated", "25012 (cat) R 24932 24932", 0, false},
-		{"not numbers", "1 (x) R 1 1 1 0 -1 0 0 0 0 0 u s 0", 0, false},
+		{"no children's times", "1 (x) R 1 1 1 0 -1 0 0 0 0 0 70 30", 0, false},
+		{"not numbers", "1 (x) R 1 1 1 0 -1 0 0 0 0 0 u s 0 0", 0, false},
+		{"children's time not a number", "1 (x) R 1 1 1 0 -1 0 0 0 0 0 70 30 0 c", 0, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -106,4 +116,62 @@ func TestParseTimeWait(t *testing.T) {
 			t.Errorf("parseTimeWait(%q) = %d, %v; want %d, error %v", tc.in, got, err, tc.want, tc.err)
 		}
 	}
+}
+
+// The CPU of a child that ended stays in its parent's figure: a shell's subshell spins
+// until it has used 0.5 s of CPU and exits, then the shell execs sleep (exec keeps the
+// children's times).
+func TestCPUTimeKeepsEndedChildren(t *testing.T) {
+	const burn = 50 // clock ticks of the subshell's own CPU
+	script := `( while :; do read -r _ _ _ _ _ _ _ _ _ _ _ _ _ u s _ < /proc/self/stat; [ $((u+s)) -ge ` +
+		strconv.Itoa(burn) + ` ] && exit 0; done ); exec sleep 60`
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+	}()
+	// The shell execs sleep once the subshell has ended and been waited for.
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/comm"); string(comm) == "sleep\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the subshell did not finish")
+		}
+	}
+	tree := ProcessTree(cmd.Process.Pid)
+	if !slices.Equal(tree, []int{cmd.Process.Pid}) {
+		t.Fatalf("tree %v, want the shell alone", tree)
+	}
+	got, err := CPUTime(tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := burn * time.Second / clockTicks; got < want {
+		t.Errorf("CPUTime = %v after a child used %v and ended, want at least that", got, want)
+	}
+}
+
+// clockTicks is a constant; the kernel tells every process its real value (USER_HZ) in
+// the AT_CLKTCK entry of the auxiliary vector, which is where sysconf(_SC_CLK_TCK) reads
+// it. A machine where the two differ would scale every CPU figure wrongly.
+func TestClockTicksIsUserHZ(t *testing.T) {
+	const atClkTck = 17 // AT_CLKTCK in <elf.h>
+	auxv, err := unix.Auxv()
+	if err != nil {
+		t.Fatalf("auxiliary vector: %v", err)
+	}
+	for _, kv := range auxv {
+		if kv[0] == atClkTck {
+			if kv[1] != clockTicks {
+				t.Errorf("AT_CLKTCK = %d, clockTicks = %d", kv[1], clockTicks)
+			}
+			return
+		}
+	}
+	t.Fatal("no AT_CLKTCK in the auxiliary vector")
 }

@@ -102,6 +102,60 @@ func TestChecks(t *testing.T) {
 	}
 }
 
+// A check against the better peer needs both peers' values: with one missing it is n/a,
+// not a comparison with whichever peer is left.
+func TestChecksBetterPeerNeedsBothPeers(t *testing.T) {
+	measured := map[string]string{
+		"bulk throughput ≥ 1.3× the better peer":           "1.60× yes",
+		"tunnel set-ups/s ahead of the better peer (> 1×)": "1.33× yes",
+		"HTTP req/s ahead of the better peer (> 1×)":       "2.00× yes",
+	}
+	unmeasured := func(p string) func(*Report) {
+		return func(r *Report) {
+			v := NoValues()
+			v[MetricIdleRSS] = r.Values[p][MetricIdleRSS]
+			r.Values[p] = v
+		}
+	}
+	tests := []struct {
+		name    string
+		change  func(r *Report)
+		skipped bool
+	}{
+		{"both measured", func(*Report) {}, false},
+		{"tinyproxy measured no rates", unmeasured(NameTinyproxy), true},
+		{"squid measured no rates", unmeasured(NameSquid), true},
+		{"tinyproxy left out of the run", func(r *Report) {
+			delete(r.Values, NameTinyproxy)
+			r.Peers = []string{NameSquid}
+		}, true},
+		{"squid left out of the run", func(r *Report) {
+			delete(r.Values, NameSquid)
+			r.Peers = []string{NameTinyproxy}
+		}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := sampleReport()
+			tt.change(r)
+			got := map[string]string{}
+			for _, c := range r.Checks() {
+				if _, ok := measured[c.Want]; ok {
+					got[c.Want] = c.Got + " " + c.verdict()
+				}
+			}
+			for check, want := range measured {
+				if tt.skipped {
+					want = "– n/a"
+				}
+				if got[check] != want {
+					t.Errorf("%s: %q, want %q", check, got[check], want)
+				}
+			}
+		})
+	}
+}
+
 func TestWriteMarkdown(t *testing.T) {
 	var b strings.Builder
 	sampleReport().WriteMarkdown(&b)
@@ -208,6 +262,47 @@ func TestChecksNoise(t *testing.T) {
 		if g := got[tt.want]; g != [2]string{tt.met, tt.noise} {
 			t.Errorf("%s: met %q, within noise %q; want %q, %q", tt.want, g[0], g[1], tt.met, tt.noise)
 		}
+	}
+}
+
+// When the rounds mostly fall on the other side of the threshold from the ratio of the
+// medians, the verdict is in doubt even though the threshold is outside their range.
+func TestChecksNoiseRoundsDisagree(t *testing.T) {
+	tests := []struct {
+		name              string
+		allowlist, public []float64 // per round, set-ups/s and CPU µs/set-up alike
+		rate, cpu         string    // met and within noise
+	}{
+		// Medians 100 ÷ 100 = 1.00× (met: ≥ 0.95×, ≤ 1.05×); ratios 0.50, 0.50, 1.00,
+		// 0.92, 0.51: range 0.50–0.92, below both thresholds.
+		{"range below the medians' ratio", []float64{10, 11, 100, 101, 102}, []float64{20, 22, 100, 110, 200}, "yes yes", "yes no"},
+		// Medians 101 ÷ 110 = 0.92× (missed; met for the cost); ratios 1.00, 1.00, 0.91,
+		// 1.01, 1.00: range 1.00–1.00, above 0.95 and below 1.05.
+		{"range above the medians' ratio", []float64{100, 101, 100, 111, 300}, []float64{100, 101, 110, 110, 300}, "**no** yes", "yes no"},
+		// Ratios all 0.90: range and medians agree, a miss and a met cost.
+		{"range and medians agree", []float64{90, 180, 270, 360, 450}, []float64{100, 200, 300, 400, 500}, "**no** no", "yes no"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := sampleReport()
+			r.PerRound = map[string]*RoundValues{}
+			for name, rounds := range map[string][]float64{NameCompassAllowlist: tt.allowlist, NameCompass: tt.public} {
+				v := r.Values[name]
+				v[MetricSetups], v[MetricSetupCPU] = Median(rounds), Median(rounds)
+				r.Values[name] = v
+				r.PerRound[name] = &RoundValues{MetricSetups: rounds, MetricSetupCPU: rounds}
+			}
+			got := map[string]string{}
+			for _, c := range r.Checks() {
+				got[c.Want] = c.verdict() + " " + c.noise()
+			}
+			if g := got["100k allowlist tunnel set-ups/s within 5% of public (≥ 0.95×)"]; g != tt.rate {
+				t.Errorf("set-ups: %q, want %q", g, tt.rate)
+			}
+			if g := got["100k allowlist CPU µs/set-up within 5% of public (≤ 1.05×)"]; g != tt.cpu {
+				t.Errorf("CPU per set-up: %q, want %q", g, tt.cpu)
+			}
+		})
 	}
 }
 
