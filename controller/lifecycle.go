@@ -288,12 +288,10 @@ func (tr *taskRun) open(ctx context.Context, role Role, name StepName, image, ph
 
 // apply switches the environment's policy and returns once it is in force. The blocked
 // summary of the phase that ends is the one the provider took with the swap; a read just
-// before the switch stands in when the provider reports none.
+// before the switch stands in when the provider reports none. The lifecycle switches an
+// environment only after its open succeeded and before its close.
 func (tr *taskRun) apply(ctx context.Context, role Role, phase string, p policy.Policy) error {
 	es := tr.envOf(role)
-	if es == nil {
-		return fmt.Errorf("controller: switch to %s: the %s environment is not open", phase, role)
-	}
 	ended := tr.readBlocked(ctx, es)
 	tr.mu.Lock()
 	tr.current, tr.stepRole = StepName("switch:"+phase), role
@@ -319,8 +317,9 @@ func (tr *taskRun) apply(ctx context.Context, role Role, phase string, p policy.
 	tr.mu.Unlock()
 	tr.report()
 	if err != nil {
-		status := stepStatusOf(ctx, actx, StepError)
-		return &stepError{step: StepName("switch_" + phase), status: status,
+		// Never a step's own failure, whatever cut it short (a timeout, Ctrl-C): a failed
+		// switch ends the task, and finish tells a cancellation by the run's context.
+		return &stepError{step: StepName("switch_" + phase), status: StepError,
 			err: fmt.Errorf("controller: switch %s to %s: %w", es.env.ID(), phase, err)}
 	}
 	tr.r.logger().Info("policy in force", "task", tr.t.ID, "environment", es.env.ID(), "phase", phase,

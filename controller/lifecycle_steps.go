@@ -92,21 +92,17 @@ func (tr *taskRun) skip(name StepName, role Role, reason string) {
 }
 
 // step runs cmds one after the other in the role's environment, under the policy already
-// in force there, and stops at the first command that does not exit 0.
+// in force there, and stops at the first command that does not exit 0. As for apply, the
+// role's environment is open: a failed open ends the lifecycle.
 func (tr *taskRun) step(ctx context.Context, name StepName, role Role, cmds []Command, env map[string]string) (err error) {
 	es := tr.envOf(role)
-	if es == nil {
-		return fmt.Errorf("controller: step %s: the %s environment is not open", name, role)
-	}
 	logRel := filepath.Join("logs", string(name)+".log")
 	idx := tr.beginStep(name, role, es.env.ID(), es.phase, es.policy.Mode)
 	tr.rec.update(func(r *Record) { r.Steps[idx].Log = logRel })
-	finished := false
+	// Only a command (Exec) panics here, before the step has ended.
 	defer func() {
 		if p := recover(); p != nil {
-			if !finished {
-				tr.endStep(idx, StepCrashed, nil, fmt.Errorf("controller: step %s panicked: %v", name, p))
-			}
+			tr.endStep(idx, StepCrashed, nil, fmt.Errorf("controller: step %s panicked: %v", name, p))
 			panic(p)
 		}
 	}()
@@ -116,7 +112,6 @@ func (tr *taskRun) step(ctx context.Context, name StepName, role Role, cmds []Co
 	defer stopPoll()
 	logf, err := openLog(filepath.Join(tr.dir, logRel))
 	if err != nil {
-		finished = true
 		tr.endStep(idx, StepError, nil, err)
 		return &stepError{step: name, status: StepError, err: err}
 	}
@@ -136,7 +131,6 @@ func (tr *taskRun) step(ctx context.Context, name StepName, role Role, cmds []Co
 				status = StepError
 			}
 			serr := fmt.Errorf("controller: step %s: %s: %w", name, strings.Join(cmd, " "), xerr)
-			finished = true
 			tr.endStep(idx, status, nil, serr)
 			return &stepError{step: name, status: status, err: serr}
 		}
@@ -145,12 +139,10 @@ func (tr *taskRun) step(ctx context.Context, name StepName, role Role, cmds []Co
 		tr.rec.update(func(r *Record) { r.Steps[idx].Commands = append(r.Steps[idx].Commands, cr) })
 		if code != 0 {
 			serr := fmt.Errorf("controller: step %s: %s exited %d", name, strings.Join(cmd, " "), code)
-			finished = true
 			tr.endStep(idx, StepFailed, exit, serr)
 			return &stepError{step: name, status: StepFailed, err: serr}
 		}
 	}
-	finished = true
 	tr.endStep(idx, StepOK, exit, nil)
 	return nil
 }

@@ -149,23 +149,31 @@ func stepsOf(rec *controller.Record) []string {
 func TestStepConditions(t *testing.T) {
 	tests := []struct {
 		name    string
-		change  func(*controller.TaskRun, *controllertest.Provider)
+		mode    controller.EvaluationMode // shared unless set
+		change  func(tr *controller.TaskRun, p *controllertest.Provider, taskDir string)
 		steps   []string
 		status  controller.TaskStatus
 		reasons map[controller.StepName]string
+		errs    map[controller.StepName]string // what a step's error says
+		where   map[controller.StepName]string // a skipped step's "environment phase mode"
+		taskErr string                         // what the record's error says
 	}{
 		{
 			name:   "no harness session: steps 3 and 5 skipped",
-			change: func(tr *controller.TaskRun, _ *controllertest.Provider) { tr.Harness = nil },
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) { tr.Harness = nil },
 			steps: []string{"open:ok", "prepare:ok", "harness_start:skipped", "run:ok", "harness_close:skipped",
 				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
 			status: controller.StatusSucceeded,
 			reasons: map[controller.StepName]string{controller.StepHarnessStart: "no harness session declared",
 				controller.StepHarnessClose: "no harness session was started"},
+			where: map[controller.StepName]string{controller.StepHarnessStart: "t1 baseline public",
+				controller.StepHarnessClose: "t1 run allowlist"},
 		},
 		{
-			name:   "no collection commands, no save_artifacts",
-			change: func(tr *controller.TaskRun, _ *controllertest.Provider) { tr.Collect, tr.SaveArtifacts = nil, false },
+			name: "no collection commands, no save_artifacts",
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
+				tr.Collect, tr.SaveArtifacts = nil, false
+			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
 				"collect:skipped", "download:skipped", "evaluate:ok", "close:ok"},
 			status: controller.StatusSucceeded,
@@ -174,7 +182,7 @@ func TestStepConditions(t *testing.T) {
 		},
 		{
 			name:   "save_artifacts without paths",
-			change: func(tr *controller.TaskRun, _ *controllertest.Provider) { tr.Artifacts = nil },
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) { tr.Artifacts = nil },
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
 				"collect:ok", "download:skipped", "evaluate:ok", "close:ok"},
 			status:  controller.StatusSucceeded,
@@ -182,7 +190,7 @@ func TestStepConditions(t *testing.T) {
 		},
 		{
 			name: "artifact path that does not resolve",
-			change: func(_ *controller.TaskRun, p *controllertest.Provider) {
+			change: func(_ *controller.TaskRun, p *controllertest.Provider, _ string) {
 				p.Missing = map[string]bool{"/out/result.tar": true}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
@@ -191,15 +199,38 @@ func TestStepConditions(t *testing.T) {
 		},
 		{
 			name: "failed prepare ends the task under the baseline",
-			change: func(tr *controller.TaskRun, _ *controllertest.Provider) {
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
 				tr.Prepare = []controller.Command{{"exit", "3"}}
+			},
+			steps:  []string{"open:ok", "prepare:failed", "close:ok"},
+			status: controller.StatusFailed,
+			errs:   map[controller.StepName]string{controller.StepPrepare: "step prepare: exit 3 exited 3"},
+		},
+		{
+			name: "a step log that cannot be written ends the task",
+			change: func(_ *controller.TaskRun, _ *controllertest.Provider, taskDir string) {
+				if err := os.MkdirAll(taskDir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(taskDir, "logs"), nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			},
+			steps:  []string{"open:ok", "prepare:error", "close:ok"},
+			status: controller.StatusFailed,
+			errs:   map[controller.StepName]string{controller.StepPrepare: "create log directory"},
+		},
+		{
+			name: "a negative exit status is a failure",
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
+				tr.Prepare = []controller.Command{{"exit", "-1"}}
 			},
 			steps:  []string{"open:ok", "prepare:failed", "close:ok"},
 			status: controller.StatusFailed,
 		},
 		{
 			name: "failed harness start ends the task",
-			change: func(tr *controller.TaskRun, _ *controllertest.Provider) {
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
 				tr.Harness.Start = []controller.Command{{"exit", "1"}}
 			},
 			steps:  []string{"open:ok", "prepare:ok", "harness_start:failed", "close:ok"},
@@ -207,26 +238,86 @@ func TestStepConditions(t *testing.T) {
 		},
 		{
 			name: "failed rollout still collects and evaluates",
-			change: func(tr *controller.TaskRun, _ *controllertest.Provider) {
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
 				tr.Run = []controller.Command{{"exit", "2"}, {"never-run"}}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:failed", "harness_close:ok",
 				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
+			status:  controller.StatusFailed,
+			taskErr: "steps not ok: [run failed]",
+		},
+		{
+			name: "failed harness close still collects and evaluates",
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
+				tr.Harness.Close = []controller.Command{{"exit", "4"}}
+			},
+			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:failed",
+				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
+			status: controller.StatusFailed,
+		},
+		{
+			name: "failed collection still downloads and evaluates",
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
+				tr.Collect = []controller.Command{{"exit", "5"}}
+			},
+			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
+				"collect:failed", "download:ok", "evaluate:ok", "close:ok"},
+			status: controller.StatusFailed,
+		},
+		{
+			name: "fresh: an artifact that was not saved is not uploaded",
+			mode: controller.EvaluationFresh,
+			change: func(_ *controller.TaskRun, p *controllertest.Provider, _ string) {
+				p.Missing = map[string]bool{"/out/result.tar": true}
+			},
+			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
+				"collect:ok", "download:failed", "close:ok", "evaluation_open:ok", "upload_artifacts:skipped",
+				"evaluate:ok", "evaluation_close:ok"},
+			status:  controller.StatusFailed,
+			reasons: map[controller.StepName]string{controller.StepUpload: "no saved artifacts"},
+			taskErr: "steps not ok: [download failed]",
+		},
+		{
+			// The grader would judge without the agent's work: nothing is evaluated.
+			name: "fresh: a failed upload of the artifacts ends the task before evaluate",
+			mode: controller.EvaluationFresh,
+			change: func(_ *controller.TaskRun, p *controllertest.Provider, taskDir string) {
+				p.OpenErr = func(role controller.Role) error {
+					if role == controller.RoleEvaluation {
+						// The saved artifact is gone by the time it is to be uploaded.
+						return os.RemoveAll(filepath.Join(taskDir, "artifacts"))
+					}
+					return nil
+				}
+			},
+			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
+				"collect:ok", "download:ok", "close:ok", "evaluation_open:ok", "upload_artifacts:error", "evaluation_close:ok"},
 			status: controller.StatusFailed,
 		},
 		{
 			name: "rollout timeout is recorded and evaluation still runs",
-			change: func(tr *controller.TaskRun, _ *controllertest.Provider) {
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
 				tr.Run = []controller.Command{{"hang"}}
 				tr.Timeouts = map[controller.StepName]time.Duration{controller.StepRun: 20 * time.Millisecond}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:timed_out", "harness_close:ok",
 				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
 			status: controller.StatusFailed,
+			errs:   map[controller.StepName]string{controller.StepRun: "step run: hang: context deadline exceeded"},
+		},
+		{
+			// A crash is not the rollout's own failure: nothing more runs in the task.
+			name: "a panic in the rollout ends the task",
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
+				tr.Run = []controller.Command{{"panic"}}
+			},
+			steps:  []string{"open:ok", "prepare:ok", "harness_start:ok", "run:crashed", "close:ok"},
+			status: controller.StatusFailed,
+			errs:   map[controller.StepName]string{controller.StepRun: "step run panicked: fake: command panicked"},
 		},
 		{
 			name: "a timed-out rollout that could not be stopped ends the task before anything runs under another policy",
-			change: func(tr *controller.TaskRun, _ *controllertest.Provider) {
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
 				tr.Run = []controller.Command{{"unkillable"}}
 				tr.Timeouts = map[controller.StepName]time.Duration{controller.StepRun: 20 * time.Millisecond}
 			},
@@ -235,7 +326,7 @@ func TestStepConditions(t *testing.T) {
 		},
 		{
 			name: "prepare timeout ends the task",
-			change: func(tr *controller.TaskRun, _ *controllertest.Provider) {
+			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
 				tr.Prepare = []controller.Command{{"hang"}}
 				tr.Timeouts = map[controller.StepName]time.Duration{controller.StepPrepare: 20 * time.Millisecond}
 			},
@@ -244,7 +335,7 @@ func TestStepConditions(t *testing.T) {
 		},
 		{
 			name: "failed switch to run: nothing runs, environment closed",
-			change: func(_ *controller.TaskRun, p *controllertest.Provider) {
+			change: func(_ *controller.TaskRun, p *controllertest.Provider, _ string) {
 				p.ApplyErr = func(phase string) error {
 					if phase == controller.PhaseRun {
 						return errors.New("sidecar did not acknowledge")
@@ -257,19 +348,24 @@ func TestStepConditions(t *testing.T) {
 		},
 		{
 			name: "open fails",
-			change: func(_ *controller.TaskRun, p *controllertest.Provider) {
+			change: func(_ *controller.TaskRun, p *controllertest.Provider, _ string) {
 				p.OpenErr = func(controller.Role) error { return errors.New("image missing") }
 			},
 			steps:  []string{"open:error"},
 			status: controller.StatusFailed,
+			errs:   map[controller.StepName]string{controller.StepOpen: "open agent environment: image missing"},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := controllertest.New()
-			tr := task(t, controller.EvaluationShared)
-			tc.change(&tr, p)
+			mode := tc.mode
+			if mode == "" {
+				mode = controller.EvaluationShared
+			}
+			tr := task(t, mode)
 			r := newRunner(t, p)
+			tc.change(&tr, p, filepath.Join(r.OutDir, tr.ID))
 			rec, err := r.RunTask(context.Background(), tr, nil)
 			if (err == nil) != (tc.status == controller.StatusSucceeded) {
 				t.Errorf("err = %v with status %s", err, rec.Status)
@@ -280,9 +376,24 @@ func TestStepConditions(t *testing.T) {
 			if rec.Status != tc.status {
 				t.Errorf("status %s, want %s (%s)", rec.Status, tc.status, rec.Error)
 			}
+			if (rec.Error == "") != (tc.status == controller.StatusSucceeded) || !strings.Contains(rec.Error, tc.taskErr) {
+				t.Errorf("task error %q, want it to say %q", rec.Error, tc.taskErr)
+			}
 			for _, s := range rec.Steps {
 				if want, ok := tc.reasons[s.Name]; ok && s.Reason != want {
 					t.Errorf("step %s reason %q, want %q", s.Name, s.Reason, want)
+				}
+				if want, ok := tc.errs[s.Name]; ok && !strings.Contains(s.Error, want) {
+					t.Errorf("step %s error %q, want it to say %q", s.Name, s.Error, want)
+				}
+				if want, ok := tc.where[s.Name]; ok && s.Environment+" "+s.Phase+" "+string(s.Mode) != want {
+					t.Errorf("step %s in %q %q %q, want %q", s.Name, s.Environment, s.Phase, s.Mode, want)
+				}
+				if s.TimedOut != (s.Status == controller.StepTimedOut) {
+					t.Errorf("step %s %s has timed_out %t", s.Name, s.Status, s.TimedOut)
+				}
+				if s.Status == controller.StepFailed && s.Name != controller.StepDownload && (s.ExitCode == nil || *s.ExitCode == 0) {
+					t.Errorf("failed step %s records exit code %v", s.Name, s.ExitCode)
 				}
 			}
 			if live := p.Live(); len(live) != 0 {
@@ -363,6 +474,44 @@ func TestEvaluateRestoresBaseline(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestEvaluateRestoreFails: a restore of the baseline after evaluate that fails is a
+// failed switch, however the step ended: the task fails, its error names the switch, and
+// the environment closes under no egress at all.
+func TestEvaluateRestoreFails(t *testing.T) {
+	for _, e := range []struct {
+		name     string
+		evaluate []controller.Command
+		step     string
+	}{
+		{"ok", []controller.Command{{"grade"}}, "evaluate:ok"},
+		{"non-zero exit", []controller.Command{{"exit", "1"}}, "evaluate:failed"},
+		{"panic", []controller.Command{{"panic"}}, "evaluate:crashed"},
+	} {
+		t.Run(e.name, func(t *testing.T) {
+			p := controllertest.New()
+			p.ApplyErr = func(phase string) error {
+				if phase == controller.PhaseBaseline {
+					return errors.New("sidecar did not acknowledge")
+				}
+				return nil
+			}
+			tr := task(t, controller.EvaluationShared)
+			tr.Evaluate = e.evaluate
+			r := newRunner(t, p)
+			rec, err := r.RunTask(context.Background(), tr, nil)
+			if err == nil || !strings.Contains(err.Error(), "switch t1 to baseline: sidecar did not acknowledge") {
+				t.Errorf("RunTask: %v, want it to name the failed restore", err)
+			}
+			if rec.Status != controller.StatusFailed || !slices.Contains(stepsOf(rec), e.step) {
+				t.Errorf("status %s, steps %v; want failed with %s", rec.Status, stepsOf(rec), e.step)
+			}
+			if ev := p.Events(); ev[len(ev)-1] != "agent close retain=false mode=no-network" {
+				t.Errorf("last event %q, want the close under no-network", ev[len(ev)-1])
+			}
+		})
 	}
 }
 
@@ -468,6 +617,10 @@ func TestCancellation(t *testing.T) {
 			last := rec.Steps[len(rec.Steps)-2] // the cancelled step, then the close
 			if last.Name != tc.step || last.Status != controller.StepCancelled {
 				t.Errorf("cancelled step recorded as %s:%s", last.Name, last.Status)
+			}
+			// The summary of the phase in force at the close is read though the run is cancelled.
+			if b := rec.Blocked[len(rec.Blocked)-1]; b.Error != "" {
+				t.Errorf("last phase's blocked summary %+v, want it read", b)
 			}
 			if len(p.Live()) != 0 {
 				t.Errorf("environments left open: %v", p.Live())
@@ -774,19 +927,25 @@ func TestRunAll(t *testing.T) {
 		tasks = append(tasks, tr)
 	}
 	r := newRunner(t, p)
-	out := r.RunAll(context.Background(), tasks, 2, nil)
-	for i, o := range out {
-		if o.Err != nil || o.Task != tasks[i].ID || o.Record.Status != controller.StatusSucceeded {
-			t.Errorf("task %s: %v %+v", o.Task, o.Err, o.Record)
-		}
-		if rec := readRecord(t, r, o.Task); rec.Task != o.Task || len(rec.Environments) != 2 {
-			t.Errorf("record of %s: %+v", o.Task, rec)
+	// A concurrency below 1 runs one task at a time. The deadline only bounds the test
+	// should it wait forever for a slot: the tasks are then recorded cancelled.
+	for _, concurrency := range []int{2, 0} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		out := r.RunAll(ctx, tasks, concurrency, nil)
+		cancel()
+		for i, o := range out {
+			if o.Err != nil || o.Task != tasks[i].ID || o.Record.Status != controller.StatusSucceeded {
+				t.Errorf("concurrency %d, task %s: %v %+v", concurrency, o.Task, o.Err, o.Record)
+			}
+			if rec := readRecord(t, r, o.Task); rec.Task != o.Task || len(rec.Environments) != 2 {
+				t.Errorf("record of %s: %+v", o.Task, rec)
+			}
 		}
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	out = r.RunAll(ctx, tasks[:1], 1, nil)
+	out := r.RunAll(ctx, tasks[:1], 1, nil)
 	if out[0].Record == nil || out[0].Record.Status != controller.StatusCancelled || len(p.Live()) != 0 {
 		t.Errorf("cancelled run: %+v", out[0])
 	}
@@ -878,7 +1037,10 @@ func TestProviderPanicEndsStep(t *testing.T) {
 		t.Run(tc.op, func(t *testing.T) {
 			fake := controllertest.New()
 			r := newRunner(t, panicking{Provider: fake, op: tc.op})
-			rec, err := r.RunTask(context.Background(), task(t, tc.mode), nil)
+			tr := task(t, tc.mode)
+			// A step that ended before the panic keeps its own outcome.
+			tr.Run = []controller.Command{{"exit", "2"}}
+			rec, err := r.RunTask(context.Background(), tr, nil)
 			if err == nil || rec.Status != controller.StatusFailed {
 				t.Fatalf("status %s, err %v; want failed", rec.Status, err)
 			}
@@ -887,13 +1049,40 @@ func TestProviderPanicEndsStep(t *testing.T) {
 				if s.Status == controller.StepRunning || s.End == nil {
 					t.Errorf("step %s left %s (end %v) in the final record", s.Name, s.Status, s.End)
 				}
-				if s.Name == tc.step && s.Status != controller.StepCrashed {
-					t.Errorf("step %s recorded %s, want %s", s.Name, s.Status, controller.StepCrashed)
+				if (s.Name == tc.step) != (s.Status == controller.StepCrashed) {
+					t.Errorf("step %s recorded %s; want only %s crashed", s.Name, s.Status, tc.step)
 				}
 			}
 			if live := fake.Live(); len(live) != 0 {
 				t.Errorf("environments left open: %v", live)
 			}
 		})
+	}
+}
+
+// TestRecordWriteFailure: a task whose record could not be written does not count as a
+// success, though every step of it was ok: the record on disk does not say how it ended.
+func TestRecordWriteFailure(t *testing.T) {
+	p := controllertest.New()
+	tr := task(t, controller.EvaluationShared)
+	tr.Evaluate = []controller.Command{{"cancel"}}
+	r := newRunner(t, p)
+	dir := filepath.Join(r.OutDir, tr.ID)
+	// During evaluate, the task directory goes away and a file takes its name.
+	p.Cancel = func() {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Error(err)
+		}
+		if err := os.WriteFile(dir, nil, 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+	rec, err := r.RunTask(context.Background(), tr, nil)
+	if err == nil || !strings.Contains(err.Error(), "write record") {
+		t.Errorf("RunTask: %v, want the record's write failure", err)
+	}
+	if got := stepsOf(rec); !slices.Equal(got, []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok",
+		"harness_close:ok", "collect:ok", "download:ok", "evaluate:ok", "close:ok"}) {
+		t.Errorf("steps %v", got)
 	}
 }

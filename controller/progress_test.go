@@ -2,6 +2,8 @@ package controller_test
 
 import (
 	"context"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -54,5 +56,62 @@ func TestLiveProgressRedrawsInPlace(t *testing.T) {
 	if strings.Count(text, "\n") != 3 || !strings.Contains(text, "task=a phase=evaluate mode=allowlist") ||
 		!strings.Contains(text, "blocked=3") || !strings.Contains(text, "task=b phase=prepare mode=public") {
 		t.Errorf("live output %q", text)
+	}
+}
+
+// TestLogProgressLines: the plain display writes a line when a task's step, mode or
+// end state changes, not for every update (the blocked count refreshes every second).
+func TestLogProgressLines(t *testing.T) {
+	var out testutil.SyncBuffer
+	lp := controller.NewLogProgress(&out)
+	start := time.Now()
+	for _, u := range []controller.ProgressUpdate{
+		{Task: "a", Step: controller.StepRun, Mode: "public", Started: start},
+		{Task: "a", Step: controller.StepRun, Mode: "public", Started: start, Blocked: 1}, // a poll: no line
+		{Task: "b", Step: controller.StepRun, Mode: "public", Started: start},             // another task
+		{Task: "a", Step: controller.StepRun, Mode: "no-network", Started: start, Blocked: 1},
+		{Task: "a", Step: controller.StepEvaluate, Mode: "no-network", Started: start, Blocked: 1},
+		{Task: "a", Step: controller.StepEvaluate, Mode: "no-network", Started: start, Blocked: 1, Done: true, Status: controller.StatusSucceeded},
+	} {
+		lp.Update(u)
+	}
+	var got []string
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		_, l, _ = strings.Cut(l, " ") // the time
+		got = append(got, elapsed.ReplaceAllString(l, ""))
+	}
+	want := []string{
+		"task=a phase=run mode=public blocked=0",
+		"task=b phase=run mode=public blocked=0",
+		"task=a phase=run mode=no-network blocked=1",
+		"task=a phase=evaluate mode=no-network blocked=1",
+		"task=a phase=done: succeeded mode=no-network blocked=1",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("lines\n got  %q\n want %q", got, want)
+	}
+}
+
+var elapsed = regexp.MustCompile(` elapsed=\S+`)
+
+// TestLiveProgressMovesUp: each redraw goes back up over the lines the last one drew
+// and clears each line before writing it, so the display stays one line per task.
+func TestLiveProgressMovesUp(t *testing.T) {
+	var out testutil.SyncBuffer
+	lp := controller.NewLiveProgress(&out, time.Millisecond)
+	defer lp.Stop()
+	lp.Update(controller.ProgressUpdate{Task: "a", Step: controller.StepRun, Mode: "no-network", Started: time.Now()})
+	lp.Update(controller.ProgressUpdate{Task: "b", Step: controller.StepPrepare, Mode: "public", Started: time.Now()})
+	// Wait for a redraw after the first frame with both tasks (bounded: it fails then).
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(out.String(), "\x1b[2A"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no redraw went back up over the two lines drawn: %q", out.String())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for _, l := range strings.SplitAfter(out.String(), "\n") {
+		if l = strings.TrimPrefix(l, "\x1b[1A"); l != "" && !strings.HasPrefix(strings.TrimPrefix(l, "\x1b[2A"), "\x1b[2K") {
+			t.Errorf("line %q is not cleared before it is drawn", l)
+		}
 	}
 }

@@ -146,16 +146,6 @@ type ResumeRecord struct {
 	From StepName  `json:"from"`
 }
 
-// StepOK reports whether the record holds a step of that name that ended ok.
-func (r *Record) StepOK(name StepName) bool {
-	for _, s := range r.Steps {
-		if s.Name == name && s.Status == StepOK {
-			return true
-		}
-	}
-	return false
-}
-
 // BlockedTotal is the number of blocked attempts over every recorded phase.
 func (r *Record) BlockedTotal() uint64 {
 	var n uint64

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
@@ -109,6 +110,12 @@ func TestResumeClosesLeftovers(t *testing.T) {
 	if !slices.Contains(fake.Events(), "evaluation reattach") {
 		t.Errorf("leftover not reattached: %v", fake.Events())
 	}
+	// Its close is recorded in the phase it was found in; the mode then in force is not
+	// known, so none is claimed.
+	i := slices.IndexFunc(out.Steps, func(s controller.StepRecord) bool { return s.Name == controller.StepEvaluationEnd })
+	if s := out.Steps[i]; s.Phase != "reattached" || s.Mode != "" || s.Status != controller.StepOK {
+		t.Errorf("leftover's close recorded %s, phase %q, mode %q; want ok, reattached, no mode", s.Status, s.Phase, s.Mode)
+	}
 }
 
 func TestResumeRefusals(t *testing.T) {
@@ -124,6 +131,19 @@ func TestResumeRefusals(t *testing.T) {
 	fresh.ID = "f"
 	fresh.Run = []controller.Command{{"cancel"}, {"hang"}}
 	freshRec := interrupted(t, fake, fake, r, fresh)
+
+	// Nothing to download: the collection is the last of the agent's part.
+	collecting := task(t, controller.EvaluationFresh)
+	collecting.ID = "c"
+	collecting.Collect, collecting.SaveArtifacts = []controller.Command{{"cancel"}, {"hang"}}, false
+	collectingRec := interrupted(t, fake, fake, r, collecting)
+
+	// Nothing after the harness close in the agent's part.
+	closing := task(t, controller.EvaluationFresh)
+	closing.ID = "h"
+	closing.Harness.Close = []controller.Command{{"cancel"}, {"hang"}}
+	closing.Collect, closing.SaveArtifacts = nil, false
+	closingRec := interrupted(t, fake, fake, r, closing)
 
 	done := task(t, controller.EvaluationShared)
 	done.ID = "d"
@@ -142,6 +162,8 @@ func TestResumeRefusals(t *testing.T) {
 	}{
 		{"shared mode after the agent started", sharedRec, shared, "shared mode"},
 		{"fresh mode before the agent's part ended", freshRec, fresh, "run not ended"},
+		{"fresh mode, collection cut", collectingRec, collecting, "collect not ended"},
+		{"fresh mode, harness close cut", closingRec, closing, "harness_close not ended"},
 		{"finished task", doneRec, done, "already finished (succeeded)"},
 		{"changed definition", sharedRec, changed, "definition changed"},
 		{"another task's record", doneRec, shared, `the record is of task "d"`},
@@ -152,8 +174,16 @@ func TestResumeRefusals(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("err = %v, want it to say %q", err, tc.want)
 			}
-			if _, err := r.RunTask(context.Background(), tc.task, tc.rec); err == nil {
+			before := len(fake.Events())
+			rec, err := r.RunTask(context.Background(), tc.task, tc.rec)
+			if err == nil {
 				t.Error("RunTask resumed a refused task")
+			}
+			// The outcome is the interrupted run's record, untouched: the summary shows
+			// that run's status, and nothing of the task was touched.
+			if rec != tc.rec || len(fake.Events()) != before {
+				t.Errorf("RunTask on a refused resume: record %p (want the interrupted run's %p), events %v",
+					rec, tc.rec, fake.Events()[before:])
 			}
 		})
 	}
@@ -424,6 +454,10 @@ func TestResumeUnreachedLeftoverCanResumeAgain(t *testing.T) {
 			if controller.Finished(again) {
 				t.Fatalf("record %s with ended set: a later --resume would leave the task alone", again.Status)
 			}
+			// The interrupted run's status and end stand: its runner died, so it never ended.
+			if again.Status != rec.Status || again.Ended != nil {
+				t.Errorf("record %s, ended %v; want the interrupted run's %s, no end", again.Status, again.Ended, rec.Status)
+			}
 			if _, err := controller.ResumeFrom(again, tr, r.Provider); err != nil {
 				t.Fatalf("later resume refused: %v", err)
 			}
@@ -549,6 +583,13 @@ func TestResumeAfterACutOpen(t *testing.T) {
 				!strings.Contains(s.Error, "runner died during this open") || !strings.Contains(s.Error, "removed what it left") {
 				t.Errorf("the cut open recorded %s, end %v (%s); want crashed, no end, saying its runner died and the resume removed what it left", s.Status, s.End, s.Error)
 			}
+			// The removal is the close step of that environment, under the mode its open
+			// was putting in force.
+			wantClose := map[controller.Role]string{controller.RoleAgent: "close:ok public",
+				controller.RoleEvaluation: "evaluation_close:ok no-network"}[tc.role]
+			if s := out.Steps[cut+1]; string(s.Name)+":"+string(s.Status)+" "+string(s.Mode) != wantClose || s.Environment != leftover.ID() {
+				t.Errorf("the removal recorded %s:%s %s in %q, want %s in %s", s.Name, s.Status, s.Mode, s.Environment, wantClose, leftover.ID())
+			}
 		})
 	}
 }
@@ -645,6 +686,12 @@ func TestResumeRemovesWhatAGoneLeftoverLeft(t *testing.T) {
 	fake := controllertest.New()
 	r, tr, rec := diedDuringEvaluation(t, fake) // the evaluation environment is gone from the engine
 	r.Provider = controllertest.ReattachingProvider{Provider: fake}
+	// An earlier evaluation environment of the same name, closed by an earlier attempt:
+	// its record is history, not the leftover.
+	i := slices.IndexFunc(rec.Environments, func(e controller.EnvRecord) bool { return e.Role == controller.RoleEvaluation })
+	earlier := rec.Environments[i]
+	earlier.State = controller.EnvClosed
+	rec.Environments = slices.Insert(rec.Environments, i, earlier)
 	before := len(fake.Events())
 	out, err := r.RunTask(context.Background(), tr, rec)
 	if err != nil || out.Status != controller.StatusSucceeded {
@@ -654,7 +701,10 @@ func TestResumeRemovesWhatAGoneLeftoverLeft(t *testing.T) {
 	if i, j := slices.Index(ev, "evaluation remove"), slices.Index(ev, "evaluation open no-network image=grader:1"); i < 0 || j < i {
 		t.Errorf("what the gone evaluation environment left was not removed before the new open:\n%s", strings.Join(ev, "\n"))
 	}
-	if e := out.Environments[slices.IndexFunc(out.Environments, func(e controller.EnvRecord) bool { return e.Role == controller.RoleEvaluation })]; e.State != controller.EnvClosed || !strings.Contains(e.Reach, "not found on resume") {
+	if e := out.Environments[i]; e != earlier {
+		t.Errorf("the earlier environment's record became %+v", e)
+	}
+	if e := out.Environments[i+1]; e.State != controller.EnvClosed || !strings.Contains(e.Reach, "not found on resume") {
 		t.Errorf("the gone environment recorded %+v, want it closed, not found on resume", e)
 	}
 }
@@ -688,5 +738,152 @@ func TestResumeAfterACancelledResumeOfACutOpen(t *testing.T) {
 	}
 	if out, err := r.RunTask(context.Background(), tr, prev); err != nil || out.Status != controller.StatusSucceeded {
 		t.Fatalf("second resume: %v", err)
+	}
+}
+
+// TestResumeAfterADiedAgentClose: the runner died while it closed the agent environment
+// (fresh mode, step 7), which is gone by the resume. The resume records it closed and
+// evaluates; the interrupted close stays running as that run's evidence, and since only
+// a step's last attempt counts and no later attempt of it exists, it does not fail the
+// task: every step the task needed ended ok.
+func TestResumeAfterADiedAgentClose(t *testing.T) {
+	fake := controllertest.New()
+	tr := task(t, controller.EvaluationFresh)
+	r := newRunner(t, fake)
+	if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
+		t.Fatal(err)
+	}
+	prev := readRecord(t, r, tr.ID)
+	prev.Status, prev.Ended = controller.StatusRunning, nil
+	cut := slices.IndexFunc(prev.Steps, func(s controller.StepRecord) bool { return s.Name == controller.StepClose })
+	prev.Steps = prev.Steps[:cut+1]
+	prev.Steps[cut].Status, prev.Steps[cut].End = controller.StepRunning, nil
+	prev.Environments = prev.Environments[:1]
+	prev.Environments[0].State = controller.EnvOpen
+	r.Provider = controllertest.ReattachingProvider{Provider: fake}
+
+	rec, err := r.RunTask(context.Background(), tr, prev)
+	if err != nil || rec.Status != controller.StatusSucceeded {
+		t.Fatalf("resume: %v, status %s (%s)", err, rec.Status, rec.Error)
+	}
+	if got := stepsOf(rec)[cut:]; !slices.Equal(got, []string{"close:running", "evaluation_open:ok",
+		"upload_artifacts:ok", "evaluate:ok", "evaluation_close:ok"}) {
+		t.Errorf("steps from the cut close: %v", got)
+	}
+	if e := rec.Environments[0]; e.State != controller.EnvClosed {
+		t.Errorf("agent environment %+v, want it recorded closed", e)
+	}
+}
+
+// TestResumeAfterTheAgentsPart: fresh mode resumes at the evaluation environment once
+// every agent step the task declares ended, however it ended: a timed-out rollout counts,
+// and a step the task does not declare (skipped) is not waited for.
+func TestResumeAfterTheAgentsPart(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(*controller.TaskRun)
+		status controller.TaskStatus // of the resumed task
+	}{
+		{"rollout timed out", func(tr *controller.TaskRun) {
+			tr.Run = []controller.Command{{"hang"}}
+			tr.Timeouts = map[controller.StepName]time.Duration{controller.StepRun: 20 * time.Millisecond}
+		}, controller.StatusFailed},
+		{"save_artifacts without paths, no harness, no collection", func(tr *controller.TaskRun) {
+			tr.Harness, tr.Collect, tr.Artifacts = nil, nil, nil
+		}, controller.StatusSucceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := controllertest.New()
+			r := newRunner(t, fake)
+			tr := task(t, controller.EvaluationFresh)
+			tc.change(&tr)
+			// Ctrl-C while the evaluation environment opens.
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			fake.OpenErr = func(role controller.Role) error {
+				if role == controller.RoleEvaluation {
+					cancel()
+					return context.Canceled
+				}
+				return nil
+			}
+			prev, _ := r.RunTask(ctx, tr, nil)
+			fake.OpenErr = nil
+			if from, err := controller.ResumeFrom(prev, tr, fake); err != nil || from != controller.StepEvaluationOpen {
+				t.Fatalf("ResumeFrom: %s, %v; want the evaluation environment's open", from, err)
+			}
+			rec, _ := r.RunTask(context.Background(), tr, prev)
+			if rec.Status != tc.status || !slices.Contains(stepsOf(rec), "evaluate:ok") {
+				t.Errorf("resume: status %s (%s), steps %v; want %s, evaluated", rec.Status, rec.Error, stepsOf(rec), tc.status)
+			}
+		})
+	}
+}
+
+// TestResumeStopsWhenAGoneLeftoverCannotBeRemoved: what a gone leftover left may hold
+// the name the new open needs; a removal that fails stops the resume before any open,
+// the leftover stays open in the record, and the task keeps the interrupted run's status.
+func TestResumeStopsWhenAGoneLeftoverCannotBeRemoved(t *testing.T) {
+	fake := controllertest.New()
+	r, tr, rec := diedDuringEvaluation(t, fake)
+	r.Provider = controllertest.ReattachingProvider{Provider: fake}
+	unreachable := errors.New("engine unreachable")
+	fake.RemoveErr = func(controller.Role) error { return unreachable }
+	before := len(fake.Events())
+	out, err := r.RunTask(context.Background(), tr, rec)
+	if !errors.Is(err, unreachable) || out.Status != rec.Status {
+		t.Fatalf("resume: %v, status %s; want it stopped by the failed removal, status %s", err, out.Status, rec.Status)
+	}
+	if ev := fake.Events()[before:]; !slices.Equal(ev, []string{"evaluation remove failed"}) {
+		t.Errorf("events %v, want only the failed removal", ev)
+	}
+	if e := out.Environments[slices.IndexFunc(out.Environments, func(e controller.EnvRecord) bool { return e.Role == controller.RoleEvaluation })]; e.State != controller.EnvOpen {
+		t.Errorf("the leftover recorded %+v, want it still open, for a later resume", e)
+	}
+}
+
+// TestResumeCleanUpOutlastsCtrlC: a Ctrl-C while a resume cleans up after the
+// interrupted run does not stop the removal of what that run left (as a close after
+// Ctrl-C still runs): the record then says it is closed, and nothing new opens.
+func TestResumeCleanUpOutlastsCtrlC(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// cancelFirst: Ctrl-C came before the resume began (a cut open has no leftover
+		// to look up); otherwise it comes as the resume looks the leftover up.
+		cancelFirst bool
+		prev        func(t *testing.T, r *controller.Runner, fake *controllertest.Provider, tr controller.TaskRun) *controller.Record
+	}{
+		{"a gone leftover", false, func(t *testing.T, r *controller.Runner, fake *controllertest.Provider, tr controller.TaskRun) *controller.Record {
+			_, _, rec := diedDuringEvaluation(t, fake)
+			return rec
+		}},
+		{"a cut open", true, func(t *testing.T, r *controller.Runner, fake *controllertest.Provider, tr controller.TaskRun) *controller.Record {
+			return cutIn(finishedRecord(t, r, tr), controller.StepEvaluationOpen, controller.RoleEvaluation)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := controllertest.New()
+			tr := task(t, controller.EvaluationFresh)
+			r := newRunner(t, controllertest.ReattachingProvider{Provider: fake})
+			prev := tc.prev(t, r, fake, tr)
+			r = newRunner(t, controllertest.ReattachingProvider{Provider: fake})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			fake.ReattachErr = func(controller.Role) error { cancel(); return nil }
+			if tc.cancelFirst {
+				cancel()
+			}
+			before := len(fake.Events())
+			out, _ := r.RunTask(ctx, tr, prev)
+			ev := fake.Events()[before:]
+			if !slices.Equal(ev, []string{"evaluation remove"}) {
+				t.Errorf("events %v, want the removal, and nothing opened", ev)
+			}
+			for _, e := range out.Environments {
+				if e.Role == controller.RoleEvaluation && e.State != controller.EnvClosed {
+					t.Errorf("evaluation environment recorded %+v, want closed", e)
+				}
+			}
+		})
 	}
 }

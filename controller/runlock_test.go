@@ -3,6 +3,7 @@ package controller_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -233,6 +234,64 @@ func TestRunLockRefusesASecondRun(t *testing.T) {
 			}
 			if rec, err := r.RunTask(context.Background(), tr, disk); err != nil || rec.Status != controller.StatusSucceeded {
 				t.Errorf("resume of the refused task: %v", err)
+			}
+		})
+	}
+}
+
+// cancellingLocker is a provider whose run lock is still being taken when Ctrl-C comes:
+// LockTask fails with the run's cancellation, as the Docker provider's flock wait does.
+type cancellingLocker struct {
+	*controllertest.Provider
+	cancel func()
+}
+
+func (p cancellingLocker) LockTask(ctx context.Context, task string) (func(), error) {
+	p.cancel()
+	return nil, fmt.Errorf("fake: task %s: run lock: %w", task, ctx.Err())
+}
+
+// TestRunLockCutByCancellation: a Ctrl-C while the run lock is being taken is a
+// cancellation, not a refusal: the task is recorded cancelled (nothing held it), and a
+// task that was to resume keeps its interrupted run's record as it was.
+func TestRunLockCutByCancellation(t *testing.T) {
+	for _, resume := range []bool{false, true} {
+		t.Run(fmt.Sprintf("resume=%t", resume), func(t *testing.T) {
+			fake := controllertest.New()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			r := newRunner(t, cancellingLocker{fake, cancel})
+			tr := task(t, controller.EvaluationShared)
+			var prev *controller.Record
+			var onDisk []byte
+			if resume {
+				prev = cutIn(finishedRecord(t, r, tr), controller.StepOpen, controller.RoleAgent)
+				b, err := os.ReadFile(filepath.Join(r.OutDir, tr.ID, controller.RecordFile))
+				if err != nil {
+					t.Fatal(err)
+				}
+				onDisk = b
+			}
+			rec, err := r.RunTask(ctx, tr, prev)
+			if !errors.Is(err, context.Canceled) || errors.Is(err, controller.ErrTaskLocked) {
+				t.Fatalf("RunTask: %v, want the cancellation", err)
+			}
+			if len(fake.Events()) != 0 {
+				t.Errorf("events: %v, want none", fake.Events())
+			}
+			if resume {
+				b, err := os.ReadFile(filepath.Join(r.OutDir, tr.ID, controller.RecordFile))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rec != prev || string(b) != string(onDisk) {
+					t.Errorf("the cancelled resume changed the interrupted run's record:\n%s", b)
+				}
+				return
+			}
+			disk := readRecord(t, r, tr.ID)
+			if rec.Status != controller.StatusCancelled || disk.Status != controller.StatusCancelled || len(disk.Steps) != 0 {
+				t.Errorf("record: status %s (%s), steps %v; want cancelled, nothing run", disk.Status, disk.Error, stepsOf(disk))
 			}
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,6 +27,8 @@ import (
 //	panic       panics in the caller's goroutine
 //	blocked N   adds N blocked attempts under the policy in force
 //	cancel      calls Cancel (set by the test), then exits 0
+//	stdout TEXT writes TEXT (no newline) to stdout, then exits 0
+//	stderr TEXT writes TEXT to stderr, then exits 0
 //	anything else exits 0
 type Provider struct {
 	mu     sync.Mutex
@@ -46,6 +49,10 @@ type Provider struct {
 	// RemoveErr, when set, decides whether removing what is left of an environment of
 	// that role fails.
 	RemoveErr func(role controller.Role) error
+	// DownloadErr, when set, decides whether copying a file out of an environment fails.
+	DownloadErr func() error
+	// UploadErr, when set, decides whether copying a file into an environment fails.
+	UploadErr func() error
 	// Missing lists artifact paths that do not resolve.
 	Missing map[string]bool
 	// Cancel is called by the "cancel" command (a test's Ctrl-C).
@@ -136,7 +143,8 @@ func (p ReattachingProvider) Reattach(_ context.Context, task string, role contr
 	return e, nil
 }
 
-// RemoveEnvironment closes the environment of that task and role if one is open.
+// RemoveEnvironment closes the environment of that task and role if one is open. Like
+// an engine call, it fails once its context has ended.
 func (p ReattachingProvider) RemoveEnvironment(ctx context.Context, task string, role controller.Role) (string, error) {
 	id := envID(task, role)
 	if p.RemoveErr != nil {
@@ -144,6 +152,10 @@ func (p ReattachingProvider) RemoveEnvironment(ctx context.Context, task string,
 			p.logf("%s remove failed", role)
 			return id, err
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		p.logf("%s remove failed: %v", role, err)
+		return id, err
 	}
 	p.mu.Lock()
 	e, ok := p.envs[id]
@@ -319,12 +331,21 @@ func (e *Env) Exec(ctx context.Context, cmd []string, opts controller.ExecOption
 		e.mu.Unlock()
 	case "cancel":
 		e.p.Cancel()
+	case "stdout":
+		return controller.ExecResult{Stdout: []byte(strings.Join(cmd[1:], " "))}, nil
+	case "stderr":
+		return controller.ExecResult{Stderr: []byte(strings.Join(cmd[1:], " "))}, nil
 	}
 	return controller.ExecResult{Stdout: []byte(fmt.Sprintf(`{"cmd":%q}`+"\n", cmd[0]))}, nil
 }
 
 // Download writes a small file standing for srcPath, unless the path is Missing.
 func (e *Env) Download(_ context.Context, srcPath, dstDir string) error {
+	if e.p.DownloadErr != nil {
+		if err := e.p.DownloadErr(); err != nil {
+			return err
+		}
+	}
 	if e.p.Missing[srcPath] {
 		e.p.logf("%s download %s missing", e.role, srcPath)
 		return fmt.Errorf("fake: %s: no such file", srcPath)
@@ -335,6 +356,11 @@ func (e *Env) Download(_ context.Context, srcPath, dstDir string) error {
 
 // Upload notes that a host file was copied in.
 func (e *Env) Upload(_ context.Context, srcPath, dstDir string) error {
+	if e.p.UploadErr != nil {
+		if err := e.p.UploadErr(); err != nil {
+			return err
+		}
+	}
 	if _, err := os.Stat(srcPath); err != nil {
 		return err
 	}
@@ -345,8 +371,12 @@ func (e *Env) Upload(_ context.Context, srcPath, dstDir string) error {
 	return nil
 }
 
-// Blocked reports the blocked attempts of the generation in force.
-func (e *Env) Blocked(context.Context) (controller.BlockedSummary, error) {
+// Blocked reports the blocked attempts of the generation in force; like a call to the
+// sidecar, it fails once its context has ended.
+func (e *Env) Blocked(ctx context.Context) (controller.BlockedSummary, error) {
+	if err := ctx.Err(); err != nil {
+		return controller.BlockedSummary{}, err
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.summary(), nil
@@ -361,13 +391,18 @@ func (e *Env) summary() controller.BlockedSummary {
 	return sum
 }
 
-// Close removes the environment, or keeps it when retained.
-func (e *Env) Close(_ context.Context, retain bool) error {
+// Close removes the environment, or keeps it when retained. Like an engine call, it
+// fails once its context has ended.
+func (e *Env) Close(ctx context.Context, retain bool) error {
 	if e.p.CloseErr != nil {
 		if err := e.p.CloseErr(e.role); err != nil {
 			e.p.logf("%s close failed", e.role)
 			return err
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		e.p.logf("%s close failed: %v", e.role, err)
+		return err
 	}
 	e.p.logf("%s close retain=%t mode=%s", e.role, retain, e.Mode())
 	if !retain {
