@@ -70,11 +70,15 @@ type crasher struct {
 	kind    crashKind
 	cancel  context.CancelFunc // crashCancel: ends the command's context
 
-	mu      sync.Mutex
-	calls   []string
-	dead    bool
-	frozen  chan struct{} // closed when a kill (or a pause) stops the process
-	release chan struct{} // closed to let a killed process's goroutine end (as a dead one)
+	mu    sync.Mutex
+	calls []string
+	dead  bool
+	// inFlight counts the calls under way. A kill waits for the others to take effect
+	// before the process counts as dead: the engine completes a request it received
+	// before the kill, and the next controller, started after it, sees its result.
+	inFlight sync.WaitGroup
+	frozen   chan struct{} // closed when a kill (or a pause) stops the process
+	release  chan struct{} // closed to let a killed process's goroutine end (as a dead one)
 }
 
 func newCrasher(at int, after bool, kind crashKind, cancel context.CancelFunc) *crasher {
@@ -95,6 +99,8 @@ func (c *crasher) call(ctx context.Context, op string, f func() error) error {
 		return errKilled
 	}
 	c.calls = append(c.calls, op)
+	c.inFlight.Add(1)
+	defer c.inFlight.Done()
 	hit := len(c.calls) == c.at || (c.atOp != "" && op == c.atOp)
 	if hit {
 		c.atOp = ""
@@ -133,6 +139,9 @@ func (c *crasher) crash(op string) error {
 		c.mu.Lock()
 		c.dead = true
 		c.mu.Unlock()
+		c.inFlight.Done() // this call's own, which call gives back once more on return
+		c.inFlight.Wait()
+		c.inFlight.Add(1)
 		close(c.frozen)
 		<-c.release
 		return errKilled
