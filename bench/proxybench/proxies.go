@@ -12,12 +12,22 @@ import (
 // no access log, no Via header, file descriptors enough for the idle-tunnel test. Each
 // runs in the foreground, as a child of the benchmark, with its files in dir.
 
-// StartSquid runs squid (binary path bin) with a minimal configuration in dir.
-func StartSquid(bin, dir string) (*Process, error) {
+// StartSquid runs squid (binary path bin) with a minimal configuration in dir and that
+// many worker processes (0 or 1: squid's default, one).
+func StartSquid(bin, dir string, workers int) (*Process, error) {
 	addr, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
+	conf := filepath.Join(dir, "squid.conf")
+	if err := writeSquidConf(conf, dir, addr, workers, os.Geteuid() == 0); err != nil {
+		return nil, fmt.Errorf("proxybench: squid: %w", err)
+	}
+	return StartProcess("squid", dir, addr, 20*time.Second, bin, "--foreground", "-f", conf)
+}
+
+// writeSquidConf writes squid's configuration for StartSquid to path.
+func writeSquidConf(path, dir, addr string, workers int, root bool) error {
 	lines := []string{
 		"http_port " + addr,
 		"http_access allow all",
@@ -36,18 +46,17 @@ func StartSquid(bin, dir string) (*Process, error) {
 		"pinger_enable off",
 		"netdb_filename none",
 	}
-	if os.Geteuid() == 0 {
+	if workers > 1 {
+		lines = append(lines, fmt.Sprintf("workers %d", workers))
+	}
+	if root {
 		// Squid refuses to keep root; its unprivileged user must be able to write dir.
 		lines = append(lines, "cache_effective_user proxy")
 		if err := os.Chmod(dir, 0o777); err != nil {
-			return nil, fmt.Errorf("proxybench: squid: %w", err)
+			return err
 		}
 	}
-	conf := filepath.Join(dir, "squid.conf")
-	if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
-		return nil, fmt.Errorf("proxybench: squid: %w", err)
-	}
-	return StartProcess("squid", dir, addr, 20*time.Second, bin, "--foreground", "-f", conf)
+	return os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
 }
 
 // StartTinyproxy runs tinyproxy (binary path bin) with a minimal configuration in dir.

@@ -16,6 +16,9 @@ type Config struct {
 	Compass   string // compass-proxy binary
 	Squid     string // squid binary
 	Tinyproxy string // tinyproxy binary
+	// SquidWorkers is squid's workers directive: 1, its default, serves every
+	// connection in one process, which uses at most one CPU.
+	SquidWorkers int
 
 	AllowlistSize int // entries of the large allowlist policy
 	Rounds        int // every rate is measured once per round; the report keeps the median
@@ -176,7 +179,7 @@ func (b *bench) startProxies() error {
 		b.rep.Compass, b.rep.CompassAllowlist = NameCompass, NameCompassAllowlist
 	}
 	if cfg.Squid != "" {
-		proxies = append(proxies, proxy{NameSquid, func() (*Process, error) { return StartSquid(cfg.Squid, cfg.Dir) }, true})
+		proxies = append(proxies, proxy{NameSquid, func() (*Process, error) { return StartSquid(cfg.Squid, cfg.Dir, cfg.SquidWorkers) }, true})
 		b.rep.Peers = append(b.rep.Peers, NameSquid)
 	}
 	if cfg.Tinyproxy != "" {

@@ -18,6 +18,7 @@ func main() {
 	cfg := proxybench.Config{Progress: os.Stderr}
 	flag.StringVar(&cfg.Compass, "compass", "bin/compass-proxy", "compass-proxy binary (empty: leave it out)")
 	flag.StringVar(&cfg.Squid, "squid", lookPath("squid"), "squid binary (empty: leave it out)")
+	flag.IntVar(&cfg.SquidWorkers, "squid-workers", 1, "squid's worker processes (1: its default, at most one CPU)")
 	flag.StringVar(&cfg.Tinyproxy, "tinyproxy", lookPath("tinyproxy"), "tinyproxy binary (empty: leave it out)")
 	flag.IntVar(&cfg.AllowlistSize, "allowlist", 100_000, "entries of the large allowlist policy")
 	flag.IntVar(&cfg.Rounds, "rounds", 9, "rounds of rate measurements (the median is reported)")
