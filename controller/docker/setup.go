@@ -43,15 +43,16 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 	if _, ierr := p.api.ContainerInspect(ctx, n.Sidecar); ierr == nil {
 		return nil, fmt.Errorf("docker: environment %s already exists (close it first)", n.Env)
 	}
-	egress, err := p.ensureEgressNetwork(ctx)
-	if err != nil {
-		return nil, err
-	}
+	// Checked before anything is made: an open refused for a missing image changes nothing.
 	if _, ierr := p.api.ImageInspect(ctx, p.cfg.ProxyImage); ierr != nil {
 		if cerrdefs.IsNotFound(ierr) {
 			return nil, fmt.Errorf("docker: proxy image %s is missing: run `compassctl env image build` (or `image load FILE` on an air-gapped host)", p.cfg.ProxyImage)
 		}
 		return nil, fmt.Errorf("docker: inspect proxy image %s: %w", p.cfg.ProxyImage, ierr)
+	}
+	egress, err := p.ensureEgressNetwork(ctx)
+	if err != nil {
+		return nil, err
 	}
 	timeout := spec.ProxyStartTimeout
 	if timeout <= 0 {

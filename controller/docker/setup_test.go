@@ -2,6 +2,7 @@ package docker
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -151,6 +152,35 @@ func TestOpenWithoutBaselineChangesNothing(t *testing.T) {
 	}
 	if got := r.ev.all(); len(got) != 0 {
 		t.Errorf("a refused open changed things: %v", got)
+	}
+}
+
+// An open (or attach) refused because the proxy image is missing creates nothing: it
+// used to create the shared egress network first and leave it behind.
+func TestOpenWithoutProxyImageChangesNothing(t *testing.T) {
+	for _, attach := range []bool{false, true} {
+		t.Run(fmt.Sprintf("attach=%t", attach), func(t *testing.T) {
+			r := newRig(t, "t19")
+			if attach {
+				runUserContainer(t, r)
+			}
+			delete(r.docker.images, DefaultProxyImage)
+			before := len(r.ev.all())
+			spec := controller.EnvSpec{Task: "t19", Image: "agent:1", Baseline: policy.NoNetwork, ProxyStartTimeout: 5 * time.Second}
+			var err error
+			if attach {
+				spec.Image = ""
+				_, err = r.p.Attach(context.Background(), spec, "user")
+			} else {
+				_, err = r.p.OpenEnv(context.Background(), spec)
+			}
+			if err == nil || !strings.Contains(err.Error(), "proxy image "+DefaultProxyImage+" is missing") {
+				t.Errorf("open without the proxy image: %v, want an error naming the image", err)
+			}
+			if got := r.ev.all()[before:]; len(got) != 0 {
+				t.Errorf("a refused open changed things: %v", got)
+			}
+		})
 	}
 }
 
