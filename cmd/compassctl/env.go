@@ -37,13 +37,11 @@ func (f *envFlags) provider() (*docker.Provider, func(), error) {
 		Owner: f.owner, SubnetBits: f.subnetBits, DNSUpstreams: f.dnsUpstreams, ExtraProxyArg: f.proxyArgs,
 		StepDelay: f.stepDelay,
 	}
-	if f.pool != "" {
-		p, err := netip.ParsePrefix(f.pool)
-		if err != nil {
-			return nil, nil, usageError{fmt.Errorf("--pool: %w", err)}
-		}
-		cfg.Pool = p
+	pool, err := netip.ParsePrefix(f.pool)
+	if err != nil {
+		return nil, nil, usageError{fmt.Errorf("--pool: %w", err)}
 	}
+	cfg.Pool = pool
 	cli, err := docker.NewClient()
 	if err != nil {
 		return nil, nil, err

@@ -66,16 +66,15 @@ func (s *policySource) resolve(task, def string) (policy.Policy, string, error) 
 	case s.policy == "" && s.plan == "" && s.phase != "":
 		// Dropped, it would leave the runtime default (public) in force.
 		return policy.Policy{}, "", usageError{fmt.Errorf("--phase %q needs --plan FILE to take the policy from", s.phase)}
+	case s.policy != "" && s.phase != "":
+		// open and attach dropped it; switch took it as the label, which --label-phase is.
+		return policy.Policy{}, "", usageError{fmt.Errorf("--phase %q picks a phase of --plan; with --policy, --phase is not used (switch: --label-phase names the phase)", s.phase)}
 	case s.policy != "":
 		p, err := policy.Parse([]byte(s.policy))
 		if err != nil {
 			return policy.Policy{}, "", usageError{fmt.Errorf("--policy: %w", err)}
 		}
-		phase := s.phase
-		if phase == "" {
-			phase = def
-		}
-		return p, phase, nil
+		return p, def, nil
 	case s.plan != "":
 		phase := s.phase
 		if phase == "" {
@@ -120,12 +119,12 @@ func newEnvOpenCommand(f *envFlags) *cobra.Command {
 		Use:   "open --task ID --image IMAGE [--plan FILE | --policy POLICY] [--env K=V]... [-- CMD...]",
 		Short: "Create a task's networks, sidecar and agent container with the baseline policy in force",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if task == "" || image == "" {
-				return usageError{fmt.Errorf("--task and --image are required")}
-			}
 			envRole, err := taskRole(task, role)
 			if err != nil {
 				return err
+			}
+			if image == "" {
+				return usageError{fmt.Errorf("--image is required")}
 			}
 			baseline, err := src.baseline(task, envRole)
 			if err != nil {
@@ -211,12 +210,12 @@ func newEnvAttachCommand(f *envFlags) *cobra.Command {
 		Short: "Bring a running container under control (refuses network modes none, host, container:<id>, and privileged or NET_ADMIN/SYS_ADMIN containers)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if task == "" || ctr == "" {
-				return usageError{fmt.Errorf("--task and --container are required")}
-			}
 			envRole, err := taskRole(task, role)
 			if err != nil {
 				return err
+			}
+			if ctr == "" {
+				return usageError{fmt.Errorf("--container is required")}
 			}
 			baseline, err := src.baseline(task, envRole)
 			if err != nil {

@@ -39,24 +39,15 @@ func policyFromPlan(path, task, phase string) (policy.Policy, error) {
 	field := phase + "_network_policy"
 	raw, ok := obj[field]
 	if !ok {
-		for _, key := range []string{"policies", "Policies"} {
-			if m, isMap := obj[key].(map[string]any); isMap {
-				if raw, ok = m[phase]; ok {
-					break
-				}
-			}
+		if m, isMap := obj["policies"].(map[string]any); isMap {
+			raw, ok = m[phase]
 		}
 	}
 	if !ok {
 		return policy.Policy{}, fmt.Errorf("--plan %s: no policy for phase %q (looked for %s and policies.%s)", path, phase, field, phase)
 	}
 	if m, isMap := raw.(map[string]any); isMap && isPlanEntry(m) {
-		for _, key := range []string{"policy", "Policy"} {
-			if inner, has := m[key]; has {
-				raw = inner
-				break
-			}
-		}
+		raw = m["policy"]
 	}
 	p, err := policy.ParseValue(raw, field)
 	if err != nil {
@@ -72,9 +63,9 @@ func isPlanEntry(m map[string]any) bool {
 	found := false
 	for k := range m {
 		switch k {
-		case "policy", "Policy":
+		case "policy":
 			found = true
-		case "source", "Source":
+		case "source":
 		default:
 			return false
 		}

@@ -55,6 +55,32 @@ func TestRefusesEmptyAndMalformedFlags(t *testing.T) {
 		{env("verify", "--task", "t1", "--blocked", ":443"), `--blocked ":443": the host is empty`},
 		{env("verify", "--task", "t1", "--allowed", "a.test"), `--allowed "a.test": want HOST:PORT`},
 		{env("verify", "--task", "t1", "--outside-port", "0"), `--outside-port "0": the port is not an integer in 1..65535`},
+		{env("verify", "--task", "t1", "--outside", "gateway.test"), `--outside: ParseAddr("gateway.test")`},
+		// Required flags, each named; --role is agent or evaluation, empty included.
+		{env("status"), `--task is required`},
+		{env("open", "--image", "i"), `--task is required`},
+		{env("open", "--task", "t1"), `--image is required`},
+		{env("attach", "--task", "t1"), `--container is required`},
+		{env("close", "--task", "t1", "--role", ""), `--role "": unknown role; use agent or evaluation`},
+		{env("open", "--task", "t1", "--image", "i", "--env", "A"), `--env "A": want K=V`},
+		// Where the policy comes from: one source, and --phase only with --plan.
+		{env("switch", "--task", "t1"), `give --policy, or --phase with --plan`},
+		{env("open", "--task", "t1", "--image", "i", "--policy", `"public"`, "--plan", task), `give --policy or --plan, not both`},
+		{env("open", "--task", "t1", "--image", "i", "--policy", `"public"`, "--phase", "run"), `--phase "run" picks a phase of --plan; with --policy, --phase is not used`},
+		{env("switch", "--task", "t1", "--policy", `"public"`, "--phase", "run"), `--phase "run" picks a phase of --plan`},
+		{env("switch", "--task", "t1", "--policy", `"sometimes"`), `--policy: policy "sometimes": unknown network mode`},
+		{env("switch", "--task", "t1", "--plan", "/nonexistent/plan.json", "--phase", "run"), `--plan: open /nonexistent/plan.json: no such file or directory`},
+		// Provider settings, checked before anything talks to Docker: --proxy-arg may not
+		// weaken the sidecar.
+		{env("status", "--task", "t1", "--pool", "10.0.0.0/33"), `--pool: netip.ParsePrefix("10.0.0.0/33")`},
+		{[]string{"run", task, "--pool", "10.0.0.0/33"}, `--pool: netip.ParsePrefix("10.0.0.0/33")`},
+		{env("status", "--task", "t1", `--proxy-arg=--policy="public"`), `docker: proxy arg "--policy=\"public\"": --policy is the controller's`},
+		{env("open", "--task", "t1", "--image", "i", "--proxy-arg=--require-no-forwarding=false"), `docker: proxy arg "--require-no-forwarding=false": --require-no-forwarding is the controller's`},
+		{[]string{"run", task, `--proxy-arg=--policy="public"`}, `docker: proxy arg "--policy=\"public\"": --policy is the controller's`},
+		{[]string{"run", task, "--proxy-arg=--require-no-forwarding=0"}, `--require-no-forwarding is the controller's`},
+		{env("close", "--task", "t1", "--dns-upstream", "dns.test"), `docker: dns upstream "dns.test"`},
+		{[]string{"run", task, "--progress", "fancy"}, `run: --progress "fancy": use auto, live or plain`},
+		{[]string{"run", task, "--subnet-bits", "30"}, `docker: subnet size /30 does not fit pool`},
 	}
 	for _, tc := range tests {
 		name := strings.NewReplacer(task, "task.yaml", state, "STATE").Replace(strings.Join(tc.args, " "))

@@ -73,6 +73,8 @@ func TestPolicyMatch(t *testing.T) {
 		{[]string{`{"network_mode":"allowlist","allowed_hosts":["0.0.0.0/0","::/0"]}`, "[::ffff:127.0.0.1]:8080"}, "deny rule=- reason=internal-address\n"},
 		{[]string{`{"network_mode":"allowlist","allowed_hosts":["0.0.0.0/0"]}`, "x.test", "--resolve", "169.254.169.254"}, "deny rule=- reason=internal-address\n"},
 		{[]string{`{"network_mode":"allowlist","allowed_hosts":["0.0.0.0/0"]}`, "198.51.100.7:443"}, "allow rule=0.0.0.0/0 reason=allowlisted\n"},
+		// An IPv4-mapped address is decided as the IPv4 address the proxy dials.
+		{[]string{`{"network_mode":"allowlist","allowed_hosts":["198.51.100.0/24"]}`, "x.test", "--resolve", "::ffff:198.51.100.7"}, "allow rule=198.51.100.0/24 reason=allowlisted\n"},
 		// Private-use addresses are ordinary unless --deny-private asks the sidecar's
 		// question; then a rule inside the range lifts the guard, as for loopback.
 		{[]string{`{"network_mode":"denylist","denied_hosts":[]}`, "lan.test", "--resolve", "10.1.2.3"}, "allow rule=- reason=not-denylisted\n"},
@@ -98,6 +100,7 @@ func TestPolicyMatchRefusesBadInput(t *testing.T) {
 		{[]string{`"public"`, "203.0.113.0/24"}, "a destination is one host name or address"},
 		{[]string{`"public"`, "203.0.113.7", "--resolve", "203.0.113.7"}, `--resolve is for a host name; "203.0.113.7" is already an address`},
 		{[]string{`"public"`, "x.test", "--resolve", "x.test"}, `--resolve "x.test": not an IP address`},
+		{[]string{`"public"`, "x.test", "--resolve", "fe80::1%eth0"}, `--resolve "fe80::1%eth0": not an IP address`},
 		{[]string{`"public"`, "x.test:0"}, "outside 1..65535"},
 		{[]string{`"public"`}, "want POLICY_JSON HOST[:PORT]: HOST[:PORT] is missing"},
 	}

@@ -45,13 +45,11 @@ func newRunProvider(f *envFlags) (runProvider, func(), error) {
 		StateDir: f.stateDir, EgressNetwork: f.egress, ProxyImage: f.proxyImage, Owner: f.owner,
 		SubnetBits: f.subnetBits, DNSUpstreams: f.dnsUpstreams, ExtraProxyArg: f.proxyArgs,
 	}
-	if f.pool != "" {
-		pool, err := netip.ParsePrefix(f.pool)
-		if err != nil {
-			return runProvider{}, nil, usageError{fmt.Errorf("--pool: %w", err)}
-		}
-		cfg.Pool = pool
+	pool, err := netip.ParsePrefix(f.pool)
+	if err != nil {
+		return runProvider{}, nil, usageError{fmt.Errorf("--pool: %w", err)}
 	}
+	cfg.Pool = pool
 	cli, err := docker.NewClient()
 	if err != nil {
 		return runProvider{}, nil, err
@@ -172,6 +170,11 @@ func parentPID(pid int) (int, bool) {
 	if err != nil {
 		return 0, false
 	}
+	return statParent(b)
+}
+
+// statParent reads the parent PID out of a /proc/<pid>/stat line.
+func statParent(b []byte) (int, bool) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
 		return 0, false

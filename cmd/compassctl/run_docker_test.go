@@ -35,6 +35,8 @@ func TestUploadArchive(t *testing.T) {
 		{"result.tar", "/out", []string{"out/", "out/result.tar=tarball"}},
 		{"results", "/work/out", []string{"work/", "work/out/", "work/out/results/",
 			"work/out/results/a.txt=a", "work/out/results/sub/", "work/out/results/sub/b.txt=b"}},
+		// An artifact at the root: no directory entry for the root itself.
+		{"result.tar", "/", []string{"result.tar=tarball"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.src, func(t *testing.T) {
@@ -66,5 +68,30 @@ func TestUploadArchive(t *testing.T) {
 				t.Errorf("entries\n got  %q\n want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestStatParent: the parent PID follows the command name, which may itself hold
+// spaces and parentheses.
+func TestStatParent(t *testing.T) {
+	tests := []struct {
+		stat string
+		want int
+		ok   bool
+	}{
+		{"42 (agent) S 7 42 42 0", 7, true},
+		{"42 (a) b) (c) R 9 42 42 0", 9, true},
+		{"42 (agent", 0, false},
+		{"42 (agent) S", 0, false},
+		{"42 (agent) S x", 0, false},
+	}
+	for _, tc := range tests {
+		got, ok := statParent([]byte(tc.stat))
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("statParent(%q) = %d, %t; want %d, %t", tc.stat, got, ok, tc.want, tc.ok)
+		}
+	}
+	if got, ok := parentPID(os.Getpid()); !ok || got != os.Getppid() {
+		t.Errorf("parentPID(self) = %d, %t; want %d", got, ok, os.Getppid())
 	}
 }
