@@ -11,11 +11,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // A PUT body over maxPolicyBody is answered 413 naming the limit, whether its length
 // is declared or it comes chunked, and the running policy stays; one of exactly the
-// limit is read whole.
+// limit is read whole. Each refusal counts as a failed reload.
 func TestPolicyBodyLimit(t *testing.T) {
 	h := newHarness(t)
 	cases := []struct {
@@ -38,9 +40,17 @@ func TestPolicyBodyLimit(t *testing.T) {
 			req, _ := http.NewRequest("PUT", "http://admin/v1/policy", strings.NewReader("x"+strings.Repeat(" ", maxPolicyBody-1)))
 			_ = req.Write(c)
 		}, http.StatusBadRequest},
+		// A body that breaks off is refused, even when what came before the break is a
+		// valid policy by itself.
+		{"broken chunking", func(c net.Conn) {
+			fmt.Fprint(c, "PUT /v1/policy HTTP/1.1\r\nHost: admin\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n\"public\"\r\nzz\r\n")
+		}, http.StatusBadRequest},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			// Every refusal counts as a failed reload, after a success here.
+			h.apply(`"public"`)
+			failures := testutil.ToFloat64(h.srv.metrics.reloads.WithLabelValues("failure"))
 			before := h.srv.Current()
 			c, err := net.Dial("unix", h.socket)
 			if err != nil {
@@ -61,6 +71,12 @@ func TestPolicyBodyLimit(t *testing.T) {
 			}
 			if h.srv.Current() != before {
 				t.Errorf("a refused body changed the rule set")
+			}
+			if got := testutil.ToFloat64(h.srv.metrics.reloads.WithLabelValues("failure")); got != failures+1 {
+				t.Errorf("reloads_total{failure} went from %v to %v, want one more", failures, got)
+			}
+			if got := testutil.ToFloat64(h.srv.metrics.reloadOK); got != 0 {
+				t.Errorf("last_reload_successful %v after a refusal, want 0", got)
 			}
 			if tc.want != http.StatusRequestEntityTooLarge {
 				return

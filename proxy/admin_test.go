@@ -204,6 +204,7 @@ func TestReadinessNeedsForwardingOff(t *testing.T) {
 		{"1\n", "0\n", false},
 		{"0\n", "1\n", false},
 		{"", "0\n", false},
+		{"\n", "0\n", false}, // no value is not 0
 	}
 	for _, tc := range cases {
 		t.Run(fmt.Sprintf("%q/%q", tc.ipv4, tc.ipv6), func(t *testing.T) {
@@ -226,6 +227,10 @@ func TestReadinessNeedsForwardingOff(t *testing.T) {
 			}
 			if err := Healthcheck(t.Context(), h.socket); (err == nil) != tc.ready {
 				t.Fatalf("healthcheck %v, want ready=%v", err, tc.ready)
+			}
+			// Start says so at once, not only to whoever asks /readyz.
+			if said := strings.Contains(h.logs.String(), "not ready: this sidecar would route packets"); said == tc.ready {
+				t.Fatalf("start-up logged not ready: %v, want %v:\n%s", said, !tc.ready, h.logs.String())
 			}
 		})
 	}
@@ -270,6 +275,24 @@ func TestEnvelopeErrorsAreBounded(t *testing.T) {
 	if n := len(err.Error()); n > 4096 {
 		t.Fatalf("error message of %d bytes", n)
 	}
+	// Up to the bound every key is named and nothing is summed up; one more is summed.
+	for _, unknown := range []int{maxEnvelopeKeyErrors, maxEnvelopeKeyErrors + 1} {
+		var b strings.Builder
+		b.WriteString(`{"policy":"public"`)
+		for i := range unknown {
+			fmt.Fprintf(&b, `,"x%02d":1`, i)
+		}
+		b.WriteString("}")
+		_, _, _, err := parsePolicyBody([]byte(b.String()))
+		fes := policy.FieldErrors(err)
+		want := min(unknown, maxEnvelopeKeyErrors)
+		if unknown > maxEnvelopeKeyErrors {
+			want++
+		}
+		if len(fes) != want || strings.Contains(err.Error(), "and 0 more") {
+			t.Errorf("%d unknown keys: %d errors, want %d: %v", unknown, len(fes), want, err)
+		}
+	}
 }
 
 // Task and phase labels, logged with every decision, are short lines of text.
@@ -283,7 +306,8 @@ func TestEnvelopeLabelsAreBounded(t *testing.T) {
 		{strings.Repeat("a", maxLabelBytes), true},
 		{strings.Repeat("a", maxLabelBytes+1), false},
 		{"run\nfake line", false},
-		{"run\u2028", true}, // not a control character; JSON logs escape it
+		{"\x1b[31mred", false}, // a control character first
+		{"run\u2028", true},    // not a control character; JSON logs escape it
 	} {
 		body, _ := json.Marshal(map[string]any{"policy": "public", "phase": tc.label})
 		_, _, phase, err := parsePolicyBody(body)
@@ -368,4 +392,40 @@ func adminRaw(t *testing.T, socket, path string) []byte {
 		t.Fatalf("GET %s: %d %v: %s", path, resp.StatusCode, err, body)
 	}
 	return body
+}
+
+// Every admin answer, success or refusal, is JSON and says so.
+func TestAdminAnswersAreJSON(t *testing.T) {
+	h := newHarness(t)
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", h.socket)
+		},
+	}}
+	defer client.CloseIdleConnections()
+	for _, tc := range []struct {
+		method, path, body string
+		want               int
+	}{
+		{"GET", "/v1/policy", "", 200},
+		{"GET", "/v1/blocked", "", 200},
+		{"PUT", "/v1/policy", `"public"`, 200},
+		{"PUT", "/v1/policy", `nope`, 400},
+	} {
+		req, err := http.NewRequest(tc.method, "http://admin"+tc.path, strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v map[string]any
+		err = json.NewDecoder(resp.Body).Decode(&v)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want || resp.Header.Get("Content-Type") != "application/json" || err != nil {
+			t.Errorf("%s %s: %d %q %v, want %d application/json", tc.method, tc.path, resp.StatusCode, resp.Header.Get("Content-Type"), err, tc.want)
+		}
+	}
 }

@@ -3,10 +3,12 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -130,6 +132,10 @@ func TestDrainClosesIdleConnectionSilently(t *testing.T) {
 	}
 	if rest, _ := io.ReadAll(br); len(rest) != 0 {
 		t.Fatalf("idle connection got %q at the drain", rest)
+	}
+	// The drain leaves no socket behind for the next start to find stale.
+	if _, err := os.Lstat(h.socket); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("admin socket after the drain: %v", err)
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -128,5 +130,32 @@ func TestAdminSocketBoundWithItsMode(t *testing.T) {
 	}
 	if now := unix.Umask(0); now != 0 {
 		t.Errorf("umask %#o after the bind, want it restored to 0", now)
+	}
+}
+
+// Start creates a missing directory of the admin socket for its owner and group only:
+// whoever can list it sees the socket, and the socket is the whole admin API.
+func TestAdminSocketDirMode(t *testing.T) {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skip(err)
+	}
+	var umask os.FileMode
+	for _, l := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "Umask:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32)
+			if err != nil {
+				t.Fatal(err)
+			}
+			umask = os.FileMode(n)
+		}
+	}
+	h := newHarness(t)
+	fi, err := os.Stat(filepath.Dir(h.socket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := os.FileMode(0o750) &^ umask; fi.Mode().Perm() != want {
+		t.Errorf("admin socket directory mode %v, want %v", fi.Mode().Perm(), want)
 	}
 }

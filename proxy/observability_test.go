@@ -78,9 +78,9 @@ func TestDecisionLineFields(t *testing.T) {
 		}
 	}
 	want := []map[string]any{
-		{"decision": "denied", "reason": "not-allowlisted", "host": "b.test", "port": 443.0, "type": "connect", "mode": "allowlist", "task": "t1", "phase": "p1"},
-		{"decision": "allowed", "host": "a.test", "port": float64(h.a.echoPort), "addr": "127.0.0.2", "type": "connect", "rule": "a.test"},
-		{"decision": "denied", "host": "b.test", "type": "dns", "qtype": "A"},
+		{"level": "WARN", "decision": "denied", "reason": "not-allowlisted", "host": "b.test", "port": 443.0, "type": "connect", "mode": "allowlist", "task": "t1", "phase": "p1", "generation": 2.0, "addr": ""},
+		{"level": "INFO", "decision": "allowed", "host": "a.test", "port": float64(h.a.echoPort), "addr": "127.0.0.2", "type": "connect", "rule": "a.test", "generation": 2.0},
+		{"level": "WARN", "decision": "denied", "host": "b.test", "type": "dns", "qtype": "A", "mode": "allowlist", "generation": 2.0},
 	}
 	for i, w := range want {
 		for k, v := range w {
@@ -284,5 +284,65 @@ func TestEveryMetricDocumented(t *testing.T) {
 	}
 	if n < 12 {
 		t.Errorf("only %d compass_ metrics gathered", n)
+	}
+}
+
+// A fresh registry already has the series a dashboard rates or alerts on, at 0 (a series
+// that appears only with its first event hides that event from rate()), build_info at 1,
+// the active and bytes series each under its own label, and DNS types by name.
+func TestMetricsInitialSeries(t *testing.T) {
+	m := newMetrics()
+	families, err := m.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, s := range f.GetMetric() {
+			var labels []string
+			for _, lp := range s.GetLabel() {
+				if lp.GetName() != "version" && lp.GetName() != "goversion" {
+					labels = append(labels, lp.GetName()+"="+lp.GetValue())
+				}
+			}
+			v := s.GetCounter().GetValue() + s.GetGauge().GetValue()
+			got[f.GetName()+"{"+strings.Join(labels, ",")+"}"] = v
+		}
+	}
+	for series, want := range map[string]float64{
+		"compass_proxy_build_info{}":                         1,
+		"compass_proxy_policy_reloads_total{result=success}": 0,
+		"compass_proxy_policy_reloads_total{result=failure}": 0,
+		"compass_proxy_dns_overloaded_total{protocol=udp}":   0,
+		"compass_proxy_dns_overloaded_total{protocol=tcp}":   0,
+		"compass_proxy_active_connections{type=http}":        0,
+		"compass_proxy_active_connections{type=connect}":     0,
+		"compass_proxy_bytes_total{direction=upstream}":      0,
+		"compass_proxy_bytes_total{direction=downstream}":    0,
+	} {
+		if v, ok := got[series]; !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", series, v, ok, want)
+		}
+	}
+	m.activeHTTP.Inc()
+	m.bytesUp.Add(3)
+	for _, c := range []struct {
+		name string
+		got  float64
+		want float64
+	}{
+		{"active http", testutil.ToFloat64(m.active.WithLabelValues(typeHTTP)), 1},
+		{"active connect", testutil.ToFloat64(m.active.WithLabelValues(typeConnect)), 0},
+		{"bytes upstream", testutil.ToFloat64(m.bytes.WithLabelValues("upstream")), 3},
+		{"bytes downstream", testutil.ToFloat64(m.bytes.WithLabelValues("downstream")), 0},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	for qtype, want := range map[uint16]string{dns.TypeA: "A", dns.TypeAAAA: "AAAA", dns.TypeHTTPS: "HTTPS", dns.TypeSVCB: "SVCB", dns.TypeNULL: "other"} {
+		if got := dnsTypeLabel(qtype); got != want {
+			t.Errorf("dnsTypeLabel(%d) = %q, want %q", qtype, got, want)
+		}
 	}
 }

@@ -56,6 +56,11 @@ func TestReadyRechecksForwarding(t *testing.T) {
 			if !strings.Contains(h.logs.String(), "ready: forwarding is off") {
 				t.Fatalf("no log of the change:\n%s", h.logs.String())
 			}
+			// One error line for the change to on, and one from Start when it was on then.
+			want := map[bool]int{false: 1, true: 2}[startOn]
+			if n := strings.Count(h.logs.String(), "not ready: this sidecar would route packets"); n != want {
+				t.Fatalf("%d lines say not ready, want %d:\n%s", n, want, h.logs.String())
+			}
 		})
 	}
 }
@@ -140,5 +145,12 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 	}
 	if _, err := os.Stat(base().AdminSocket); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("New touched the socket path: %v", err)
+	}
+	// A policy is loaded, but nothing listens before Start: not ready yet, nor after a
+	// Start that failed.
+	for name, srv := range map[string]*Server{"before Start": s, "after a failed Start": empty} {
+		if ok, why := srv.Ready(); ok || why != "starting" {
+			t.Errorf("%s: Ready() = %v, %q, want false, \"starting\"", name, ok, why)
+		}
 	}
 }

@@ -127,3 +127,40 @@ func TestPutClosesLiveTunnelBeforeAnswering(t *testing.T) {
 		t.Error("the tunnel's client side is still open after the PUT was answered")
 	}
 }
+
+// TestSwapClosesIdleUpstreamConnections: a keep-alive upstream connection left idle in
+// the old generation's pool by a finished request is closed by the time the swap
+// returns: a connection opened under public must not outlive the switch to no-network,
+// idle or not.
+func TestSwapClosesIdleUpstreamConnections(t *testing.T) {
+	h := newHarness(t)
+	conns := make(chan net.Conn, 1)
+	addr := serveTCP(t, "127.0.0.2", func(c net.Conn, done <-chan struct{}) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		conns <- c
+		<-done
+	})
+	old := h.apply(`"public"`)
+	resp, err := h.client.Get(fmt.Sprintf("http://a.test:%d/", addr.Port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body, err := io.ReadAll(resp.Body); err != nil || string(body) != "ok" {
+		t.Fatalf("body %q %v", body, err)
+	}
+	resp.Body.Close()
+	up := <-conns
+	// The answer read to its end gives the connection back to the generation's pool.
+	rs := h.srv.Current()
+	if rs.Generation != old.Generation {
+		t.Fatalf("generation %d, want %d", rs.Generation, old.Generation)
+	}
+	waitFor(t, func() bool { rs.upstream.mu.Lock(); defer rs.upstream.mu.Unlock(); return rs.upstream.nidle == 1 })
+	h.apply(`"no-network"`)
+	if !peerClosed(t, up) {
+		t.Fatal("the idle upstream connection outlived the swap")
+	}
+}

@@ -129,6 +129,7 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 			}
 		}, ""},
 		{"negative log flush interval", []string{"--log-flush-interval=-1ms"}, nil, nil, "--log-flush-interval: -1ms: must be between 0 and 10s"},
+		{"log flush interval just below 0", []string{"--log-flush-interval=-1ns"}, nil, nil, "--log-flush-interval: -1ns: must be between 0 and 10s"},
 		{"log flush interval above the bound", nil, map[string]string{"COMPASS_PROXY_LOG_FLUSH_INTERVAL": "1m"}, nil, "COMPASS_PROXY_LOG_FLUSH_INTERVAL: 1m0s: must be between 0 and 10s"},
 		{"unbuffered log", nil, map[string]string{"COMPASS_PROXY_LOG_FLUSH_INTERVAL": "0"}, func(t *testing.T, o *options) {
 			if o.logFlush != 0 {
@@ -137,6 +138,10 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 		}, ""},
 		{"help", []string{"--help"}, nil, nil, flag.ErrHelp.Error()},
 		{"bad env duration", nil, map[string]string{"COMPASS_PROXY_DIAL_TIMEOUT": "soon"}, nil, "COMPASS_PROXY_DIAL_TIMEOUT"},
+		// The flag package stores the zero value on a parse error, which for these is a
+		// valid setting (unbounded, the forwarding check off): only the error stops it.
+		{"bad env count", nil, map[string]string{"COMPASS_PROXY_MAX_CONNECTIONS": "lots"}, nil, "COMPASS_PROXY_MAX_CONNECTIONS: parse error"},
+		{"bad env bool", nil, map[string]string{"COMPASS_PROXY_REQUIRE_NO_FORWARDING": "yes please"}, nil, "COMPASS_PROXY_REQUIRE_NO_FORWARDING: parse error"},
 		{"unknown flag", []string{"--nope"}, nil, nil, "flag provided but not defined"},
 		{"stray argument", []string{"extra"}, nil, nil, "unexpected argument"},
 	}
@@ -237,7 +242,7 @@ func TestSignalsDuringStartup(t *testing.T) {
 
 func TestResolvConfServers(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "resolv.conf")
-	if err := os.WriteFile(path, []byte("# x\nnameserver 127.0.0.11\nnameserver ::1\nnameserver bogus\noptions ndots:0\n"), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte("# x\nnameserver 127.0.0.11\nnameserver ::1\nnameserver bogus\noptions ndots:0\nsortlist 10.1.1.1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if got := strings.Join(resolvConfServers(path), " "); got != "127.0.0.11:53 [::1]:53" {
@@ -267,6 +272,14 @@ func TestHealthcheckExitCode(t *testing.T) {
 	defer func() { srv.Close(); <-done }()
 	if code := healthcheck([]string{"--admin-socket", sock}, &stderr); code != 0 {
 		t.Fatalf("ready: exit %d (%s)", code, stderr.String())
+	}
+	// The socket's variable stands in for the flag, which wins over it.
+	t.Setenv("COMPASS_PROXY_ADMIN_SOCKET", sock)
+	if code := healthcheck(nil, &stderr); code != 0 {
+		t.Fatalf("socket from the variable: exit %d (%s)", code, stderr.String())
+	}
+	if code := healthcheck([]string{"--admin-socket", sock + ".missing"}, &stderr); code != 1 {
+		t.Fatalf("the variable won over --admin-socket: exit %d", code)
 	}
 	ready.Store(false)
 	if code := healthcheck([]string{"--admin-socket", sock}, &stderr); code != 1 {

@@ -135,13 +135,25 @@ func TestBufferedWriterFlush(t *testing.T) {
 }
 
 func TestBufferedWriterReportsTheErrorOfTheWriteItSetOff(t *testing.T) {
-	rec := newWriteRecorder()
-	b := NewBufferedWriter(rec, time.Hour, 8)
-	defer b.Close()
-	fmt.Fprint(b, "12345\n")
-	rec.err = errors.New("disk full")
-	if _, err := b.Write([]byte("678\n")); err == nil || !strings.Contains(err.Error(), "disk full") {
-		t.Fatalf("Write that set off a failed flush: %v", err)
+	for _, c := range []struct {
+		name     string
+		buffered string // before the write fails
+		line     string
+	}{
+		{"flush of the batch", "12345\n", "678\n"},
+		{"a long line on its own", "", "123456789\n"},
+		{"flush before a long line", "12345\n", "123456789\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rec := newWriteRecorder()
+			b := NewBufferedWriter(rec, time.Hour, 8)
+			defer b.Close()
+			fmt.Fprint(b, c.buffered)
+			rec.err = errors.New("disk full")
+			if _, err := b.Write([]byte(c.line)); err == nil || !strings.Contains(err.Error(), "disk full") {
+				t.Fatalf("Write that set off a failed write: %v", err)
+			}
+		})
 	}
 }
 
@@ -219,5 +231,96 @@ func TestBufferedWriterWritesWarningsAtOnce(t *testing.T) {
 	log.Error("failed", "err", errors.New("boom"))
 	if got := rec.got(); len(got) != 2 || !strings.Contains(got[1], `"msg":"failed"`) {
 		t.Fatalf("writes %q, want the ERROR line written at once", got)
+	}
+}
+
+// failingFlusher is a batching writer whose Write and Flush fail as told.
+type failingFlusher struct{ writeErr, flushErr error }
+
+func (f *failingFlusher) Write(p []byte) (int, error) { return len(p), f.writeErr }
+func (f *failingFlusher) Flush() error                { return f.flushErr }
+
+// A WARN record reports its own write's error first, and the flush's when the write
+// succeeded; an INFO record is not flushed, so only its write's error counts.
+func TestHandleReportsWriteThenFlushError(t *testing.T) {
+	werr, ferr := errors.New("write"), errors.New("flush")
+	for _, c := range []struct {
+		name               string
+		level              slog.Level
+		writeErr, flushErr error
+		want               error
+	}{
+		{"warn, both fail", slog.LevelWarn, werr, ferr, werr},
+		{"warn, write fails", slog.LevelWarn, werr, nil, werr},
+		{"warn, flush fails", slog.LevelWarn, nil, ferr, ferr},
+		{"warn, neither", slog.LevelWarn, nil, nil, nil},
+		{"info, flush fails", slog.LevelInfo, nil, ferr, nil},
+		{"info, write fails", slog.LevelInfo, werr, ferr, werr},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := NewHandler(&failingFlusher{c.writeErr, c.flushErr}, nil)
+			r := slog.NewRecord(time.Time{}, c.level, "m", 0)
+			if err := h.Handle(t.Context(), r); err != c.want {
+				t.Errorf("Handle: %v, want %v", err, c.want)
+			}
+			if err := LogAttrs(t.Context(), h, time.Time{}, c.level, "m"); err != c.want {
+				t.Errorf("LogAttrs: %v, want %v", err, c.want)
+			}
+		})
+	}
+}
+
+// A batch holds up to exactly size bytes, and a line of exactly size bytes is batched
+// like any other: only passing size sets off a write.
+func TestBufferedWriterSizeIsInclusive(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		lines []string
+		want  []string // written before Close
+	}{
+		{"two lines fill the batch", []string{"123\n", "567\n"}, nil},
+		{"one line fills the batch", []string{"1234567\n"}, nil},
+		{"after a line, one that fills the next batch", []string{"1\n", "1234567\n"}, []string{"1\n"}},
+		{"one byte over", []string{"123\n", "5678\n"}, []string{"123\n"}},
+		{"a line one byte over", []string{"12345678\n"}, []string{"12345678\n"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rec := newWriteRecorder()
+			b := NewBufferedWriter(rec, time.Hour, 8)
+			defer b.Close()
+			for _, l := range c.lines {
+				if _, err := b.Write([]byte(l)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := rec.got(); !slices.Equal(got, c.want) {
+				t.Fatalf("writes %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+// The timer is armed once per batch, by its first line, and the timer's flush disarms
+// it: a line that re-armed it would push the batch's write back, and a steady trickle
+// of lines would then hold every one of them.
+func TestBufferedWriterArmsOncePerBatch(t *testing.T) {
+	rec := newWriteRecorder()
+	b := NewBufferedWriter(rec, time.Hour, 1<<10)
+	defer b.Close()
+	armed := func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.armed }
+	if armed() {
+		t.Fatal("armed before any line")
+	}
+	fmt.Fprint(b, "one\n")
+	if !armed() {
+		t.Fatal("the first line of a batch did not arm the timer")
+	}
+	b.flushLater()
+	if armed() || !slices.Equal(rec.got(), []string{"one\n"}) {
+		t.Fatalf("after the timer's flush: armed %v, writes %q", armed(), rec.got())
+	}
+	fmt.Fprint(b, "two\n")
+	if !armed() {
+		t.Fatal("the next batch's first line did not arm the timer")
 	}
 }
