@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -234,6 +235,26 @@ func taskLeftovers(t *testing.T, task string) []string {
 		}
 	}
 	return out
+}
+
+// settledLeftovers is taskLeftovers once it has stayed the same for a second. A runner
+// killed inside an open may have requests in flight: the engine completes them after
+// the kill (a sidecar created a moment later), and a resume started before that cannot
+// see what they make. An operator's or a harness's resume comes later than the engine's
+// requests end; this waits for that moment instead of racing it.
+func settledLeftovers(t *testing.T, task string) []string {
+	t.Helper()
+	last := slices.Sorted(slices.Values(taskLeftovers(t, task)))
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
+		time.Sleep(time.Second)
+		now := slices.Sorted(slices.Values(taskLeftovers(t, task)))
+		if slices.Equal(now, last) {
+			return now
+		}
+		last = now
+	}
+	t.Fatalf("task %s's Docker objects kept changing for a minute after its runner was killed: %v", task, last)
+	return nil
 }
 
 // Attempt is one network attempt the demo binary reported (one JSON line).

@@ -253,7 +253,7 @@ func TestRunResumeAfterKillInOpen(t *testing.T) {
 	if last := prev.Steps[len(prev.Steps)-1]; last.Name != controller.StepOpen || last.Status != controller.StepRunning || len(prev.Environments) != 0 {
 		t.Fatalf("the kill did not land inside the open: last step %s %s, environments %+v", last.Name, last.Status, prev.Environments)
 	}
-	left := taskLeftovers(t, id)
+	left := settledLeftovers(t, id)
 	if len(left) == 0 {
 		t.Fatal("the killed open left nothing behind to resume past")
 	}
