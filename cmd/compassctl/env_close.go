@@ -31,11 +31,14 @@ func newEnvCloseCommand(f *envFlags) *cobra.Command {
 			}
 			defer done()
 			env := docker.EnvID(task, envRole)
-			result := map[string]any{"env": env, "retained": retain}
+			// found is false only for --retain of an environment that does not exist:
+			// nothing is retained, and the output must not say otherwise.
+			found := true
 			if retain {
 				e, err := p.LookupTask(cmd.Context(), task, envRole)
 				switch {
 				case errors.Is(err, docker.ErrNoEnvironment):
+					found = false
 				case err != nil:
 					return err
 				default:
@@ -48,10 +51,14 @@ func newEnvCloseCommand(f *envFlags) *cobra.Command {
 				// whatever is left of this task's environment by name.
 				return err
 			}
+			result := map[string]any{"env": env, "retained": retain && found}
 			return f.print(cmd.OutOrStdout(), result, func(w io.Writer) {
-				if retain {
+				switch {
+				case !found:
+					fmt.Fprintf(w, "%s: no such environment, nothing retained\n", env)
+				case retain:
 					fmt.Fprintf(w, "%s retained (still running under the policy in force)\n", env)
-				} else {
+				default:
 					fmt.Fprintf(w, "%s closed\n", env)
 				}
 			})

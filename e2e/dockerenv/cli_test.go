@@ -158,3 +158,23 @@ func TestImageSaveLoad(t *testing.T) {
 		t.Errorf("loading a damaged archive: %v, %q; want a failure naming the file", err, out)
 	}
 }
+
+// `env close --retain` of an environment that does not exist retains nothing and says
+// so (it used to print "retained (still running…)"); like every close, it exits 0.
+func TestCloseRetainOfNoEnvironment(t *testing.T) {
+	h.Need(t)
+	t.Parallel()
+	task := h.Name("never-opened")
+	var got map[string]any
+	if code := compassctlJSON(t, &got, nil, "env", "close", "--task", task, "--retain"); code != 0 {
+		t.Errorf("exit %d, want 0", code)
+	}
+	if got["retained"] != false {
+		t.Errorf("--json output %v, want retained false", got)
+	}
+	cmd := h.Compassctl(timeout(t, 2*time.Minute), "env", "close", "--task", task, "--retain")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "no such environment, nothing retained") {
+		t.Errorf("env close --retain: %v, output %q, want it to say nothing was retained", err, out)
+	}
+}
