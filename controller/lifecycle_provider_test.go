@@ -61,19 +61,25 @@ func TestOpenSpec(t *testing.T) {
 	}
 }
 
-// bareProvider is the fake provider whose switches report nothing but their error, as a
-// provider may when it fails before it knows anything.
-type bareProvider struct{ *controllertest.Provider }
+// wrappingProvider is the fake provider whose environments come wrapped: a wrapper
+// that embeds controller.Environment offers only its methods and its own, not the fake's
+// optional ones (Uploader, ...).
+type wrappingProvider struct {
+	*controllertest.Provider
+	wrap func(controller.Environment) controller.Environment
+}
 
-type bareEnv struct{ controller.Environment }
-
-func (p bareProvider) Open(ctx context.Context, spec controller.EnvSpec) (controller.Environment, error) {
+func (p wrappingProvider) Open(ctx context.Context, spec controller.EnvSpec) (controller.Environment, error) {
 	e, err := p.Provider.Open(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	return bareEnv{e}, nil
+	return p.wrap(e), nil
 }
+
+// bareEnv's switches report nothing but their error, as a provider's may when it fails
+// before it knows anything.
+type bareEnv struct{ controller.Environment }
 
 func (e bareEnv) Apply(ctx context.Context, p policy.Policy, label controller.PhaseLabel) (controller.Transition, error) {
 	_, err := e.Environment.Apply(ctx, p, label)
@@ -96,7 +102,7 @@ func TestTransitionCompleted(t *testing.T) {
 			[]string{"baseline:>public ok", "run:public>allowlist sidecar did not acknowledge"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := bareProvider{controllertest.New()}
+			p := wrappingProvider{controllertest.New(), func(e controller.Environment) controller.Environment { return bareEnv{e} }}
 			p.ApplyErr = func(phase string) error {
 				if phase == controller.PhaseRun {
 					return tc.applyErr
@@ -127,17 +133,11 @@ func TestTransitionCompleted(t *testing.T) {
 	}
 }
 
-// reachProvider is the fake provider whose environments say how to reach them.
-type reachProvider struct{ *controllertest.Provider }
-
+// reachEnv says how to reach it.
 type reachEnv struct{ controller.Environment }
 
-func (p reachProvider) Open(ctx context.Context, spec controller.EnvSpec) (controller.Environment, error) {
-	e, err := p.Provider.Open(ctx, spec)
-	if err != nil {
-		return nil, err
-	}
-	return reachEnv{e}, nil
+func reachProvider() wrappingProvider {
+	return wrappingProvider{controllertest.New(), func(e controller.Environment) controller.Environment { return reachEnv{e} }}
 }
 
 func (e reachEnv) Reach() string { return "docker exec -it " + e.ID() + " sh" }
@@ -147,7 +147,7 @@ func (e reachEnv) Reach() string { return "docker exec -it " + e.ID() + " sh" }
 func TestRetainReach(t *testing.T) {
 	tr := task(t, controller.EvaluationShared)
 	tr.Retain = true
-	rec, err := newRunner(t, reachProvider{controllertest.New()}).RunTask(context.Background(), tr, nil)
+	rec, err := newRunner(t, reachProvider()).RunTask(context.Background(), tr, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +159,7 @@ func TestRetainReach(t *testing.T) {
 // TestUploadUnsupported: with a provider that cannot copy files into an environment, the
 // upload is skipped, saying why, rather than crashing the task.
 func TestUploadUnsupported(t *testing.T) {
-	rec, err := newRunner(t, reachProvider{controllertest.New()}).RunTask(context.Background(), task(t, controller.EvaluationFresh), nil)
+	rec, err := newRunner(t, reachProvider()).RunTask(context.Background(), task(t, controller.EvaluationFresh), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

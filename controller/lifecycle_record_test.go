@@ -42,17 +42,7 @@ func TestRecordMidRun(t *testing.T) {
 			}
 			var prev *controller.Record
 			if tc.resume {
-				// Ctrl-C while the evaluation environment opens.
-				ctx, cancel := context.WithCancel(context.Background())
-				p.OpenErr = func(role controller.Role) error {
-					if role == controller.RoleEvaluation {
-						cancel()
-						return context.Canceled
-					}
-					return nil
-				}
-				prev, _ = r.RunTask(ctx, tr, nil)
-				cancel()
+				prev, _ = r.RunTask(ctrlCAtEvaluationOpen(t, p), tr, nil)
 				if prev.Status != controller.StatusCancelled {
 					t.Fatalf("interrupted run: %s", prev.Status)
 				}

@@ -31,17 +31,7 @@ func TestResumeFreshEvaluation(t *testing.T) {
 	fake := controllertest.New()
 	r := newRunner(t, fake)
 	tr := task(t, controller.EvaluationFresh)
-	// Ctrl-C while the evaluation environment is being opened.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	fake.OpenErr = func(role controller.Role) error {
-		if role == controller.RoleEvaluation {
-			cancel()
-			return context.Canceled
-		}
-		return nil
-	}
-	if rec, err := r.RunTask(ctx, tr, nil); err == nil || rec.Status != controller.StatusCancelled {
+	if rec, err := r.RunTask(ctrlCAtEvaluationOpen(t, fake), tr, nil); err == nil || rec.Status != controller.StatusCancelled {
 		t.Fatalf("interrupted run: %v", err)
 	}
 	fake.OpenErr = nil
@@ -797,17 +787,7 @@ func TestResumeAfterTheAgentsPart(t *testing.T) {
 			r := newRunner(t, fake)
 			tr := task(t, controller.EvaluationFresh)
 			tc.change(&tr)
-			// Ctrl-C while the evaluation environment opens.
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			fake.OpenErr = func(role controller.Role) error {
-				if role == controller.RoleEvaluation {
-					cancel()
-					return context.Canceled
-				}
-				return nil
-			}
-			prev, _ := r.RunTask(ctx, tr, nil)
+			prev, _ := r.RunTask(ctrlCAtEvaluationOpen(t, fake), tr, nil)
 			fake.OpenErr = nil
 			if from, err := controller.ResumeFrom(prev, tr, fake); err != nil || from != controller.StepEvaluationOpen {
 				t.Fatalf("ResumeFrom: %s, %v; want the evaluation environment's open", from, err)
@@ -886,4 +866,19 @@ func TestResumeCleanUpOutlastsCtrlC(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ctrlCAtEvaluationOpen makes p's open of an evaluation environment end the returned
+// context (Ctrl-C while it opens) and fail with it.
+func ctrlCAtEvaluationOpen(t *testing.T, p *controllertest.Provider) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	p.OpenErr = func(role controller.Role) error {
+		if role == controller.RoleEvaluation {
+			cancel()
+			return context.Canceled
+		}
+		return nil
+	}
+	return ctx
 }
