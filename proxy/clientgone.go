@@ -23,9 +23,8 @@ const clientWatchDelay = time.Second
 // left) cancels the request; a byte (the start of a pipelined request) is kept for the
 // next head and ends the watch. Each client connection has one, armed per request.
 type goneWatch struct {
-	c     net.Conn
 	timer *time.Timer
-	cl    *requestClient // the request's, while armed
+	cl    *requestClient // the request's (and its connection), while armed
 	left  *atomic.Bool   // the request's clientLeft, while armed
 	wg    sync.WaitGroup // the armed watch, until it is stopped or its read returns
 
@@ -39,7 +38,7 @@ type goneWatch struct {
 // arm starts the watch of the request of cl after delay; stop must follow. A client
 // that leaves sets left, then cancels.
 func (w *goneWatch) arm(cl *requestClient, delay time.Duration, left *atomic.Bool) {
-	w.c, w.cl, w.left, w.stopped, w.got = cl.conn, cl, left, false, false
+	w.cl, w.left, w.stopped, w.got = cl, left, false, false
 	w.wg.Add(1)
 	if w.timer == nil {
 		w.timer = time.AfterFunc(delay, w.watch)
@@ -61,7 +60,7 @@ func (w *goneWatch) watch() {
 	if !w.begin() {
 		return
 	}
-	n, err := w.c.Read(w.b[:])
+	n, err := w.cl.conn.Read(w.b[:])
 	switch {
 	case n == 1:
 		w.got = true
@@ -83,7 +82,7 @@ func (w *goneWatch) begin() bool {
 	if w.stopped {
 		return false
 	}
-	_ = w.c.SetReadDeadline(time.Time{})
+	_ = w.cl.conn.SetReadDeadline(time.Time{})
 	return true
 }
 
@@ -99,7 +98,7 @@ func (w *goneWatch) stop() (pending []byte) {
 	}
 	w.mu.Lock()
 	w.stopped = true
-	_ = w.c.SetReadDeadline(aLongTimeAgo)
+	_ = w.cl.conn.SetReadDeadline(aLongTimeAgo)
 	w.mu.Unlock()
 	w.wg.Wait()
 	w.cl, w.left = nil, nil

@@ -192,11 +192,7 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 	cutWhileConfirming := cut
 	mu.Unlock()
 	if err != nil || cutWhileConfirming {
-		s.tracker.remove(entry)
-		up.Close()
-		counted = false
-		s.tunnels.Done()
-		return false
+		return false // the deferred release closes up and gives back the entry and the count
 	}
 	_ = client.SetWriteDeadline(time.Time{})
 	// The tunnel keeps only what it logs: not the request, whose memory would otherwise
