@@ -3,6 +3,7 @@ package proxybench
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -35,11 +36,11 @@ type Upstream struct {
 
 // StartUpstream listens on two loopback ports and serves until Close.
 func StartUpstream() (*Upstream, error) {
-	stream, err := net.Listen("tcp", "127.0.0.1:0")
+	stream, err := listenUpstream()
 	if err != nil {
 		return nil, fmt.Errorf("proxybench: upstream: %w", err)
 	}
-	httpLn, err := net.Listen("tcp", "127.0.0.1:0")
+	httpLn, err := listenUpstream()
 	if err != nil {
 		stream.Close()
 		return nil, fmt.Errorf("proxybench: upstream: %w", err)
@@ -172,4 +173,13 @@ func readRequestHeader(r *bufio.Reader) (closeAfter bool, err error) {
 			closeAfter = true
 		}
 	}
+}
+
+// listenUpstream binds a loopback listener of the upstream as plain TCP without
+// keep-alive, as dialer dials: the upstream shares the two CPUs with the proxies, so
+// what it spends per connection is taken from them.
+func listenUpstream() (net.Listener, error) {
+	lc := net.ListenConfig{KeepAlive: -1}
+	lc.SetMultipathTCP(false)
+	return lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 }
