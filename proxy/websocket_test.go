@@ -85,8 +85,12 @@ func TestWebsocketBytesAreCounted(t *testing.T) {
 	if up, down := testutil.ToFloat64(h.srv.metrics.bytesUp)-up0, testutil.ToFloat64(h.srv.metrics.bytesDown)-down0; up != want || down < want {
 		t.Fatalf("counted up %v down %v, want up %v and down at least %v (the 101 head included)", up, down, want, want)
 	}
-	if !strings.Contains(h.logs.String(), `"msg":"websocket closed"`) {
-		t.Fatal("no websocket closed line")
+	closed := logLines(h.logs.String(), "websocket closed")
+	if len(closed) != 1 {
+		t.Fatalf("%d websocket closed lines, want 1:\n%s", len(closed), h.logs.String())
+	}
+	if a := closed[0]["addr"]; a != "127.0.0.2" {
+		t.Errorf("websocket closed line addr = %v, want the address dialled, 127.0.0.2", a)
 	}
 }
 
