@@ -519,7 +519,8 @@ func (s *Server) forwarding() string {
 func (s *Server) DrainTimeout() time.Duration { return s.cfg.DrainTimeout }
 
 // Shutdown drains: stop accepting, let requests and tunnels finish until ctx ends, then
-// cut whatever is left and stop the admin and metrics servers.
+// cut whatever is left and stop the admin and metrics servers (closing the admin
+// listener removes its socket file).
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.tunnelMu.Lock()
 	s.draining.Store(true)
@@ -554,6 +555,5 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.serving.Wait()
 	s.front.workers.Wait()
-	_ = os.Remove(s.cfg.AdminSocket)
 	return nil
 }
