@@ -35,18 +35,7 @@ func TestSwapStopsTheConnectDialItInterrupts(t *testing.T) {
 	if r := h.apply(`"no-network"`); r.ClosedConnections != 1 {
 		t.Fatalf("the swap closed %d connections, want 1", r.ClosedConnections)
 	}
-	// Room in the accept queue: a dial still running gets through on its next SYN,
-	// about a second after its first.
-	opened := -queued
-	for deadline := time.Now().Add(2500 * time.Millisecond); time.Now().Before(deadline); {
-		if nfd, _, err := syscall.Accept(fd); err == nil {
-			opened++
-			syscall.Close(nfd)
-			continue
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if opened > 0 {
+	if opened := openedAfterCut(fd, queued); opened > 0 {
 		t.Fatalf("%d connection(s) opened to 127.0.0.5 after the swap returned", opened)
 	}
 	buf := make([]byte, 512)
@@ -297,24 +286,8 @@ func TestDialFailureDuringTheDrainIs502(t *testing.T) {
 // its drain count, gauge, connection slot and tracker entry are given back.
 func TestTunnelFinishedWhenItsLastDirectionPanics(t *testing.T) {
 	h := newHarness(t)
-	clientPeer, client := net.Pipe()
-	defer clientPeer.Close()
-	upPeer, up := net.Pipe()
-	defer upPeer.Close()
-	// What openTunnel takes before it hands a tunnel over.
-	if h.srv.proxyLn.sem != nil {
-		h.srv.proxyLn.sem <- struct{}{}
-	}
-	if !h.srv.addTunnel() {
-		t.Fatal("draining")
-	}
-	entry := &liveConn{typ: typeConnect, name: "a.test", port: 1}
-	h.srv.tracker.add(entry)
 	gauge := testutil.ToFloat64(h.srv.metrics.activeConnect)
-	tun := &tunnel{upward: newDirection(up, client, nil), downward: newDirection(&closePanicConn{Conn: client}, up, nil),
-		entry: entry, clientAddr: "127.0.0.1:40000"}
-	h.srv.startTunnel(tun)
-	h.srv.metrics.activeConnect.Inc()
+	tun, clientPeer, _ := handedTunnel(t, h, func(client net.Conn) net.Conn { return &closePanicConn{Conn: client} })
 	go h.srv.runTunnel(tun)
 	// The client's EOF ends the upward direction first, which closes both pipes; the
 	// downward one then ends last and panics in its close of the client's side.
@@ -338,22 +311,7 @@ func TestTunnelFinishedWhenItsLastDirectionPanics(t *testing.T) {
 // --tunnel-idle-timeout after it closed.
 func TestFinishedTunnelStopsItsIdleWatch(t *testing.T) {
 	h := newHarness(t)
-	clientPeer, client := net.Pipe()
-	defer clientPeer.Close()
-	upPeer, up := net.Pipe()
-	defer upPeer.Close()
-	if h.srv.proxyLn.sem != nil {
-		h.srv.proxyLn.sem <- struct{}{}
-	}
-	if !h.srv.addTunnel() {
-		t.Fatal("draining")
-	}
-	entry := &liveConn{typ: typeConnect, name: "a.test", port: 1}
-	h.srv.tracker.add(entry)
-	tun := &tunnel{upward: newDirection(up, client, nil), downward: newDirection(client, up, nil),
-		entry: entry, clientAddr: "127.0.0.1:40000"}
-	h.srv.startTunnel(tun)
-	h.srv.metrics.activeConnect.Inc()
+	tun, clientPeer, upPeer := handedTunnel(t, h, nil)
 	finished := make(chan struct{})
 	go func() { defer close(finished); h.srv.relayDirection(tun, &tun.downward) }()
 	go h.srv.relayDirection(tun, &tun.upward)
@@ -421,4 +379,34 @@ func TestConnectWithUserinfoIsRefusedAsSuch(t *testing.T) {
 	if !strings.HasPrefix(got, "HTTP/1.1 403 ") || !strings.Contains(got, "reason="+ReasonUserinfo) {
 		t.Fatalf("the client got %q, want a 403 with reason %s", got, ReasonUserinfo)
 	}
+}
+
+// handedTunnel builds over pipes, and starts the clocks of, a tunnel as openTunnel
+// hands it to the relay, having taken what openTunnel takes (a connection slot, a drain
+// count, a tracker entry, the gauge); wrapDown, if not nil, wraps the client side the
+// downward direction writes to. It returns the far ends of the client and upstream
+// pipes, closed at the test's end.
+func handedTunnel(t *testing.T, h *harness, wrapDown func(net.Conn) net.Conn) (tun *tunnel, clientPeer, upPeer net.Conn) {
+	t.Helper()
+	clientPeer, client := net.Pipe()
+	t.Cleanup(func() { clientPeer.Close() })
+	upPeer, up := net.Pipe()
+	t.Cleanup(func() { upPeer.Close() })
+	if h.srv.proxyLn.sem != nil {
+		h.srv.proxyLn.sem <- struct{}{}
+	}
+	if !h.srv.addTunnel() {
+		t.Fatal("draining")
+	}
+	entry := &liveConn{typ: typeConnect, name: "a.test", port: 1}
+	h.srv.tracker.add(entry)
+	downDst := client
+	if wrapDown != nil {
+		downDst = wrapDown(client)
+	}
+	tun = &tunnel{upward: newDirection(up, client, nil), downward: newDirection(downDst, up, nil),
+		entry: entry, clientAddr: "127.0.0.1:40000"}
+	h.srv.startTunnel(tun)
+	h.srv.metrics.activeConnect.Inc()
+	return tun, clientPeer, upPeer
 }
