@@ -38,6 +38,20 @@ func stalledListener(t *testing.T, ip string, port int) (fd, queued int) {
 	}
 }
 
+// slowDestination starts a harness whose policy allows slow.test, a name that resolves
+// to 127.0.0.5 alone, where a stalledListener drops every SYN on a port that 127.0.0.2
+// also serves (so the port is free on both). It returns the harness, the port, and the
+// stalled listener's descriptor and queue for tests that later let a dial through.
+func slowDestination(t *testing.T, dialTimeout time.Duration) (h *harness, port, fd, queued int) {
+	t.Helper()
+	port = serveTCP(t, "127.0.0.2", func(net.Conn, <-chan struct{}) {}).Port
+	fd, queued = stalledListener(t, "127.0.0.5", port)
+	h = newHarness(t, func(c *Config) { c.DialTimeout = dialTimeout })
+	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.5"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
+	return h, port, fd, queued
+}
+
 // TestSwapStopsADialInProgress: a request decided under a policy that allows its name,
 // whose dial waits on a first address that does not answer when a swap refuses it,
 // opens no connection to its next address once the swap has returned: the tunnel or
@@ -103,12 +117,7 @@ func TestSwapStopsADialInProgress(t *testing.T) {
 // the request's end is joined back into the dial. The cut here is the sweep's alone,
 // without the idle-pool close a swap also does.
 func TestCutStopsATransportDial(t *testing.T) {
-	target := serveTCP(t, "127.0.0.2", func(net.Conn, <-chan struct{}) {})
-	port := target.Port // a port free on 127.0.0.5 too, as far as the test can tell
-	fd, queued := stalledListener(t, "127.0.0.5", port)
-	h := newHarness(t, func(c *Config) { c.DialTimeout = 5 * time.Second })
-	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.5"))
-	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
+	h, port, fd, queued := slowDestination(t, 5*time.Second)
 	c := h.dialProxy(t)
 	if _, err := fmt.Fprintf(c, "POST http://slow.test:%d/ HTTP/1.1\r\nHost: slow.test:%d\r\nContent-Length: 1\r\n\r\nx", port, port); err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,12 +19,7 @@ import (
 // answers; the client hears the 403. Without the cancel the dial runs on to its next
 // SYN and connects, and only then is closed.
 func TestSwapStopsTheConnectDialItInterrupts(t *testing.T) {
-	target := serveTCP(t, "127.0.0.2", func(net.Conn, <-chan struct{}) {})
-	port := target.Port // a port free on 127.0.0.5 too, as far as the test can tell
-	fd, queued := stalledListener(t, "127.0.0.5", port)
-	h := newHarness(t, func(c *Config) { c.DialTimeout = 5 * time.Second })
-	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.5"))
-	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
+	h, port, fd, queued := slowDestination(t, 5*time.Second)
 	c := h.dialProxy(t)
 	if _, err := fmt.Fprintf(c, "CONNECT slow.test:%d HTTP/1.1\r\n\r\n", port); err != nil {
 		t.Fatal(err)
@@ -260,13 +254,9 @@ func TestTunnelForwardsOneEarlyByte(t *testing.T) {
 // timeout) while a drain waits for it is the upstream's failure, a 502 dial-failed,
 // not the drain's 503: only the drain's deadline makes a failed dial the drain's.
 func TestDialFailureDuringTheDrainIs502(t *testing.T) {
-	target := serveTCP(t, "127.0.0.2", func(net.Conn, <-chan struct{}) {})
-	stalledListener(t, "127.0.0.5", target.Port)
-	h := newHarness(t, func(c *Config) { c.DialTimeout = 300 * time.Millisecond })
-	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.5"))
-	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
+	h, port, _, _ := slowDestination(t, 300*time.Millisecond)
 	c := h.dialProxy(t)
-	fmt.Fprintf(c, "CONNECT slow.test:%d HTTP/1.1\r\n\r\n", target.Port)
+	fmt.Fprintf(c, "CONNECT slow.test:%d HTTP/1.1\r\n\r\n", port)
 	h.waitLive(t)
 	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
 	defer cancel()
@@ -336,12 +326,7 @@ func TestFinishedTunnelStopsItsIdleWatch(t *testing.T) {
 // drain has begun is not confirmed: the drain no longer counts new tunnels, so the
 // client hears 503 draining, never a 200 for a tunnel the drain would not wait for.
 func TestConnectDialledDuringTheDrainIsRefused(t *testing.T) {
-	target := serveTCP(t, "127.0.0.2", func(net.Conn, <-chan struct{}) {})
-	port := target.Port
-	fd, queued := stalledListener(t, "127.0.0.5", port)
-	h := newHarness(t, func(c *Config) { c.DialTimeout = 10 * time.Second })
-	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.5"))
-	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
+	h, port, fd, queued := slowDestination(t, 10*time.Second)
 	c := h.dialProxy(t)
 	fmt.Fprintf(c, "CONNECT slow.test:%d HTTP/1.1\r\n\r\n", port)
 	h.waitLive(t)

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -100,13 +99,9 @@ func TestDrainDeadlineCutsConnectLookup(t *testing.T) {
 // the upstream, and the client, if its connection is not closed first, hears that the
 // proxy is draining (it was a 502 dial-failed).
 func TestDrainDeadlineCutsConnectDial(t *testing.T) {
-	target := serveTCP(t, "127.0.0.2", func(net.Conn, <-chan struct{}) {})
-	stalledListener(t, "127.0.0.5", target.Port)
-	h := newHarness(t, func(c *Config) { c.DialTimeout = 5 * time.Second })
-	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.5"))
-	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
+	h, port, _, _ := slowDestination(t, 5*time.Second)
 	c := h.dialProxy(t)
-	fmt.Fprintf(c, "CONNECT slow.test:%d HTTP/1.1\r\n\r\n", target.Port)
+	fmt.Fprintf(c, "CONNECT slow.test:%d HTTP/1.1\r\n\r\n", port)
 	// Decided before the dial, which then waits.
 	h.waitLive(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)

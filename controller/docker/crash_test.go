@@ -813,15 +813,7 @@ func TestCloseCrashAtEveryStep(t *testing.T) {
 			setUp := func(t *testing.T) *rig {
 				r := newRig(t, task)
 				runUserContainer(t, r)
-				spec := controller.EnvSpec{Task: task, Image: "agent:1", Baseline: pol, ProxyStartTimeout: 5 * time.Second}
-				var err error
-				if attach {
-					spec.Image = ""
-					_, err = r.p.Attach(context.Background(), spec, "user")
-				} else {
-					_, err = r.p.OpenEnv(context.Background(), spec)
-				}
-				if err != nil {
+				if err := openOrAttach(r, task, pol, attach); err != nil {
 					t.Fatal(err)
 				}
 				return r

@@ -166,14 +166,7 @@ func TestOpenWithoutProxyImageChangesNothing(t *testing.T) {
 			}
 			delete(r.docker.images, DefaultProxyImage)
 			before := len(r.ev.all())
-			spec := controller.EnvSpec{Task: "t19", Image: "agent:1", Baseline: policy.NoNetwork, ProxyStartTimeout: 5 * time.Second}
-			var err error
-			if attach {
-				spec.Image = ""
-				_, err = r.p.Attach(context.Background(), spec, "user")
-			} else {
-				_, err = r.p.OpenEnv(context.Background(), spec)
-			}
+			err := openOrAttach(r, "t19", policy.NoNetwork, attach)
 			if err == nil || !strings.Contains(err.Error(), "proxy image "+DefaultProxyImage+" is missing") {
 				t.Errorf("open without the proxy image: %v, want an error naming the image", err)
 			}
@@ -182,6 +175,19 @@ func TestOpenWithoutProxyImageChangesNothing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// openOrAttach opens task's environment under baseline with a new agent from
+// "agent:1", or, with attach, attaches it to runUserContainer's "user".
+func openOrAttach(r *rig, task string, baseline policy.Policy, attach bool) error {
+	spec := controller.EnvSpec{Task: task, Image: "agent:1", Baseline: baseline, ProxyStartTimeout: 5 * time.Second}
+	if attach {
+		spec.Image = ""
+		_, err := r.p.Attach(context.Background(), spec, "user")
+		return err
+	}
+	_, err := r.p.OpenEnv(context.Background(), spec)
+	return err
 }
 
 // runUserContainer starts, on the fake engine, a container "user" on a network
