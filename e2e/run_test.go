@@ -459,19 +459,9 @@ func TestRunSecondCtrlC(t *testing.T) {
 		t.Errorf("record %+v, %v: want an unfinished task", rec, err)
 	}
 	// The abandoned clean-up may still be under way in Docker ("removal already in
-	// progress"): close until it succeeds.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for {
-		out, err := h.Compassctl(ctx, "env", "close", "--task", id).CombinedOutput()
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("env close: %v\n%s", err, out)
-		}
-		time.Sleep(time.Second)
-	}
+	// progress"): close until it succeeds. Each try has its own deadline, so a try that
+	// hangs is told apart from tries that keep failing.
+	closeUntilDone(t, id, time.Minute)
 	if left := taskLeftovers(t, id); len(left) > 0 {
 		t.Errorf("left behind after env close: %v", left)
 	}

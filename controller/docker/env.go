@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
@@ -276,24 +275,6 @@ func (e *Env) removeAgent(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// removeNetwork retries briefly: Docker may still be releasing the endpoints of
-// containers removed a moment ago.
-func (e *Env) removeNetwork(ctx context.Context) error {
-	var err error
-	for try := 0; try < 20; try++ {
-		err = e.p.api.NetworkRemove(ctx, e.names.Network)
-		if err == nil || cerrdefs.IsNotFound(err) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("docker: remove network %s: %w", e.names.Network, err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("docker: remove network %s: %w", e.names.Network, err)
 }
 
 func ignorableDisconnect(err error) bool {

@@ -77,6 +77,11 @@ type fakeNetwork struct {
 	internal bool
 	labels   map[string]string
 	options  map[string]string
+	// orphans are endpoints no container holds (by their "ep-" key, to the name of the
+	// container that had them), and staleCount endpoints the engine counts but does not
+	// list: the two ways Engine 20.10 keeps a network it should let go.
+	orphans    map[string]string
+	staleCount int
 }
 
 // fakeDocker is a tiny in-memory Docker Engine: containers, networks and images by name.
@@ -279,7 +284,16 @@ func (f *fakeDocker) NetworkInspect(_ context.Context, name string, _ network.In
 	if !ok {
 		return network.Inspect{}, notFound("network " + name)
 	}
-	return network.Inspect{Name: n.name, Internal: n.internal, Labels: n.labels, Options: n.options,
+	eps := map[string]network.EndpointResource{}
+	for cname, c := range f.containers {
+		if c.networks[name] {
+			eps[c.id] = network.EndpointResource{Name: cname}
+		}
+	}
+	for key, cname := range n.orphans {
+		eps[key] = network.EndpointResource{Name: cname}
+	}
+	return network.Inspect{Name: n.name, Internal: n.internal, Labels: n.labels, Options: n.options, Containers: eps,
 		IPAM: network.IPAM{Config: []network.IPAMConfig{{Subnet: n.subnet, Gateway: n.gateway}}}}, nil
 }
 
@@ -296,8 +310,18 @@ func (f *fakeDocker) NetworkList(context.Context, network.ListOptions) ([]networ
 func (f *fakeDocker) NetworkRemove(_ context.Context, name string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, ok := f.networks[name]; !ok {
+	n, ok := f.networks[name]
+	if !ok {
 		return notFound("network " + name)
+	}
+	attached := len(n.orphans) + n.staleCount
+	for _, c := range f.containers {
+		if c.networks[name] {
+			attached++
+		}
+	}
+	if attached > 0 {
+		return fmt.Errorf("Error response from daemon: error while removing network: network %s id net-%s has active endpoints", name, name)
 	}
 	delete(f.networks, name)
 	f.ev.add("network-remove %s", name)
@@ -320,10 +344,21 @@ func (f *fakeDocker) NetworkConnect(_ context.Context, net, ref string, _ *netwo
 	return nil
 }
 
-func (f *fakeDocker) NetworkDisconnect(_ context.Context, net, ref string, _ bool) error {
+func (f *fakeDocker) NetworkDisconnect(_ context.Context, net, ref string, force bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c, name, err := f.get(ref)
+	if err != nil && force && f.networks[net] != nil {
+		// As the engine: a forced disconnect of a container that no longer exists
+		// deletes the network's endpoint of that name.
+		for key, cname := range f.networks[net].orphans {
+			if cname == ref {
+				delete(f.networks[net].orphans, key)
+				f.ev.add("drop-endpoint %s %s", net, key)
+				return nil
+			}
+		}
+	}
 	if err != nil {
 		return err
 	}

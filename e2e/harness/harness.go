@@ -320,8 +320,10 @@ func (h *Harness) removeNetwork(ctx context.Context, id string) error {
 		}
 		ni, ierr := h.Docker.NetworkInspect(ctx, id, network.InspectOptions{})
 		if ierr == nil {
-			for cid := range ni.Containers {
-				_ = h.Docker.NetworkDisconnect(ctx, id, cid, true)
+			// By name: for an endpoint whose container is gone (listed as "ep-<ID>"),
+			// only the container's name finds it.
+			for _, ep := range ni.Containers {
+				_ = h.Docker.NetworkDisconnect(ctx, id, ep.Name, true)
 			}
 		}
 		select {

@@ -1,0 +1,78 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/policy"
+)
+
+// What keeps a task network after its containers are gone, and what close then does:
+// an endpoint whose container is gone is dropped; a count the engine keeps without an
+// endpoint, or a container someone attached by hand, is named and left.
+func TestCloseOfANetworkTheEngineHoldsOn(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		hold    func(f *fakeDocker, network string)
+		wantErr string // "" for a close that removes everything
+		stale   bool
+	}{
+		{
+			name: "endpoint of a removed container",
+			hold: func(f *fakeDocker, n string) {
+				f.networks[n].orphans = map[string]string{"ep-0123abcd": "compass-agent-gone"}
+			},
+		},
+		{
+			name: "count without an endpoint",
+			hold: func(f *fakeDocker, n string) {
+				f.networks[n].staleCount = 1
+			},
+			wantErr: "restart dockerd",
+			stale:   true,
+		},
+		{
+			name: "container attached by hand",
+			hold: func(f *fakeDocker, n string) {
+				f.containers["bystander"] = &fakeContainer{id: "c-bystander", networks: map[string]bool{n: true}}
+			},
+			wantErr: "still attached: bystander",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, "held")
+			r.open(t, "held", policy.NoNetwork)
+			n := namesFor("held")
+			r.docker.mu.Lock()
+			tc.hold(r.docker, n.Network)
+			r.docker.mu.Unlock()
+			err := r.p.RemoveTask(context.Background(), "held", controller.RoleAgent)
+			left := r.leftovers("held")
+			if tc.wantErr == "" {
+				if err != nil || len(left) > 0 {
+					t.Fatalf("close: %v, left %v; want everything removed", err, left)
+				}
+				if r.ev.index("drop-endpoint "+n.Network+" ep-0123abcd") < 0 {
+					t.Errorf("the orphaned endpoint was not dropped: %v", r.ev.all())
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), n.Network) {
+				t.Fatalf("close: %v; want an error naming %s and %q", err, n.Network, tc.wantErr)
+			}
+			if got := errors.Is(err, ErrStaleEndpointCount); got != tc.stale {
+				t.Errorf("errors.Is(%v, ErrStaleEndpointCount) = %v, want %v", err, got, tc.stale)
+			}
+			if !slices.Equal(left, []string{n.Network}) {
+				t.Errorf("left %v; want only the network %s", left, n.Network)
+			}
+			if _, ok := r.docker.containers["bystander"]; ok && !r.docker.containers["bystander"].networks[n.Network] {
+				t.Error("a container attached by hand was disconnected")
+			}
+		})
+	}
+}
