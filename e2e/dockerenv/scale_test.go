@@ -32,7 +32,8 @@ func scaleEnvsFromEnv(t *testing.T) int {
 
 // Many environments opened, switched and closed concurrently; nothing is left behind.
 // Not parallel with the other tests: it runs first, alone, so that its load on the
-// engine does not starve them.
+// engine does not starve them; make test runs it in a pass of its own, after every other
+// package, for the same reason.
 func TestConcurrentEnvironments(t *testing.T) {
 	h.Need(t)
 	scaleEnvs := scaleEnvsFromEnv(t)

@@ -63,6 +63,7 @@ type report struct {
 	out    io.Writer
 	output map[key][]string // output so far of each running test and package
 	skips  []string         // "pkg TestX: reason", in the order they ended
+	ran    int              // tests that passed or failed
 	failed bool
 }
 
@@ -94,6 +95,9 @@ func (r *report) handle(e event) {
 		r.output[k] = append(r.output[k], e.Output)
 	case "fail": // a test's output, or a package's (its FAIL line included)
 		r.failed = true
+		if e.Test != "" {
+			r.ran++
+		}
 		fmt.Fprint(r.out, strings.Join(r.output[k], ""))
 		delete(r.output, k)
 	case "skip":
@@ -106,6 +110,8 @@ func (r *report) handle(e event) {
 	case "pass":
 		if e.Test == "" {
 			r.printSummaryLine(k)
+		} else {
+			r.ran++
 		}
 		delete(r.output, k)
 	}
@@ -139,6 +145,11 @@ func reason(lines []string) string {
 }
 
 func (r *report) summary() {
+	if r.ran == 0 {
+		// A -run pattern that matches nothing makes go test print "ok": not a pass.
+		r.failed = true
+		fmt.Fprintln(r.out, "no test ran: a -run or -skip pattern that matches nothing is not a pass")
+	}
 	if len(r.skips) == 0 {
 		fmt.Fprintln(r.out, "skipped tests: none")
 		return

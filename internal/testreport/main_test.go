@@ -75,3 +75,34 @@ func TestReportOfLiveRun(t *testing.T) {
 		t.Errorf("a passing test's log was printed:\n%s", out.String())
 	}
 }
+
+// A run in which no test ran (a -run pattern that matches nothing: go test says "ok")
+// fails, and says why; one in which a test passed does not.
+func TestReportCountsTestsThatRan(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds and runs the fixture's tests")
+	}
+	for _, tc := range []struct {
+		run        string
+		wantFailed bool
+	}{
+		{"^TestNoSuchTest$", true},
+		{"^TestPasses$", false},
+	} {
+		cmd := exec.Command("go", "test", "-count=1", "-json", "-run", tc.run, "./passes")
+		cmd.Dir = filepath.Join("testdata", "fixture")
+		events, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go test -run %s: %v (it passes)", tc.run, err)
+		}
+		var out bytes.Buffer
+		r := newReport(&out)
+		if err := r.read(bytes.NewReader(events)); err != nil {
+			t.Fatal(err)
+		}
+		r.summary()
+		if r.failed != tc.wantFailed || strings.Contains(out.String(), "no test ran") != tc.wantFailed {
+			t.Errorf("-run %s: failed %v, report:\n%s\nwant failed %v, with a line saying no test ran if so", tc.run, r.failed, out.String(), tc.wantFailed)
+		}
+	}
+}
