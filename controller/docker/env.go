@@ -243,7 +243,7 @@ func (e *Env) removeSidecar(ctx context.Context) error {
 	if cerrdefs.IsNotFound(err) {
 		return nil
 	}
-	if err := e.p.api.ContainerRemove(ctx, e.names.Sidecar, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+	if err := e.p.removeContainer(ctx, e.names.Sidecar); err != nil {
 		return fmt.Errorf("docker: remove sidecar: %w", err)
 	}
 	return nil
@@ -254,7 +254,7 @@ func (e *Env) removeAgent(ctx context.Context) error {
 		return nil
 	}
 	if e.agentOwned {
-		if err := e.p.api.ContainerRemove(ctx, e.agentRef, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+		if err := e.p.removeContainer(ctx, e.agentRef); err != nil {
 			return fmt.Errorf("docker: remove agent: %w", err)
 		}
 		return nil

@@ -97,6 +97,9 @@ type fakeDocker struct {
 	routes      *fakeRoutes
 	// disconnectErr makes every disconnect from that network fail (a driver error).
 	disconnectErr map[string]error
+	// removeErrs are the engine's answers to the next removals of a container, by name,
+	// before one succeeds.
+	removeErrs map[string][]error
 	// inspectErr, when set, may fail an inspect of ref (an engine error).
 	inspectErr func(ref string) error
 	// execStdout is what an exec prints; with execHang it then runs until cut, and
@@ -219,6 +222,11 @@ func (f *fakeDocker) ContainerRemove(_ context.Context, ref string, _ container.
 	_, name, err := f.get(ref)
 	if err != nil {
 		return err
+	}
+	if errs := f.removeErrs[name]; len(errs) > 0 {
+		f.removeErrs[name] = errs[1:]
+		f.ev.add("remove-refused %s", name)
+		return errs[0]
 	}
 	delete(f.containers, name)
 	f.ev.add("remove %s", name)

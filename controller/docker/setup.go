@@ -172,7 +172,7 @@ func (e *Env) rollback(ctx context.Context, m created) error {
 		}
 	}
 	if m.sidecar {
-		if err := e.p.api.ContainerRemove(ctx, e.names.Sidecar, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+		if err := e.p.removeContainer(ctx, e.names.Sidecar); err != nil {
 			errs = append(errs, fmt.Errorf("docker: remove sidecar: %w", err))
 		}
 	}

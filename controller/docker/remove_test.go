@@ -76,3 +76,45 @@ func TestCloseOfANetworkTheEngineHoldsOn(t *testing.T) {
 		})
 	}
 }
+
+// A removal the engine refuses for a moment (a dead container's directory still being
+// written, another caller's removal under way) is tried again; any other refusal, or
+// one that persists, is close's error, and the environment stays for a later close.
+func TestCloseRetriesARemovalTheEngineRefusesForAMoment(t *testing.T) {
+	busy := errors.New("Error response from daemon: unable to remove filesystem for 5a2d: unlinkat /var/lib/docker/containers/5a2d: directory not empty")
+	inProgress := errors.New("Error response from daemon: removal of container compass-proxy-rr is already in progress")
+	other := errors.New("Error response from daemon: driver failed")
+	for _, tc := range []struct {
+		name    string
+		refuse  []error
+		wantErr bool
+	}{
+		{"filesystem busy once", []error{busy}, false},
+		{"removal in progress, then filesystem busy", []error{inProgress, busy}, false},
+		{"another error", []error{other}, true},
+		{"filesystem busy for good", []error{busy, busy, busy, busy, busy}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, "rr")
+			r.open(t, "rr", policy.NoNetwork)
+			n := namesFor("rr")
+			r.docker.mu.Lock()
+			r.docker.removeErrs = map[string][]error{n.Sidecar: tc.refuse}
+			r.docker.mu.Unlock()
+			err := r.p.RemoveTask(context.Background(), "rr", controller.RoleAgent)
+			left := r.leftovers("rr")
+			if !tc.wantErr {
+				if err != nil || len(left) > 0 {
+					t.Fatalf("close: %v, left %v; want everything removed", err, left)
+				}
+				return
+			}
+			if err == nil || !errors.Is(err, tc.refuse[0]) {
+				t.Fatalf("close: %v; want the engine's refusal %q", err, tc.refuse[0])
+			}
+			if !slices.Contains(left, n.Sidecar) || !slices.Contains(left, n.Network) {
+				t.Errorf("left %v; want the sidecar and the task network kept for a later close", left)
+			}
+		})
+	}
+}

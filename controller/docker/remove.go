@@ -9,6 +9,7 @@ import (
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/network"
 )
 
@@ -16,6 +17,31 @@ import (
 // endpoints while it lists none: Docker Engine keeps such a count until dockerd
 // restarts (moby/moby#42119), and no API call clears it.
 var ErrStaleEndpointCount = errors.New("the engine counts an endpoint on it that no container holds (a stale count Docker Engine keeps until dockerd restarts, moby/moby#42119); every container of the environment is gone: restart dockerd, then close again")
+
+// removeContainer force-removes a container (gone already is done). Two refusals pass
+// once the engine has finished something else, so they are retried for about three
+// seconds: "unable to remove filesystem" (the engine found a file written into the
+// container's directory while it deleted it, and left the container dead; the next
+// removal succeeds) and "already in progress" (another caller's removal, after which the
+// container is gone).
+func (p *Provider) removeContainer(ctx context.Context, ref string) error {
+	var err error
+	for try := 1; try <= 5; try++ {
+		err = p.api.ContainerRemove(ctx, ref, container.RemoveOptions{Force: true})
+		if err == nil || cerrdefs.IsNotFound(err) {
+			return nil
+		}
+		if !containsAny(err.Error(), "unable to remove filesystem", "already in progress") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(try) * 200 * time.Millisecond):
+		}
+	}
+	return err
+}
 
 // removeNetwork removes the task network, retrying for about two seconds: Docker may
 // still be releasing the endpoints of containers removed a moment ago. It then says
