@@ -34,6 +34,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -65,6 +67,10 @@ type Harness struct {
 	EgressNetwork string
 	EgressSubnet  netip.Prefix
 	Fakenet       netip.Addr // the fake internet's address on the egress network
+
+	// stuck are networks of this package that the engine would not remove (a stale
+	// endpoint count, see removeNetwork), by name.
+	stuck []string
 
 	skipReason string
 	short      bool
@@ -245,7 +251,14 @@ func (h *Harness) labels() map[string]string {
 
 func (h *Harness) startFakeInternet(ctx context.Context) error {
 	h.EgressNetwork = h.Prefix + "-egress"
-	if _, err := h.Docker.NetworkCreate(ctx, h.EgressNetwork, network.CreateOptions{Driver: "bridge", Labels: h.labels()}); err != nil {
+	// An earlier run's egress network that the engine keeps is taken over rather than
+	// left beside a new one: Engine 20.10 leaves a stale count on it after most runs of
+	// the 50-environment scale test, and each run would hold one more subnet of the
+	// engine's default pools until they ran out. Its stale count harms nothing else.
+	if i := slices.IndexFunc(h.stuck, h.isEgressNetworkName); i >= 0 {
+		h.EgressNetwork = h.stuck[i]
+		fmt.Fprintf(os.Stderr, "*** e2e: taking over network %s as this run's egress network ***\n", h.EgressNetwork)
+	} else if _, err := h.Docker.NetworkCreate(ctx, h.EgressNetwork, network.CreateOptions{Driver: "bridge", Labels: h.labels()}); err != nil {
 		return fmt.Errorf("harness: create egress network: %w", err)
 	}
 	ni, err := h.Docker.NetworkInspect(ctx, h.EgressNetwork, network.InspectOptions{})
@@ -275,6 +288,21 @@ func (h *Harness) startFakeInternet(ctx context.Context) error {
 		return fmt.Errorf("harness: fakenet address: %w", err)
 	}
 	return nil
+}
+
+// isEgressNetworkName reports whether name is what startFakeInternet names a run's
+// egress network ("ce2e-<package>-<pid>-egress"), not a network a test made.
+func (h *Harness) isEgressNetworkName(name string) bool {
+	rest, ok := strings.CutPrefix(name, "ce2e-"+strings.TrimPrefix(h.Owner, "e2e-")+"-")
+	if !ok {
+		return false
+	}
+	pid, ok := strings.CutSuffix(rest, "-egress")
+	if !ok {
+		return false
+	}
+	_, err := strconv.Atoi(pid)
+	return err == nil
 }
 
 // removeLeftovers deletes every container and network carrying this package's owner
@@ -310,8 +338,8 @@ func (h *Harness) removeLeftovers(ctx context.Context) error {
 // releasing the endpoints of containers removed a moment ago ("has active
 // endpoints"). Between tries it force-disconnects whatever the network still lists.
 // A network that lists no container and still has an endpoint holds a stale one that
-// Engine 20.10 sometimes keeps until it restarts: it is reported and left, since each
-// run names its networks afresh and nothing can remove it.
+// Engine 20.10 sometimes keeps until it restarts: it is reported and left (nothing can
+// remove it), and an egress network among them is the next run's (startFakeInternet).
 func (h *Harness) removeNetwork(ctx context.Context, id string) error {
 	var err error
 	for try := 0; try < 30; try++ {
@@ -333,6 +361,7 @@ func (h *Harness) removeNetwork(ctx context.Context, id string) error {
 		}
 		if try == 29 && ierr == nil && len(ni.Containers) == 0 && strings.Contains(err.Error(), "active endpoints") {
 			fmt.Fprintf(os.Stderr, "*** e2e: network %s (%s) keeps a stale endpoint with no container; left in place: %v ***\n", ni.Name, id, err)
+			h.stuck = append(h.stuck, ni.Name)
 			return nil
 		}
 	}
