@@ -65,7 +65,7 @@ func TestListenersArePlainTCP(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if socketProtocol(t, rc) != unix.IPPROTO_MPTCP {
+		if sockoptInt(t, rc, unix.SOL_SOCKET, unix.SO_PROTOCOL) != unix.IPPROTO_MPTCP {
 			t.Log("this kernel gives Go's default listener no MPTCP, so plain TCP is all it could find here")
 		}
 		ctl.Close()
@@ -89,25 +89,26 @@ func TestListenersArePlainTCP(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if proto := socketProtocol(t, rc); proto != unix.IPPROTO_TCP {
+		if proto := sockoptInt(t, rc, unix.SOL_SOCKET, unix.SO_PROTOCOL); proto != unix.IPPROTO_TCP {
 			t.Errorf("%s listener: SO_PROTOCOL = %d, want IPPROTO_TCP (%d); IPPROTO_MPTCP is %d", name, proto, unix.IPPROTO_TCP, unix.IPPROTO_MPTCP)
 		}
 	}
 }
 
-func socketProtocol(t *testing.T, rc syscall.RawConn) int {
+// sockoptInt reads an integer socket option through rc.
+func sockoptInt(t *testing.T, rc syscall.RawConn, level, opt int) int {
 	t.Helper()
 	var (
-		proto int
-		perr  error
+		v    int
+		verr error
 	)
-	if err := rc.Control(func(fd uintptr) { proto, perr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PROTOCOL) }); err != nil {
+	if err := rc.Control(func(fd uintptr) { v, verr = unix.GetsockoptInt(int(fd), level, opt) }); err != nil {
 		t.Fatal(err)
 	}
-	if perr != nil {
-		t.Fatal(perr)
+	if verr != nil {
+		t.Fatal(verr)
 	}
-	return proto
+	return v
 }
 
 // TestAdminSocketBoundWithItsMode: the socket has its mode from the bind, whatever the

@@ -1,0 +1,213 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRefusedConnectClosesItsConnection: after the answer to a refused CONNECT the
+// front ends its side, reads what the client still sends for a bounded time, and then
+// closes the connection. A close with the client's bytes unread makes the kernel send
+// a reset, which can destroy the answer before the client reads it; a read without a
+// bound (a CONNECT reads its client with no deadline) lets a client that stays hold
+// the connection, its worker and its slot for as long as it likes.
+func TestRefusedConnectClosesItsConnection(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+	refused := h.b.echoHostPort("b.test")
+	head := fmt.Sprintf("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", refused, refused)
+
+	t.Run("client sends on, then half-closes", func(t *testing.T) {
+		c := h.dialProxy(t)
+		sent := make(chan error, 1)
+		go func() {
+			// Far beyond what the front buffers, within what it drains.
+			_, err := io.WriteString(c, head+strings.Repeat("x", 64<<10))
+			if err == nil {
+				err = c.(*net.TCPConn).CloseWrite()
+			}
+			sent <- err
+		}()
+		got, err := io.ReadAll(c)
+		if !strings.HasPrefix(string(got), "HTTP/1.1 403 ") || err != nil {
+			t.Errorf("the client read %q, %v; want the 403 and a clean close, not a reset", firstLine(string(got)), err)
+		}
+		if err := <-sent; err != nil {
+			t.Errorf("the client's bytes after the CONNECT: %v", err)
+		}
+	})
+
+	t.Run("client stays", func(t *testing.T) {
+		c := h.dialProxy(t)
+		if _, err := io.WriteString(c, head); err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(c) // until the front ends its side
+		if !strings.HasPrefix(string(got), "HTTP/1.1 403 ") || err != nil {
+			t.Fatalf("the client read %q, %v; want the 403 and the end of the front's side", firstLine(string(got)), err)
+		}
+		// Once the front has closed its socket, a byte the client sends is answered with
+		// a reset, and a later write fails; a front that still reads takes them all.
+		waitFor(t, func() bool {
+			_, err := io.WriteString(c, "x")
+			return err != nil
+		})
+		waitFor(t, func() bool {
+			h.srv.front.mu.Lock()
+			defer h.srv.front.mu.Unlock()
+			return len(h.srv.front.conns) == 0
+		})
+	})
+}
+
+// TestConnectEarlyBytesAreTheTunnels: the bytes a client sent along with its CONNECT
+// are the tunnel's own copy, not a view of the connection's reader. The front puts the
+// reader back in its pool once the tunnel has the connection, and the next connection
+// reads its head into it, possibly before the relay has forwarded the early bytes: a
+// view would forward another client's bytes upstream (and is a data race).
+func TestConnectEarlyBytesAreTheTunnels(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	client, clientPeer := tcpPair(t)
+	target := h.a.echoHostPort("a.test")
+	br := bufio.NewReader(strings.NewReader(fmt.Sprintf("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\nearly", target, target)))
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.RemoteAddr = client.RemoteAddr().String()
+	cc := &clientConn{c: client, br: br, remote: req.RemoteAddr, out: newIdleWriter(client, h.srv.cfg.TunnelIdleTimeout, errClientIdle)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if !h.srv.front.connect(ctx, cancel, cc, req) {
+		t.Fatal("the CONNECT was not tunnelled")
+	}
+	// What the next connection does with the pooled reader: reads its head into it.
+	br.Reset(strings.NewReader(strings.Repeat("X", br.Size())))
+	_, _ = br.Peek(1)
+	cr := bufio.NewReader(clientPeer)
+	resp, err := http.ReadResponse(cr, &http.Request{Method: http.MethodConnect})
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("CONNECT: %v %v", resp, err)
+	}
+	if err := clientPeer.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := io.ReadAll(cr); err != nil || string(out) != "early|eof after 5" {
+		t.Fatalf("the upstream echoed %q, %v; want the client's early bytes", out, err)
+	}
+}
+
+// TestConnectHeadFieldBoundIsExact: a head of maxHeadFields field lines is read, one
+// of a line more gets 431, whatever the request (here a CONNECT, refused by policy).
+func TestConnectHeadFieldBoundIsExact(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+	refused := h.b.echoHostPort("b.test")
+	for _, tc := range []struct {
+		fields int // Host included
+		want   string
+	}{
+		{maxHeadFields, "HTTP/1.1 403 "},
+		{maxHeadFields + 1, "HTTP/1.1 431 "},
+	} {
+		out := h.raw(fmt.Sprintf("CONNECT %s HTTP/1.1\r\nHost: %s\r\n%s\r\n", refused, refused, headFieldLines(tc.fields-1)))
+		if !strings.HasPrefix(out, tc.want) {
+			t.Errorf("%d fields: answer %q, want %q", tc.fields, firstLine(out), tc.want)
+		}
+	}
+}
+
+// TestFrontLastAnswersAreBounded: the front's own last answers to a head it will not
+// serve (malformed, too long, or cut by the drain) are written under the header
+// timeout, as the CONNECT's are (TestConnectLastAnswersAreBounded): a client that reads
+// nothing cannot hold the worker and the connection slot.
+func TestFrontLastAnswersAreBounded(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.HeaderTimeout = 200 * time.Millisecond })
+	for _, tc := range []struct {
+		name           string
+		err            error
+		drain, tooLong bool
+	}{
+		{"malformed", errors.New("malformed"), false, false},
+		{"too long", errHeadTooLong, false, true},
+		{"draining", net.ErrClosed, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lastAnswerBounded(t, func(client net.Conn) {
+				h.srv.front.refuseHead(&clientConn{c: client, remote: "127.0.0.1:1"}, tc.err, tc.drain, tc.tooLong)
+			})
+		})
+	}
+}
+
+// TestNextHeadIsBoundedByTheHeaderTimeout: on a kept connection, the wait for the next
+// request is bounded by the idle timeout, but once its first byte has come the head is
+// bounded by the header timeout, as a connection's first head is: a client that
+// trickles heads cannot hold its connection for the idle timeout each.
+func TestNextHeadIsBoundedByTheHeaderTimeout(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.HeaderTimeout = 200 * time.Millisecond
+		c.IdleTimeout = time.Hour
+	})
+	h.apply(`"public"`)
+	c, br := keepAliveGET(t, h)
+	if _, err := io.WriteString(c, "GET http://a.te"); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(hangGuard))
+	if rest, err := io.ReadAll(br); err != nil {
+		t.Fatalf("a half-sent second head: read %q, %v; want the connection closed after the header timeout", rest, err)
+	}
+}
+
+// TestDrainDeadlineClosesAConnectionStuckInAnAnswer: at the drain's deadline the front
+// closes the connections still open, not only ends their requests: ending the request
+// does not end a write of its answer to a client that reads nothing, which only the
+// connection's close (or the tunnel idle timeout, 15 minutes) ends.
+func TestDrainDeadlineClosesAConnectionStuckInAnAnswer(t *testing.T) {
+	stalled := make(chan struct{})
+	up := serveTCP(t, "127.0.0.2", func(c net.Conn, done <-chan struct{}) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1099511627776\r\n\r\n")
+		chunk := make([]byte, 64<<10)
+		for {
+			_ = c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+			if _, err := c.Write(chunk); err != nil {
+				break
+			}
+		}
+		close(stalled) // the proxy reads no more: its write to the client blocks
+		<-done
+	})
+	h := newHarness(t)
+	h.apply(`"public"`)
+	c := h.dialProxy(t)
+	fmt.Fprintf(c, "GET http://%s/ HTTP/1.1\r\nHost: %s\r\n\r\n", up, up)
+	select {
+	case <-stalled:
+	case <-time.After(hangGuard):
+		t.Fatal("the upstream's writes never stalled")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	shut := make(chan error, 1)
+	go func() { shut <- h.srv.Shutdown(ctx) }()
+	select {
+	case <-shut:
+	case <-time.After(hangGuard):
+		c.Close() // ends the write, so that Shutdown and the test end
+		<-shut
+		t.Fatalf("Shutdown still waited %v after its deadline for a client that reads nothing", hangGuard)
+	}
+}
