@@ -180,14 +180,7 @@ func TestDrainDeadlineClosesAConnectionStuckInAnAnswer(t *testing.T) {
 			return
 		}
 		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1099511627776\r\n\r\n")
-		chunk := make([]byte, 64<<10)
-		for {
-			_ = c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
-			if _, err := c.Write(chunk); err != nil {
-				break
-			}
-		}
-		close(stalled) // the proxy reads no more: its write to the client blocks
+		writeUntilStalled(c, stalled)
 		<-done
 	})
 	h := newHarness(t)

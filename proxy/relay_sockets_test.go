@@ -19,16 +19,7 @@ import (
 // Half-closing the client instead (as on a clean EOF), or closing the upstream side
 // alone, leaves the tunnel, its sockets and its slot to the idle timeout.
 func TestTunnelEndsWhenItsUpstreamResets(t *testing.T) {
-	reset := make(chan struct{})
-	target := serveTCP(t, "127.0.0.2", func(c net.Conn, done <-chan struct{}) {
-		select {
-		case <-reset:
-		case <-done:
-			return
-		}
-		_ = c.(*net.TCPConn).SetLinger(0)
-		c.Close()
-	})
+	target, reset := resetOnCue(t, false)
 	h := newHarness(t)
 	h.apply(`"public"`)
 	_, c := h.connect(target.String(), "")
@@ -50,17 +41,7 @@ func TestTunnelEndsWhenItsUpstreamResets(t *testing.T) {
 // delivered: the failed write ends the tunnel, instead of the relay reading and
 // dropping the client's bytes for as long as it sends them.
 func TestTunnelEndsWhenAWriteUpstreamFails(t *testing.T) {
-	reset := make(chan struct{})
-	target := serveTCP(t, "127.0.0.2", func(c net.Conn, done <-chan struct{}) {
-		_ = c.(*net.TCPConn).CloseWrite()
-		select {
-		case <-reset:
-		case <-done:
-			return
-		}
-		_ = c.(*net.TCPConn).SetLinger(0)
-		c.Close()
-	})
+	target, reset := resetOnCue(t, true)
 	h := newHarness(t)
 	h.apply(`"public"`)
 	_, c := h.connect(target.String(), "")
@@ -77,6 +58,25 @@ func TestTunnelEndsWhenAWriteUpstreamFails(t *testing.T) {
 		_, _ = io.WriteString(c, "x")
 		return testutil.ToFloat64(h.srv.metrics.activeConnect) == 0 && h.srv.tracker.len() == 0
 	})
+}
+
+// resetOnCue serves a target on 127.0.0.2 that, on each connection, half-closes first
+// if halfClose, and resets the connection once reset is closed.
+func resetOnCue(t *testing.T, halfClose bool) (target *net.TCPAddr, reset chan struct{}) {
+	reset = make(chan struct{})
+	target = serveTCP(t, "127.0.0.2", func(c net.Conn, done <-chan struct{}) {
+		if halfClose {
+			_ = c.(*net.TCPConn).CloseWrite()
+		}
+		select {
+		case <-reset:
+		case <-done:
+			return
+		}
+		_ = c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	})
+	return target, reset
 }
 
 // tcpPair returns the two ends of a loopback TCP connection, both closed when the
@@ -102,26 +102,6 @@ func tcpPair(t *testing.T) (local, peer *net.TCPConn) {
 	return l.(*net.TCPConn), p.(*net.TCPConn)
 }
 
-// socketTunnel builds a tunnel between up and client, with pre as the client's early
-// bytes, and starts its clocks, having taken what openTunnel takes (a connection slot, a
-// drain count, a tracker entry, the gauge), as handedTunnel does over pipes.
-func socketTunnel(t *testing.T, h *harness, up, client net.Conn, pre []byte) *tunnel {
-	t.Helper()
-	if h.srv.proxyLn.sem != nil {
-		h.srv.proxyLn.sem <- struct{}{}
-	}
-	if !h.srv.addTunnel() {
-		t.Fatal("draining")
-	}
-	entry := &liveConn{typ: typeConnect, name: "a.test", port: 1}
-	h.srv.tracker.add(entry)
-	tun := &tunnel{upward: newDirection(up, client, pre), downward: newDirection(client, up, nil),
-		entry: entry, clientAddr: "127.0.0.1:40000"}
-	h.srv.startTunnel(tun)
-	h.srv.metrics.activeConnect.Inc()
-	return tun
-}
-
 // TestFinishedTunnelReleasesItsSockets: a tunnel between two TCP sockets (as
 // openTunnel hands it over) that ends by a clean half-close each way, where neither
 // direction's end closes a socket, closes both of its sockets when it finishes, and
@@ -132,7 +112,7 @@ func TestFinishedTunnelReleasesItsSockets(t *testing.T) {
 	gauge := testutil.ToFloat64(h.srv.metrics.activeConnect)
 	client, clientPeer := tcpPair(t)
 	up, upPeer := tcpPair(t)
-	tun := socketTunnel(t, h, up, client, nil)
+	tun := startHandedTunnel(t, h, up, client, client, nil)
 	if tun.keepAlive == nil {
 		t.Fatal("a tunnel to a TCP upstream got no keep-alive timer")
 	}
@@ -259,7 +239,7 @@ func TestTunnelEndsWhenItsEarlyBytesCannotBeSent(t *testing.T) {
 		return state == 7 // TCP_CLOSE
 	})
 	up := &writeReporter{TCPConn: upSock, written: make(chan error, 1)}
-	tun := socketTunnel(t, h, up, client, []byte("early"))
+	tun := startHandedTunnel(t, h, up, client, client, []byte("early"))
 	go h.srv.relayDirection(tun, &tun.upward)
 	select {
 	case err := <-up.written:

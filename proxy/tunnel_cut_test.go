@@ -141,14 +141,7 @@ func TestSwapCutOfAStuckConfirmationIsBoundedByLinger(t *testing.T) {
 func TestSwapClosesTheClientOfAStuckTunnel(t *testing.T) {
 	stalled := make(chan struct{})
 	target := serveTCP(t, "127.0.0.2", func(c net.Conn, done <-chan struct{}) {
-		chunk := make([]byte, 64<<10)
-		for {
-			_ = c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
-			if _, err := c.Write(chunk); err != nil {
-				break
-			}
-		}
-		close(stalled) // the proxy reads no more: its write to the client blocks
+		writeUntilStalled(c, stalled)
 		<-done
 	})
 	h := newHarness(t)
@@ -377,6 +370,18 @@ func handedTunnel(t *testing.T, h *harness, wrapDown func(net.Conn) net.Conn) (t
 	t.Cleanup(func() { clientPeer.Close() })
 	upPeer, up := net.Pipe()
 	t.Cleanup(func() { upPeer.Close() })
+	downDst := client
+	if wrapDown != nil {
+		downDst = wrapDown(client)
+	}
+	return startHandedTunnel(t, h, up, client, downDst, nil), clientPeer, upPeer
+}
+
+// startHandedTunnel starts a tunnel between up and client, the downward direction
+// writing to downDst, with pre as the client's early bytes, having taken what
+// openTunnel takes (a connection slot, a drain count, a tracker entry, the gauge).
+func startHandedTunnel(t *testing.T, h *harness, up, client, downDst net.Conn, pre []byte) *tunnel {
+	t.Helper()
 	if h.srv.proxyLn.sem != nil {
 		h.srv.proxyLn.sem <- struct{}{}
 	}
@@ -385,13 +390,22 @@ func handedTunnel(t *testing.T, h *harness, wrapDown func(net.Conn) net.Conn) (t
 	}
 	entry := &liveConn{typ: typeConnect, name: "a.test", port: 1}
 	h.srv.tracker.add(entry)
-	downDst := client
-	if wrapDown != nil {
-		downDst = wrapDown(client)
-	}
-	tun = &tunnel{upward: newDirection(up, client, nil), downward: newDirection(downDst, up, nil),
+	tun := &tunnel{upward: newDirection(up, client, pre), downward: newDirection(downDst, up, nil),
 		entry: entry, clientAddr: "127.0.0.1:40000"}
 	h.srv.startTunnel(tun)
 	h.srv.metrics.activeConnect.Inc()
-	return tun, clientPeer, upPeer
+	return tun
+}
+
+// writeUntilStalled writes to c until a write has waited 200 ms, then closes stalled:
+// the proxy reads no more from c, so its own write to its client blocks.
+func writeUntilStalled(c net.Conn, stalled chan struct{}) {
+	chunk := make([]byte, 64<<10)
+	for {
+		_ = c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+		if _, err := c.Write(chunk); err != nil {
+			break
+		}
+	}
+	close(stalled)
 }
