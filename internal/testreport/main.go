@@ -63,7 +63,7 @@ type report struct {
 	out    io.Writer
 	output map[key][]string // output so far of each running test and package
 	skips  []string         // "pkg TestX: reason", in the order they ended
-	ran    int              // tests that passed or failed
+	ran    bool             // a test passed or failed
 	failed bool
 }
 
@@ -95,9 +95,7 @@ func (r *report) handle(e event) {
 		r.output[k] = append(r.output[k], e.Output)
 	case "fail": // a test's output, or a package's (its FAIL line included)
 		r.failed = true
-		if e.Test != "" {
-			r.ran++
-		}
+		r.ran = r.ran || e.Test != ""
 		fmt.Fprint(r.out, strings.Join(r.output[k], ""))
 		delete(r.output, k)
 	case "skip":
@@ -111,7 +109,7 @@ func (r *report) handle(e event) {
 		if e.Test == "" {
 			r.printSummaryLine(k)
 		} else {
-			r.ran++
+			r.ran = true
 		}
 		delete(r.output, k)
 	}
@@ -145,7 +143,7 @@ func reason(lines []string) string {
 }
 
 func (r *report) summary() {
-	if r.ran == 0 {
+	if !r.ran {
 		// A -run pattern that matches nothing makes go test print "ok": not a pass.
 		r.failed = true
 		fmt.Fprintln(r.out, "no test ran: a -run or -skip pattern that matches nothing is not a pass")
