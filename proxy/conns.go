@@ -12,6 +12,9 @@ type liveConn struct {
 	name string
 	addr netip.Addr
 	port uint16
+	// serverName is a tunnel's TLS server name when it differs from name (see
+	// helloGate); set under the tracker's lock, so a sweep re-checks it.
+	serverName string
 	// close cuts the connection on both sides; it may be called more than once. A
 	// non-nil settle finishes a cut that must wait (a tunnel's 200 on its way out), and
 	// is called once every connection's close has started, so the waits overlap.
@@ -73,6 +76,13 @@ func (t *tracker) addrOf(c *liveConn) netip.Addr {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return c.addr
+}
+
+// setServerName records the TLS server name of c, a tunnel.
+func (t *tracker) setServerName(c *liveConn, name string) {
+	t.mu.Lock()
+	c.serverName = name
+	t.mu.Unlock()
 }
 
 // setAddr records the address an HTTP request's upstream connection really goes to (a

@@ -26,6 +26,7 @@ const (
 	ReasonHostMismatch     = "host-mismatch"         // the Host field names another destination than the URI
 	ReasonMalformedRequest = "malformed-request"     // a head the proxy refuses to read or to pass on (400, 505)
 	ReasonHeadTooLong      = "head-too-long"         // a head over the size bound (431)
+	ReasonMalformedHello   = "malformed-tls-hello"   // a tunnel's first bytes open a TLS handshake this proxy cannot read
 )
 
 // Verdict is the outcome of one destination check.

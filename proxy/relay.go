@@ -30,6 +30,8 @@ type direction struct {
 	ended    uint8  // relayRunning, relayEndedFirst or relayEndedLast (recoverRelay)
 	// Both ends' *net.TCPConn, or nil when either end is another kind of connection.
 	tcpDst, tcpSrc *net.TCPConn
+	// hello, until it has decided, holds the client's first bytes (see helloGate).
+	hello *helloGate
 }
 
 func newDirection(dst, src net.Conn, pre []byte) direction {
@@ -56,9 +58,13 @@ func newDirection(dst, src net.Conn, pre []byte) direction {
 func (d *direction) copy(clock *idleClock) error {
 	var err error
 	if len(d.pre) > 0 {
-		var w int
-		w, err = d.dst.Write(d.pre)
-		d.n += int64(w)
+		var p []byte
+		if p, err = d.pass(d.pre); len(p) > 0 {
+			var w int
+			w, err = d.dst.Write(p)
+			d.n += int64(w)
+		}
+		d.pre = nil
 	}
 	bulk := false
 	for err == nil {
@@ -131,16 +137,39 @@ func (d *direction) copyUntilBulk() (n int64, err error) {
 			relayBufs.Put(buf)
 			return n, nil
 		}
-		w, werr := d.tcpDst.Write((*buf)[:nr])
-		n += int64(w)
+		p, gerr := d.pass((*buf)[:nr])
+		if gerr != nil {
+			relayBufs.Put(buf)
+			return n, gerr
+		}
+		var werr error
+		if len(p) > 0 { // none while a gate holds an incomplete hello
+			var w int
+			w, werr = d.tcpDst.Write(p)
+			n += int64(w)
+		}
 		relayBufs.Put(buf)
 		if werr != nil {
 			return n, werr
 		}
-		if nr == relayBufSize {
+		// Splice moves bytes no gate sees: a gate holding a hello reads on.
+		if nr == relayBufSize && d.hello == nil {
 			return n, errBufferFilled
 		}
 	}
+}
+
+// pass returns what of p, the next bytes read, may go to dst now: all of it once the
+// direction has no gate.
+func (d *direction) pass(p []byte) ([]byte, error) {
+	if d.hello == nil {
+		return p, nil
+	}
+	out, done, err := d.hello.feed(p)
+	if done {
+		d.hello = nil
+	}
+	return out, err
 }
 
 // halfCloser is what *net.TCPConn offers for a clean one-way EOF.

@@ -94,6 +94,7 @@ const (
 	typeHTTP    = "http"
 	typeConnect = "connect"
 	typeDNS     = "dns"
+	typeTLS     = "tls" // the server name of a tunnel's ClientHello (see helloGate)
 )
 
 // Server is one running sidecar.

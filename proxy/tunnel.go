@@ -200,6 +200,11 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 	t := &tunnel{upward: newDirection(up, client, buffered), downward: newDirection(client, up, nil),
 		entry: entry, host: blockedHost(v), port: v.Port, addr: addr, clientAddr: r.RemoteAddr,
 		gen: rs.Generation, task: rs.Task, phase: rs.Phase}
+	// A target by name gets its TLS server name checked (an address literal is what an
+	// IP/CIDR rule allowed). Both sides of a tunnel are TCP, the gate's relay.
+	if v.Name != "" && t.upward.tcpDst != nil {
+		t.upward.hello = &helloGate{s: s, t: t}
+	}
 	s.startTunnel(t)
 	s.metrics.activeConnect.Inc()
 	handed = true

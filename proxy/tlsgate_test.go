@@ -1,0 +1,222 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/compass-egress/compass-egress/internal/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// The server name of a tunnel's ClientHello, checked against the policy (helloGate):
+// each case opens a tunnel to a.test's echo server, sends stream (in writes of the
+// given sizes, or with the CONNECT when early), and either reads it echoed back or the
+// unrecognized_name alert and the end of the tunnel.
+func TestTunnelServerName(t *testing.T) {
+	helloA, helloB, helloSvc := clientHello(t, "a.test"), clientHello(t, "b.test"), clientHello(t, "x.svc.test")
+	host := string([]byte{tlsServerNameHost})
+	// Padded (extension 21) so that its one-byte records fill more than one read.
+	bigHelloB := helloWith(append(sniExt(host, "b.test"), append([]byte{0, 21, 0x10, 0}, make([]byte, 0x1000)...)...))
+	// In one-byte records, more bytes than a gate holds (maxHelloStream, which one read
+	// of the relay's buffer may overshoot) before the hello ends.
+	hugeHelloA := helloWith(append(sniExt(host, "a.test"), append([]byte{0, 21, 0x38, 0}, make([]byte, 0x3800)...)...))
+	const allow = `{"network_mode":"allowlist","allowed_hosts":["a.test","*.svc.test"]}`
+	for _, tc := range []struct {
+		name    string
+		policy  string
+		target  string // "" for a.test's echo port by name
+		stream  []byte
+		writes  []int // sizes of the writes (the rest in one); nil: one write
+		early   bool
+		refused string // the reason of the tls decision; "" if the bytes pass
+		line    bool   // a tls decision line is written
+	}{
+		{name: "the target's own name", policy: allow, stream: helloA},
+		{name: "no server name", policy: allow, stream: clientHello(t, "")},
+		{name: "not TLS", policy: allow, stream: []byte("SSH-2.0-x\r\n")},
+		{name: "another allowed name", policy: allow, stream: helloSvc, line: true},
+		{name: "a name the allowlist leaves out", policy: allow, stream: helloB, refused: "not-allowlisted", line: true},
+		{name: "left out, in one-byte records", policy: allow, stream: refragment(helloB, 1), refused: "not-allowlisted", line: true},
+		{name: "left out, in one-byte records past the relay's buffer", policy: allow, stream: refragment(bigHelloB, 1), refused: "not-allowlisted", line: true},
+		{name: "records past the bound on held bytes", policy: allow, stream: refragment(hugeHelloA, 1), refused: "malformed-tls-hello", line: true},
+		{name: "left out, in three writes", policy: allow, stream: helloB, writes: []int{1, 40}, refused: "not-allowlisted", line: true},
+		{name: "allowed, in three writes", policy: allow, stream: helloSvc, writes: []int{3, 100}, line: true},
+		{name: "left out, sent with the CONNECT", policy: allow, stream: helloB, early: true, refused: "not-allowlisted", line: true},
+		{name: "allowed, sent with the CONNECT", policy: allow, stream: helloA, early: true},
+		{name: "the name at the wrong port", policy: `{"network_mode":"allowlist","allowed_hosts":["a.test","b.test:1"]}`, stream: helloB, refused: "not-allowlisted", line: true},
+		{name: "denylisted", policy: `{"network_mode":"denylist","denied_hosts":["b.test"]}`, stream: helloB, refused: "denylisted", line: true},
+		{name: "not denylisted", policy: `{"network_mode":"denylist","denied_hosts":["b.test"]}`, stream: helloSvc, line: true},
+		{name: "public", policy: `"public"`, stream: helloB, line: true},
+		{name: "an address for a name", policy: allow, stream: helloWith(sniExt(host, "127.0.0.3")), refused: "invalid-host", line: true},
+		{name: "unreadable hello", policy: allow, stream: helloWith(sniExt(host, "a.test", host, "b.test")), refused: "malformed-tls-hello", line: true},
+		{name: "an address target is not checked", policy: `{"network_mode":"allowlist","allowed_hosts":["127.0.0.2/32"]}`, target: "127.0.0.2", stream: helloB},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.apply(tc.policy)
+			target := h.a.echoHostPort("a.test")
+			if tc.target != "" {
+				target = h.a.echoHostPort(tc.target)
+			}
+			early := ""
+			if tc.early {
+				early = string(tc.stream)
+			}
+			resp, c := h.connect(target, early)
+			if c == nil {
+				t.Fatalf("CONNECT %s: %s", target, resp.Status)
+			}
+			if !tc.early {
+				rest := tc.stream
+				for _, n := range tc.writes {
+					if _, err := c.Write(rest[:n]); err != nil {
+						t.Fatal(err)
+					}
+					rest = rest[n:]
+					time.Sleep(20 * time.Millisecond) // separate reads for the relay
+				}
+				if _, err := c.Write(rest); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.refused == "" {
+				got := make([]byte, len(tc.stream))
+				if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, tc.stream) {
+					t.Fatalf("echo: %v, %d bytes differ", err, len(got))
+				}
+			} else {
+				// A reset, not a FIN, when the proxy closed with bytes of the client's unread.
+				got, err := io.ReadAll(c)
+				if (err != nil && !errors.Is(err, syscall.ECONNRESET)) || !bytes.Equal(got, tlsUnrecognizedName) {
+					t.Fatalf("want the alert and the end of the tunnel, got %d bytes (%x…), %v", len(got), got[:min(len(got), 16)], err)
+				}
+			}
+			lines := logLines(h.logs.String(), "decision")
+			var tlsLines []map[string]any
+			for _, l := range lines {
+				if l["type"] == typeTLS {
+					tlsLines = append(tlsLines, l)
+				}
+			}
+			if !tc.line {
+				if len(tlsLines) != 0 {
+					t.Fatalf("unexpected tls decision: %v", tlsLines)
+				}
+				return
+			}
+			if len(tlsLines) != 1 {
+				t.Fatalf("want one tls decision line, got %v", tlsLines)
+			}
+			l := tlsLines[0]
+			wantDecision := "allowed"
+			if tc.refused != "" {
+				wantDecision = "denied"
+				if l["reason"] != tc.refused {
+					t.Fatalf("reason %v, want %s", l["reason"], tc.refused)
+				}
+				reqs := promtest.ToFloat64(h.srv.metrics.requests.WithLabelValues(typeTLS, "denied", tc.refused))
+				if reqs != 1 {
+					t.Fatalf("tls refusals counted: %v", reqs)
+				}
+				code, blocked := h.admin("GET", "/v1/blocked", "")
+				if code != 200 || !strings.Contains(fmt.Sprint(blocked["top"]), "type:tls") {
+					t.Fatalf("blocked: %d %v", code, blocked)
+				}
+			}
+			if l["decision"] != wantDecision || l["addr"] != "127.0.0.2" {
+				t.Fatalf("line %v", l)
+			}
+		})
+	}
+}
+
+// A swap re-decides a tunnel's TLS server name as it does its target: a tunnel opened
+// under public for a.test with b.test's hello is cut when an allowlist of a.test comes
+// into force, one with a.test's own hello is kept.
+func TestSwapCutsTunnelByServerName(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	open := func(hello []byte) *tunnelConn {
+		_, c := h.connect(h.a.echoHostPort("a.test"), "")
+		if c == nil {
+			t.Fatal("CONNECT refused")
+		}
+		if _, err := c.Write(hello); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, make([]byte, len(hello))); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	kept, cut := open(clientHello(t, "a.test")), open(clientHello(t, "b.test"))
+	if res := h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`); res.ClosedConnections != 1 {
+		t.Fatalf("swap closed %d connections, want 1", res.ClosedConnections)
+	}
+	_ = cut.SetReadDeadline(time.Now().Add(hangGuard))
+	if n, err := cut.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("the tunnel with b.test's hello is still open (%d bytes)", n)
+	}
+	if _, err := kept.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(kept, make([]byte, 1)); err != nil {
+		t.Fatalf("the tunnel with a.test's hello was cut: %v", err)
+	}
+}
+
+// A TLS client through the proxy: a handshake naming the tunnel's target completes, one
+// naming a server the policy leaves out fails with the alert the client understands.
+func TestTLSClientServerName(t *testing.T) {
+	h := newHarness(t)
+	cert := testutil.SelfSigned(t, "a.test")
+	h.dns.set("tls.test", netip.MustParseAddr("127.0.0.25"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["tls.test"]}`)
+	port := serveTCP(t, "127.0.0.25", func(c net.Conn, _ <-chan struct{}) {
+		s := tls.Server(c, &tls.Config{Certificates: []tls.Certificate{cert}})
+		_, _ = io.Copy(s, s)
+	}).Port
+	roots := x509.NewCertPool()
+	roots.AddCert(cert.Leaf)
+	for _, tc := range []struct {
+		serverName string
+		refused    bool
+	}{
+		{"tls.test", false},
+		{"a.test", true},
+	} {
+		t.Run(tc.serverName, func(t *testing.T) {
+			_, c := h.connect(fmt.Sprintf("tls.test:%d", port), "")
+			if c == nil {
+				t.Fatal("CONNECT refused")
+			}
+			tc2 := tls.Client(c, &tls.Config{ServerName: tc.serverName, InsecureSkipVerify: true})
+			err := tc2.Handshake()
+			if tc.refused {
+				if err == nil || !strings.Contains(err.Error(), "unrecognized name") {
+					t.Fatalf("handshake: %v, want the unrecognized_name alert", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.WriteString(tc2, "ping"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(tc2, make([]byte, 4)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

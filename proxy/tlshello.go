@@ -1,0 +1,196 @@
+package proxy
+
+import (
+	"errors"
+)
+
+// A tunnel is decided by its CONNECT target, but a front end that serves many names
+// behind one address (a CDN) routes a TLS connection by the server name its ClientHello
+// carries (SNI, RFC 6066), so an allowed target would carry a handshake with any name
+// the same front end serves. The relay therefore reads the name before it forwards the
+// client's first bytes (see helloGate).
+
+const (
+	tlsRecordHandshake   = 22
+	tlsRecordHeaderLen   = 5
+	tlsMaxRecordLen      = 1 << 14 // RFC 8446 §5.1: a plaintext record's fragment
+	tlsClientHello       = 1
+	tlsExtServerName     = 0
+	tlsServerNameHost    = 0
+	tlsAlertUnrecognized = 112 // unrecognized_name (RFC 6066 §3)
+)
+
+// maxHelloMessage bounds a ClientHello (handshake body). Today's clients send 0.5–2 KiB
+// (post-quantum key shares included); a larger one is refused rather than held.
+const maxHelloMessage = 16 << 10
+
+// maxHelloStream bounds the bytes held while a ClientHello arrives. Splitting a hello
+// into many small records is a known way past filters that read only the first record;
+// it is reassembled here, up to this many bytes of records.
+const maxHelloStream = 64 << 10
+
+var errMalformedHello = errors.New("malformed TLS ClientHello")
+
+// helloServerName reads the ClientHello that stream, the first bytes of a tunnel
+// (starting with a handshake record), begins with, and returns its server name ("" if
+// it names none). more reports a prefix of a ClientHello that has not ended yet. A
+// stream that is not one readable ClientHello (another record type or message first,
+// two host names, lengths that do not add up) is errMalformedHello: a server would
+// read it otherwise than this parser, or not at all.
+func helloServerName(stream []byte) (name string, more bool, err error) {
+	var msg []byte
+	for off := 0; ; {
+		if len(msg) >= 4 {
+			if msg[0] != tlsClientHello {
+				return "", false, errMalformedHello
+			}
+			n := int(msg[1])<<16 | int(msg[2])<<8 | int(msg[3])
+			if n > maxHelloMessage {
+				return "", false, errMalformedHello
+			}
+			if len(msg) >= 4+n {
+				return parseClientHello(msg[4 : 4+n])
+			}
+		}
+		if len(stream)-off < tlsRecordHeaderLen {
+			return "", true, nil
+		}
+		h := stream[off : off+tlsRecordHeaderLen]
+		length := int(h[3])<<8 | int(h[4])
+		if h[0] != tlsRecordHandshake || h[1] != 3 || length == 0 || length > tlsMaxRecordLen {
+			return "", false, errMalformedHello
+		}
+		if len(stream)-off-tlsRecordHeaderLen < length {
+			return "", true, nil
+		}
+		off += tlsRecordHeaderLen
+		msg = append(msg, stream[off:off+length]...)
+		off += length
+	}
+}
+
+// parseClientHello returns the host name of a ClientHello body (RFC 8446 §4.1.2, RFC
+// 5246 §7.4.1.2).
+func parseClientHello(body []byte) (string, bool, error) {
+	r := helloReader(body)
+	if !r.skip(2+32) || !r.skipVec(1) || !r.skipVec(2) || !r.skipVec(1) {
+		return "", false, errMalformedHello
+	}
+	if r.empty() { // TLS 1.2 allows a hello without extensions
+		return "", false, nil
+	}
+	exts, ok := r.vec(2)
+	if !ok || !r.empty() {
+		return "", false, errMalformedHello
+	}
+	name, seen := "", false
+	for !exts.empty() {
+		typ, ok := exts.u16()
+		if !ok {
+			return "", false, errMalformedHello
+		}
+		data, ok := exts.vec(2)
+		if !ok {
+			return "", false, errMalformedHello
+		}
+		if typ != tlsExtServerName {
+			continue
+		}
+		if seen { // a second server_name extension: servers disagree on which counts
+			return "", false, errMalformedHello
+		}
+		seen = true
+		var err error
+		if name, err = serverNameExt(data); err != nil {
+			return "", false, err
+		}
+	}
+	return name, false, nil
+}
+
+// serverNameExt reads the one host name of a server_name extension's list.
+func serverNameExt(data helloReader) (string, error) {
+	list, ok := data.vec(2)
+	if !ok || !data.empty() || list.empty() {
+		return "", errMalformedHello
+	}
+	name := ""
+	for !list.empty() {
+		typ, ok := list.u8()
+		if !ok {
+			return "", errMalformedHello
+		}
+		v, ok := list.vec(2)
+		if !ok {
+			return "", errMalformedHello
+		}
+		if typ != tlsServerNameHost {
+			continue
+		}
+		if name != "" || v.empty() { // RFC 6066 §3: at most one host_name, never empty
+			return "", errMalformedHello
+		}
+		name = string(v)
+	}
+	return name, nil
+}
+
+// helloReader reads big-endian integers and length-prefixed vectors, failing (false)
+// rather than reading past its end.
+type helloReader []byte
+
+func (r *helloReader) empty() bool { return len(*r) == 0 }
+
+func (r *helloReader) skip(n int) bool {
+	if len(*r) < n {
+		return false
+	}
+	*r = (*r)[n:]
+	return true
+}
+
+func (r *helloReader) u8() (byte, bool) {
+	if len(*r) < 1 {
+		return 0, false
+	}
+	v := (*r)[0]
+	*r = (*r)[1:]
+	return v, true
+}
+
+func (r *helloReader) u16() (int, bool) {
+	if len(*r) < 2 {
+		return 0, false
+	}
+	v := int((*r)[0])<<8 | int((*r)[1])
+	*r = (*r)[2:]
+	return v, true
+}
+
+// vec reads a vector whose length takes lenBytes (1 or 2) bytes.
+func (r *helloReader) vec(lenBytes int) (helloReader, bool) {
+	var n int
+	if lenBytes == 1 {
+		b, ok := r.u8()
+		if !ok {
+			return nil, false
+		}
+		n = int(b)
+	} else {
+		var ok bool
+		if n, ok = r.u16(); !ok {
+			return nil, false
+		}
+	}
+	if len(*r) < n {
+		return nil, false
+	}
+	v := (*r)[:n]
+	*r = (*r)[n:]
+	return v, true
+}
+
+func (r *helloReader) skipVec(lenBytes int) bool {
+	_, ok := r.vec(lenBytes)
+	return ok
+}
