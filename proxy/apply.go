@@ -58,7 +58,7 @@ func (s *Server) Apply(p policy.Policy, task, phase *string, source string) Appl
 		// Published first, swept second: a connection registered after the sweep
 		// re-reads the pointer and sees rs (see tracker.closeIf).
 		closed = s.tracker.closeIf(func(c *liveConn) bool {
-			return !s.decider.Recheck(rs, c.name, c.addr, c.port) || !serverNameAllowed(rs, c.serverName, c.port)
+			return !s.decider.Recheck(rs, c.name, c.addr, c.port) || !serverNameAllowed(rs, c.serverName, c.encryptedHello, c.port)
 		})
 		old.closeIdle()
 		summary := old.blocked.summary(old.Generation)

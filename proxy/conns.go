@@ -12,9 +12,11 @@ type liveConn struct {
 	name string
 	addr netip.Addr
 	port uint16
-	// serverName is a tunnel's TLS server name when it differs from name (see
-	// helloGate); set under the tracker's lock, so a sweep re-checks it.
-	serverName string
+	// serverName is a tunnel's TLS server name when it differs from name, and
+	// encryptedHello whether its ClientHello hid one (see helloGate); set under the
+	// tracker's lock, so a sweep re-checks them.
+	serverName     string
+	encryptedHello bool
 	// close cuts the connection on both sides; it may be called more than once. A
 	// non-nil settle finishes a cut that must wait (a tunnel's 200 on its way out), and
 	// is called once every connection's close has started, so the waits overlap.
@@ -78,10 +80,10 @@ func (t *tracker) addrOf(c *liveConn) netip.Addr {
 	return c.addr
 }
 
-// setServerName records the TLS server name of c, a tunnel.
-func (t *tracker) setServerName(c *liveConn, name string) {
+// setServerName records what the ClientHello of c, a tunnel, asked for.
+func (t *tracker) setServerName(c *liveConn, name string, encrypted bool) {
 	t.mu.Lock()
-	c.serverName = name
+	c.serverName, c.encryptedHello = name, encrypted
 	t.mu.Unlock()
 }
 

@@ -10,15 +10,16 @@ import (
 
 // helloGate holds the first bytes a client sends in a tunnel to a named target until
 // they show whether they open a TLS handshake and, if they do, which server its
-// ClientHello names (see tlshello.go). Bytes that do not start a handshake pass at
+// ClientHello names (see tlshello.go). Bytes that do not start a TLS record pass at
 // once. A name other than the target's must be one the policy allows by name at the
 // tunnel's port; a hello that cannot be read is refused. Only the client's direction
 // has a gate, and only until it has decided: the upstream's direction never waits for
 // it, so protocols whose server speaks first work as before.
 type helloGate struct {
-	s    *Server
-	t    *tunnel
-	held []byte // a ClientHello's bytes so far
+	s     *Server
+	t     *tunnel
+	held  []byte // a ClientHello's bytes so far
+	parse helloParser
 }
 
 // errServerNameRefused ends a tunnel whose ClientHello its gate refused.
@@ -27,50 +28,71 @@ var errServerNameRefused = errors.New("proxy: TLS server name refused")
 // feed takes the next bytes the client sent and returns those that may go upstream now
 // (none while a hello is incomplete) and whether the gate has decided.
 func (g *helloGate) feed(p []byte) (out []byte, done bool, err error) {
-	if len(g.held) == 0 && p[0] != tlsRecordHandshake {
+	if g.notTLS(p) {
 		return p, true, nil
 	}
 	g.held = append(g.held, p...)
-	name, more, err := helloServerName(g.held)
+	name, more, err := g.parse.read(g.held)
 	if err == nil && more {
 		if len(g.held) <= maxHelloStream {
 			return nil, false, nil
 		}
 		err = errMalformedHello
 	}
-	if !g.s.decideServerName(g.t, name, err) {
+	if !g.s.decideServerName(g.t, name, g.parse.ech, err) {
 		return nil, true, errServerNameRefused
 	}
 	return g.held, true, nil
+}
+
+// notTLS reports whether p, the first bytes of the stream, start no TLS record. Any
+// record type is read as TLS, not only a handshake: servers read records of other types
+// before a ClientHello (Go's crypto/tls and BoringSSL skip a warning alert), and then the
+// hello after them; helloServerName refuses such a stream.
+func (g *helloGate) notTLS(p []byte) bool {
+	return len(g.held) == 0 && (p[0] < tlsRecordFirstType || p[0] > tlsRecordLastType)
 }
 
 // tlsUnrecognizedName is the fatal alert a refused hello gets: its client reports the
 // server name as unrecognised rather than a bare reset.
 var tlsUnrecognizedName = []byte{21, 3, 3, 0, 2, 2, tlsAlertUnrecognized}
 
-// decideServerName rules on the server name of t's ClientHello (err: the hello could not
-// be read). It records a decision of its own (type tls) for a name other than the
-// target's, and for a refusal, which it answers with a TLS alert.
-func (s *Server) decideServerName(t *tunnel, name string, err error) bool {
+// decideServerName rules on t's ClientHello: its server name, whether it carries an
+// encrypted one (ech), or err: it could not be read. It records a decision of its own
+// (type tls) for a name other than the target's, for an encrypted hello and for a
+// refusal, which it answers with a TLS alert.
+//
+// An encrypted hello is refused unless the policy is public: the name outside is the
+// client's choice, and a front end that accepts ECH serves the name inside, which no
+// proxy can read (browsers' ECH "GREASE" looks the same by design).
+func (s *Server) decideServerName(t *tunnel, name string, ech bool, err error) bool {
 	v := Verdict{Host: name, Port: t.port, Addr: t.addr}
-	if err != nil {
+	switch canon, cerr := policy.CanonicalHostname(name); {
+	case err != nil:
 		v.Host, v.Reason = t.host, ReasonMalformedHello
-	} else if name == "" {
-		return true
-	} else if canon, cerr := policy.CanonicalHostname(name); cerr != nil {
+	case name != "" && cerr != nil:
 		v.Reason = ReasonInvalidHost
-	} else if canon == t.host {
-		return true
-	} else {
-		v.Name = canon
+	default:
+		if name != "" && canon != t.host {
+			v.Name = canon
+		} else if !ech {
+			return true // the target's own name, or none
+		}
 		// Recorded before the rule set is read: a swap that publishes a new set after
-		// this read sweeps the tunnel with its name (see tracker.closeIf).
-		s.tracker.setServerName(t.entry, canon)
+		// this read sweeps the tunnel with them (see tracker.closeIf).
+		s.tracker.setServerName(t.entry, v.Name, ech)
+	}
+	if v.Host == "" {
+		v.Host = t.host
 	}
 	cur := s.current.Load()
 	if v.Reason == "" {
-		dec := cur.Matcher.Decide(v.Name, netip.Addr{}, t.port)
-		v.Allowed, v.Reason, v.Rule = dec.Allowed, string(dec.Reason), ruleString(dec.Rule)
+		if ech && cur.Mode() != policy.ModePublic {
+			v.Reason = ReasonEncryptedHello
+		} else {
+			dec := cur.Matcher.Decide(blockedHost(v), netip.Addr{}, t.port)
+			v.Allowed, v.Reason, v.Rule = dec.Allowed, string(dec.Reason), ruleString(dec.Rule)
+		}
 	}
 	s.record(cur, typeTLS, v, t.clientAddr)
 	if v.Allowed {
@@ -82,8 +104,12 @@ func (s *Server) decideServerName(t *tunnel, name string, err error) bool {
 	return false
 }
 
-// serverNameAllowed reports whether rs allows a tunnel's TLS server name (one other
-// than its target's, "" for none) by name at port.
-func serverNameAllowed(rs *RuleSet, name string, port uint16) bool {
+// serverNameAllowed reports whether rs allows what a tunnel's ClientHello asked for: its
+// TLS server name (one other than its target's, "" for none) by name at port, and an
+// encrypted hello only under public.
+func serverNameAllowed(rs *RuleSet, name string, ech bool, port uint16) bool {
+	if ech && rs.Mode() != policy.ModePublic {
+		return false
+	}
 	return name == "" || rs.Matcher.Decide(name, netip.Addr{}, port).Allowed
 }

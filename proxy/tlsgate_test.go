@@ -30,6 +30,8 @@ func TestTunnelServerName(t *testing.T) {
 	// In one-byte records, more bytes than a gate holds (maxHelloStream, which one read
 	// of the relay's buffer may overshoot) before the hello ends.
 	hugeHelloA := helloWith(append(sniExt(host, "a.test"), append([]byte{0, 21, 0x38, 0}, make([]byte, 0x3800)...)...))
+	// An encrypted_client_hello extension (its payload is opaque to the proxy).
+	echHelloA := helloWith(append(sniExt(host, "a.test"), 0xfe, 0x0d, 0, 4, 1, 2, 3, 4))
 	const allow = `{"network_mode":"allowlist","allowed_hosts":["a.test","*.svc.test"]}`
 	for _, tc := range []struct {
 		name    string
@@ -59,6 +61,8 @@ func TestTunnelServerName(t *testing.T) {
 		{name: "public", policy: `"public"`, stream: helloB, line: true},
 		{name: "an address for a name", policy: allow, stream: helloWith(sniExt(host, "127.0.0.3")), refused: "invalid-host", line: true},
 		{name: "unreadable hello", policy: allow, stream: helloWith(sniExt(host, "a.test", host, "b.test")), refused: "malformed-tls-hello", line: true},
+		{name: "encrypted, the target's name outside", policy: allow, stream: echHelloA, refused: "encrypted-client-hello", line: true},
+		{name: "encrypted, under public", policy: `"public"`, stream: echHelloA, line: true},
 		{name: "an address target is not checked", policy: `{"network_mode":"allowlist","allowed_hosts":["127.0.0.2/32"]}`, target: "127.0.0.2", stream: helloB},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -140,9 +144,9 @@ func TestTunnelServerName(t *testing.T) {
 	}
 }
 
-// A swap re-decides a tunnel's TLS server name as it does its target: a tunnel opened
-// under public for a.test with b.test's hello is cut when an allowlist of a.test comes
-// into force, one with a.test's own hello is kept.
+// A swap re-decides a tunnel's TLS server name as it does its target: tunnels opened
+// under public for a.test with b.test's hello, or with an encrypted one, are cut when an
+// allowlist of a.test comes into force; one with a.test's own hello is kept.
 func TestSwapCutsTunnelByServerName(t *testing.T) {
 	h := newHarness(t)
 	h.apply(`"public"`)
@@ -159,13 +163,16 @@ func TestSwapCutsTunnelByServerName(t *testing.T) {
 		}
 		return c
 	}
-	kept, cut := open(clientHello(t, "a.test")), open(clientHello(t, "b.test"))
-	if res := h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`); res.ClosedConnections != 1 {
-		t.Fatalf("swap closed %d connections, want 1", res.ClosedConnections)
+	ech := helloWith(append(sniExt(string([]byte{tlsServerNameHost}), "a.test"), 0xfe, 0x0d, 0, 1, 0))
+	kept, cut, cutECH := open(clientHello(t, "a.test")), open(clientHello(t, "b.test")), open(ech)
+	if res := h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`); res.ClosedConnections != 2 {
+		t.Fatalf("swap closed %d connections, want 2", res.ClosedConnections)
 	}
-	_ = cut.SetReadDeadline(time.Now().Add(hangGuard))
-	if n, err := cut.Read(make([]byte, 1)); err == nil {
-		t.Fatalf("the tunnel with b.test's hello is still open (%d bytes)", n)
+	for what, c := range map[string]*tunnelConn{"b.test's hello": cut, "an encrypted hello": cutECH} {
+		_ = c.SetReadDeadline(time.Now().Add(hangGuard))
+		if n, err := c.Read(make([]byte, 1)); err == nil {
+			t.Fatalf("the tunnel with %s is still open (%d bytes)", what, n)
+		}
 	}
 	if _, err := kept.Write([]byte("x")); err != nil {
 		t.Fatal(err)

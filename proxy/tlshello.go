@@ -11,11 +11,14 @@ import (
 // client's first bytes (see helloGate).
 
 const (
+	tlsRecordFirstType   = 20 // change_cipher_spec: the lowest record type (RFC 8446 §5.1)
+	tlsRecordLastType    = 24 // heartbeat (RFC 6520)
 	tlsRecordHandshake   = 22
 	tlsRecordHeaderLen   = 5
 	tlsMaxRecordLen      = 1 << 14 // RFC 8446 §5.1: a plaintext record's fragment
 	tlsClientHello       = 1
 	tlsExtServerName     = 0
+	tlsExtEncryptedHello = 0xfe0d // encrypted_client_hello (draft-ietf-tls-esni)
 	tlsServerNameHost    = 0
 	tlsAlertUnrecognized = 112 // unrecognized_name (RFC 6066 §3)
 )
@@ -38,8 +41,23 @@ var errMalformedHello = errors.New("malformed TLS ClientHello")
 // two host names, lengths that do not add up) is errMalformedHello: a server would
 // read it otherwise than this parser, or not at all.
 func helloServerName(stream []byte) (name string, more bool, err error) {
-	var msg []byte
-	for off := 0; ; {
+	var p helloParser
+	return p.read(stream)
+}
+
+// helloParser is helloServerName for a stream that grows between calls (a gate's held
+// bytes): it reads each record once. Re-reading them all at each call made a hello of
+// many small records, arriving in as many reads, cost the square of its length.
+type helloParser struct {
+	off int    // the records before off are in msg
+	msg []byte // the handshake bytes of those records
+	ech bool   // the hello read carries an encrypted_client_hello extension
+}
+
+// read is helloServerName of stream, which begins with the stream of p's earlier calls.
+func (p *helloParser) read(stream []byte) (name string, more bool, err error) {
+	for {
+		msg, off := p.msg, p.off
 		if len(msg) >= 4 {
 			if msg[0] != tlsClientHello {
 				return "", false, errMalformedHello
@@ -49,7 +67,8 @@ func helloServerName(stream []byte) (name string, more bool, err error) {
 				return "", false, errMalformedHello
 			}
 			if len(msg) >= 4+n {
-				return parseClientHello(msg[4 : 4+n])
+				name, p.ech, err = parseClientHello(msg[4 : 4+n])
+				return name, false, err
 			}
 		}
 		if len(stream)-off < tlsRecordHeaderLen {
@@ -64,14 +83,14 @@ func helloServerName(stream []byte) (name string, more bool, err error) {
 			return "", true, nil
 		}
 		off += tlsRecordHeaderLen
-		msg = append(msg, stream[off:off+length]...)
-		off += length
+		p.msg = append(msg, stream[off:off+length]...)
+		p.off = off + length
 	}
 }
 
 // parseClientHello returns the host name of a ClientHello body (RFC 8446 §4.1.2, RFC
-// 5246 §7.4.1.2).
-func parseClientHello(body []byte) (string, bool, error) {
+// 5246 §7.4.1.2), and whether it carries an encrypted_client_hello extension.
+func parseClientHello(body []byte) (name string, ech bool, err error) {
 	r := helloReader(body)
 	if !r.skip(2+32) || !r.skipVec(1) || !r.skipVec(2) || !r.skipVec(1) {
 		return "", false, errMalformedHello
@@ -83,7 +102,7 @@ func parseClientHello(body []byte) (string, bool, error) {
 	if !ok || !r.empty() {
 		return "", false, errMalformedHello
 	}
-	name, seen := "", false
+	seen := false
 	for !exts.empty() {
 		typ, ok := exts.u16()
 		if !ok {
@@ -93,6 +112,9 @@ func parseClientHello(body []byte) (string, bool, error) {
 		if !ok {
 			return "", false, errMalformedHello
 		}
+		if typ == tlsExtEncryptedHello {
+			ech = true
+		}
 		if typ != tlsExtServerName {
 			continue
 		}
@@ -100,12 +122,11 @@ func parseClientHello(body []byte) (string, bool, error) {
 			return "", false, errMalformedHello
 		}
 		seen = true
-		var err error
 		if name, err = serverNameExt(data); err != nil {
 			return "", false, err
 		}
 	}
-	return name, false, nil
+	return name, ech, nil
 }
 
 // serverNameExt reads the one host name of a server_name extension's list.

@@ -155,3 +155,25 @@ func FuzzHelloServerName(f *testing.F) {
 		}
 	})
 }
+
+// The parser tells a hello that carries an encrypted_client_hello extension (ECH, or a
+// browser's GREASE of it) from one that does not.
+func TestHelloParserSeesEncryptedHello(t *testing.T) {
+	host := string([]byte{tlsServerNameHost})
+	for _, tc := range []struct {
+		name   string
+		stream []byte
+		ech    bool
+	}{
+		{"crypto/tls without ECH", clientHello(t, "a.test"), false},
+		{"an encrypted_client_hello extension", helloWith(append(sniExt(host, "a.test"), 0xfe, 0x0d, 0, 0)), true},
+		{"the extension alone", helloWith([]byte{0xfe, 0x0d, 0, 0}), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var p helloParser
+			if _, more, err := p.read(tc.stream); more || err != nil || p.ech != tc.ech {
+				t.Fatalf("more=%v err=%v ech=%v, want ech=%v", more, err, p.ech, tc.ech)
+			}
+		})
+	}
+}
