@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"bytes"
+	"crypto/ecdh"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -223,6 +225,85 @@ func TestTLSClientServerName(t *testing.T) {
 			}
 			if _, err := io.ReadFull(tc2, make([]byte, 4)); err != nil {
 				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// echKeys is an ECH key for a front end whose public name is publicName, and the
+// ECHConfigList a client is given for it (draft-ietf-tls-esni §4: version 0xfe0d,
+// DHKEM(X25519), HKDF-SHA256, AES-128-GCM).
+func echKeys(t *testing.T, publicName string) (tls.EncryptedClientHelloKey, []byte) {
+	t.Helper()
+	priv, err := ecdh.X25519().GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := priv.PublicKey().Bytes()
+	var c []byte
+	c = append(c, 7, 0x00, 0x20)                     // config_id, kem_id
+	c = append(c, byte(len(pub)>>8), byte(len(pub))) // public_key
+	c = append(c, pub...)
+	c = append(c, 0, 4, 0, 1, 0, 1) // cipher_suites: HKDF-SHA256, AES-128-GCM
+	c = append(c, 0, byte(len(publicName)))
+	c = append(c, publicName...)
+	c = append(c, 0, 0) // no extensions
+	config := append([]byte{0xfe, 0x0d, byte(len(c) >> 8), byte(len(c))}, c...)
+	list := append([]byte{byte(len(config) >> 8), byte(len(config))}, config...)
+	return tls.EncryptedClientHelloKey{Config: config, PrivateKey: priv.Bytes()}, list
+}
+
+// Real ECH, as a client that wants b.test sends it behind a front end that serves it:
+// the target's own name outside, b.test inside. Under an allowlist of the target the
+// tunnel is refused before the front end sees the hello; under public the same
+// handshake completes with ECH accepted, which shows the hello is the real thing.
+func TestEncryptedClientHelloThroughTunnel(t *testing.T) {
+	cert := testutil.SelfSigned(t, "tls.test")
+	key, list := echKeys(t, "tls.test")
+	for _, tc := range []struct {
+		policy  string
+		refused bool
+	}{
+		{`{"network_mode":"allowlist","allowed_hosts":["tls.test"]}`, true},
+		{`"public"`, false},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			h := newHarness(t)
+			h.dns.set("tls.test", netip.MustParseAddr("127.0.0.26"))
+			h.apply(tc.policy)
+			seen := make(chan string, 1)
+			port := serveTCP(t, "127.0.0.26", func(c net.Conn, _ <-chan struct{}) {
+				s := tls.Server(c, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13,
+					EncryptedClientHelloKeys: []tls.EncryptedClientHelloKey{key},
+					GetConfigForClient: func(hi *tls.ClientHelloInfo) (*tls.Config, error) {
+						seen <- hi.ServerName
+						return nil, nil
+					}})
+				_ = s.Handshake()
+			}).Port
+			_, c := h.connect(fmt.Sprintf("tls.test:%d", port), "")
+			if c == nil {
+				t.Fatal("CONNECT refused")
+			}
+			tc2 := tls.Client(c, &tls.Config{ServerName: "b.test", InsecureSkipVerify: true, MinVersion: tls.VersionTLS13,
+				EncryptedClientHelloConfigList: list})
+			err := tc2.Handshake()
+			if tc.refused {
+				if err == nil || !strings.Contains(err.Error(), "unrecognized name") {
+					t.Fatalf("handshake: %v, want the unrecognized_name alert", err)
+				}
+				select {
+				case name := <-seen:
+					t.Fatalf("the front end read a hello for %q", name)
+				default:
+				}
+				return
+			}
+			if err != nil || !tc2.ConnectionState().ECHAccepted {
+				t.Fatalf("handshake: %v, ECH accepted: %v", err, tc2.ConnectionState().ECHAccepted)
+			}
+			if name := <-seen; name != "b.test" {
+				t.Fatalf("the front end served %q, want the inner b.test", name)
 			}
 		})
 	}
