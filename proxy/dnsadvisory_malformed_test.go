@@ -2,7 +2,7 @@ package proxy
 
 // Advisory-driven DNS tests: malformed answers from an upstream. Parsers of DNS
 // responses have looped on compression pointers or read past the message (RFC 9267 §2;
-// https://github.com/miekg/dns/issues/834 on the library's pointer limit; DNSpooq,
+// miekg/dns issue 834 on the library's pointer limit; DNSpooq,
 // CVE-2020-25681..25683, https://kb.cert.org/vuls/id/434904, for crafted replies).
 // miekg/dns returns the part of a message it could read together with the error: that
 // part must not reach the sandbox as if it were the answer.

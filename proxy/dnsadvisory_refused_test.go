@@ -3,8 +3,8 @@ package proxy
 // Advisory-driven DNS tests: queries that carry data out in their name (DNS tunnels
 // such as iodine and dnscat2 use TXT, NULL, CNAME, MX and more, not only A) and record
 // types that carry addresses past an A/AAAA-only filter (HTTPS/SVCB ipv4hint and
-// ipv6hint: https://github.com/celzero/rethink-app/issues/3072, a wildcard block
-// bypassed through HTTPS queries; https://github.com/pymumu/smartdns/issues/2466).
+// ipv6hint: celzero/rethink-app issue 3072, a wildcard block
+// bypassed through HTTPS queries; pymumu/smartdns issue 2466).
 // What the policy refuses is REFUSED whatever the type, class, opcode, transport or EDNS
 // options, and never reaches the upstream.
 

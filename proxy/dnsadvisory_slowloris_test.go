@@ -2,9 +2,9 @@ package proxy
 
 // Advisory-driven DNS tests: DNS-over-TCP clients that hold their connection (slow
 // loris). A server that waits on a client forever runs out of connection slots
-// (https://github.com/maksimkurb/keen-pbr/pull/51, "DNS probe TCP slowloris idle
+// (maksimkurb/keen-pbr PR 51, "DNS probe TCP slowloris idle
 // connection exhaustion"; CoreDNS's fixed TCP read timeouts,
-// https://github.com/coredns/coredns/issues/5780). With --dns-max-tcp-connections 1 a
+// coredns/coredns issue 5780). With --dns-max-tcp-connections 1 a
 // client that stalls must lose its slot, so the next client is answered.
 
 import (
