@@ -137,24 +137,16 @@ func TestAdvisoryRedirectsAreRelayedNotFollowed(t *testing.T) {
 	up := &redirectUpstream{}
 	var status, location string
 	var mu sync.Mutex
-	a := serveTCP(t, "127.0.0.2", func(c net.Conn, _ <-chan struct{}) {
-		br := bufio.NewReader(c)
-		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
-				return
-			}
-			_, _ = io.Copy(io.Discard, req.Body)
-			up.mu.Lock()
-			up.hosts = append(up.hosts, req.Host)
-			up.mu.Unlock()
-			mu.Lock()
-			st, loc := status, location
-			mu.Unlock()
-			if _, err := fmt.Fprintf(c, "HTTP/1.1 %s\r\nLocation: %s\r\nContent-Length: 0\r\n\r\n", st, loc); err != nil {
-				return
-			}
-		}
+	a := serveRawHTTP(t, "127.0.0.2", func(c net.Conn, req *http.Request) bool {
+		_, _ = io.Copy(io.Discard, req.Body)
+		up.mu.Lock()
+		up.hosts = append(up.hosts, req.Host)
+		up.mu.Unlock()
+		mu.Lock()
+		st, loc := status, location
+		mu.Unlock()
+		_, err := fmt.Fprintf(c, "HTTP/1.1 %s\r\nLocation: %s\r\nContent-Length: 0\r\n\r\n", st, loc)
+		return err == nil
 	})
 	aHost := fmt.Sprintf("a.test:%d", a.Port)
 	targets := []string{

@@ -58,7 +58,8 @@ func (s *Server) Apply(p policy.Policy, task, phase *string, source string) Appl
 		// Published first, swept second: a connection registered after the sweep
 		// re-reads the pointer and sees rs (see tracker.closeIf).
 		closed = s.tracker.closeIf(func(c *liveConn) bool {
-			return !s.decider.Recheck(rs, c.name, c.addr, c.port) || !serverNameAllowed(rs, c.serverName, c.encryptedHello, c.port)
+			helloOK, _, _ := helloDecision(rs, c.serverName, c.encryptedHello, c.port)
+			return !helloOK || !s.decider.Recheck(rs, c.name, c.addr, c.port)
 		})
 		old.closeIdle()
 		summary := old.blocked.summary(old.Generation)

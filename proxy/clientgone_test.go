@@ -127,22 +127,14 @@ func slowEchoUpstream(t *testing.T) (h *harness, port int, seen <-chan string) {
 	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.23"))
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
 	got := make(chan string, 2)
-	port = serveTCP(t, "127.0.0.23", func(c net.Conn, _ <-chan struct{}) {
-		br := bufio.NewReader(c)
-		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
-				return
-			}
-			select {
-			case got <- req.Method + " " + req.URL.Path:
-			default:
-			}
-			time.Sleep(6 * testWatchDelay)
-			if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(req.URL.Path))+"\r\n\r\n"+req.URL.Path); err != nil {
-				return
-			}
+	port = serveRawHTTP(t, "127.0.0.23", func(c net.Conn, req *http.Request) bool {
+		select {
+		case got <- req.Method + " " + req.URL.Path:
+		default:
 		}
+		time.Sleep(6 * testWatchDelay)
+		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(req.URL.Path))+"\r\n\r\n"+req.URL.Path)
+		return err == nil
 	}).Port
 	return h, port, got
 }

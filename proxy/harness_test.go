@@ -545,6 +545,22 @@ func serveTCP(t testing.TB, ip string, handle func(c net.Conn, done <-chan struc
 	return ln.Addr().(*net.TCPAddr)
 }
 
+// serveRawHTTP serves ip with an upstream that reads the requests of each connection
+// one after another and has answer write each one's answer as it is to go out (where
+// net/http's server would rewrite it); the connection ends when answer returns false.
+func serveRawHTTP(t testing.TB, ip string, answer func(c net.Conn, req *http.Request) bool) *net.TCPAddr {
+	t.Helper()
+	return serveTCP(t, ip, func(c net.Conn, _ <-chan struct{}) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil || !answer(c, req) {
+				return
+			}
+		}
+	})
+}
+
 func (t *tracker) len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -19,22 +19,14 @@ func TestNotModifiedKeepsItsLength(t *testing.T) {
 	h.dns.set("nm.test", netip.MustParseAddr("127.0.0.21"))
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["nm.test"]}`)
 	// net/http's server drops a 304's Content-Length: this upstream answers as written.
-	port := serveTCP(t, "127.0.0.21", func(c net.Conn, _ <-chan struct{}) {
-		br := bufio.NewReader(c)
-		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
-				return
-			}
-			_, _ = io.Copy(io.Discard, req.Body)
-			length := ""
-			if req.URL.Path == "/length" {
-				length = "Content-Length: 5\r\n"
-			}
-			if _, err := io.WriteString(c, "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\n"+length+"\r\n"); err != nil {
-				return
-			}
+	port := serveRawHTTP(t, "127.0.0.21", func(c net.Conn, req *http.Request) bool {
+		_, _ = io.Copy(io.Discard, req.Body)
+		length := ""
+		if req.URL.Path == "/length" {
+			length = "Content-Length: 5\r\n"
 		}
+		_, err := io.WriteString(c, "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\n"+length+"\r\n")
+		return err == nil
 	}).Port
 	host := fmt.Sprintf("nm.test:%d", port)
 	for _, tc := range []struct {

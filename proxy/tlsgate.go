@@ -48,7 +48,7 @@ func (g *helloGate) feed(p []byte) (out []byte, done bool, err error) {
 // notTLS reports whether p, the first bytes of the stream, start no TLS record. Any
 // record type is read as TLS, not only a handshake: servers read records of other types
 // before a ClientHello (Go's crypto/tls and BoringSSL skip a warning alert), and then the
-// hello after them; helloServerName refuses such a stream.
+// hello after them; helloParser refuses such a stream.
 func (g *helloGate) notTLS(p []byte) bool {
 	return len(g.held) == 0 && (p[0] < tlsRecordFirstType || p[0] > tlsRecordLastType)
 }
@@ -87,12 +87,7 @@ func (s *Server) decideServerName(t *tunnel, name string, ech bool, err error) b
 	}
 	cur := s.current.Load()
 	if v.Reason == "" {
-		if ech && cur.Mode() != policy.ModePublic {
-			v.Reason = ReasonEncryptedHello
-		} else {
-			dec := cur.Matcher.Decide(blockedHost(v), netip.Addr{}, t.port)
-			v.Allowed, v.Reason, v.Rule = dec.Allowed, string(dec.Reason), ruleString(dec.Rule)
-		}
+		v.Allowed, v.Reason, v.Rule = helloDecision(cur, blockedHost(v), ech, t.port)
 	}
 	s.record(cur, typeTLS, v, t.clientAddr)
 	if v.Allowed {
@@ -104,12 +99,17 @@ func (s *Server) decideServerName(t *tunnel, name string, ech bool, err error) b
 	return false
 }
 
-// serverNameAllowed reports whether rs allows what a tunnel's ClientHello asked for: its
-// TLS server name (one other than its target's, "" for none) by name at port, and an
-// encrypted hello only under public.
-func serverNameAllowed(rs *RuleSet, name string, ech bool, port uint16) bool {
+// helloDecision is rs's decision on what a tunnel's ClientHello asked for beyond its
+// target: name, by name at port ("" for nothing but the target, whose own decision
+// stands), and, if ech, a name it hid, allowed only under public. A swap re-decides a
+// tunnel with it, as the gate decided.
+func helloDecision(rs *RuleSet, name string, ech bool, port uint16) (allowed bool, reason, rule string) {
 	if ech && rs.Mode() != policy.ModePublic {
-		return false
+		return false, ReasonEncryptedHello, ""
 	}
-	return name == "" || rs.Matcher.Decide(name, netip.Addr{}, port).Allowed
+	if name == "" {
+		return true, "", ""
+	}
+	dec := rs.Matcher.Decide(name, netip.Addr{}, port)
+	return dec.Allowed, string(dec.Reason), ruleString(dec.Rule)
 }

@@ -34,27 +34,22 @@ const maxHelloStream = 64 << 10
 
 var errMalformedHello = errors.New("malformed TLS ClientHello")
 
-// helloServerName reads the ClientHello that stream, the first bytes of a tunnel
-// (starting with a handshake record), begins with, and returns its server name ("" if
-// it names none). more reports a prefix of a ClientHello that has not ended yet. A
-// stream that is not one readable ClientHello (another record type or message first,
-// two host names, lengths that do not add up) is errMalformedHello: a server would
-// read it otherwise than this parser, or not at all.
-func helloServerName(stream []byte) (name string, more bool, err error) {
-	var p helloParser
-	return p.read(stream)
-}
-
-// helloParser is helloServerName for a stream that grows between calls (a gate's held
-// bytes): it reads each record once. Re-reading them all at each call made a hello of
-// many small records, arriving in as many reads, cost the square of its length.
+// helloParser reads the ClientHello that a tunnel's first bytes (a gate's held bytes,
+// which grow between calls) begin with. It reads each record once: re-reading them all
+// at each call made a hello of many small records, arriving in as many reads, cost the
+// square of its length.
 type helloParser struct {
 	off int    // the records before off are in msg
 	msg []byte // the handshake bytes of those records
 	ech bool   // the hello read carries an encrypted_client_hello extension
 }
 
-// read is helloServerName of stream, which begins with the stream of p's earlier calls.
+// read returns the server name ("" if it names none) of the ClientHello that stream
+// begins with; stream begins with the stream of p's earlier calls. more reports a
+// prefix of a ClientHello that has not ended yet. A stream that is not one readable
+// ClientHello (another record type or message first, two host names, lengths that do
+// not add up) is errMalformedHello: a server would read it otherwise than this parser,
+// or not at all.
 func (p *helloParser) read(stream []byte) (name string, more bool, err error) {
 	for {
 		msg, off := p.msg, p.off

@@ -114,7 +114,7 @@ func TestHelloServerName(t *testing.T) {
 		{"truncated body", []byte{22, 3, 1, 0, 6, 1, 0, 0, 2, 3, 3}, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			name, more, err := helloServerName(tc.stream)
+			name, more, err := readHello(tc.stream)
 			if more || name != tc.want || (err != nil) != tc.err || (err != nil && !errors.Is(err, errMalformedHello)) {
 				t.Fatalf("got %q more=%v err=%v, want %q err=%v", name, more, err, tc.want, tc.err)
 			}
@@ -128,7 +128,7 @@ func TestHelloServerNamePrefixes(t *testing.T) {
 	for _, size := range []int{1, 100, tlsMaxRecordLen} {
 		stream := refragment(clientHello(t, "a.test"), size)
 		for n := range len(stream) {
-			if name, more, err := helloServerName(stream[:n]); !more || name != "" || err != nil {
+			if name, more, err := readHello(stream[:n]); !more || name != "" || err != nil {
 				t.Fatalf("records of %d, prefix %d of %d: %q more=%v err=%v", size, n, len(stream), name, more, err)
 			}
 		}
@@ -142,13 +142,13 @@ func FuzzHelloServerName(f *testing.F) {
 	f.Add(helloWith(sniExt("\x00", "b.test")))
 	f.Add([]byte{22, 3, 1, 0, 4, 1, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, stream []byte) {
-		name, more, err := helloServerName(stream)
+		name, more, err := readHello(stream)
 		if err != nil && (more || name != "") {
 			t.Fatalf("an error with more=%v name=%q", more, name)
 		}
 		if err == nil && !more {
 			// A hello that has ended is decided by its own bytes alone.
-			n2, m2, e2 := helloServerName(append(bytes.Clone(stream), 0xff, 0xff))
+			n2, m2, e2 := readHello(append(bytes.Clone(stream), 0xff, 0xff))
 			if n2 != name || m2 || e2 != nil {
 				t.Fatalf("bytes after a complete hello changed %q into %q more=%v err=%v", name, n2, m2, e2)
 			}
@@ -176,4 +176,10 @@ func TestHelloParserSeesEncryptedHello(t *testing.T) {
 			}
 		})
 	}
+}
+
+// readHello is what a gate's parser makes of stream read at once.
+func readHello(stream []byte) (name string, more bool, err error) {
+	var p helloParser
+	return p.read(stream)
 }
