@@ -52,6 +52,10 @@ func (c *idleClock) idle() bool { return time.Since(time.Unix(0, c.last.Load()))
 // Its timer runs the checks on goroutines of their own: a panic in one calls end with
 // the value recovered, for the owner to report and end the relay. A tunnel holds one
 // by value: a tunnel's memory is most of what an idle tunnel costs.
+//
+// The same timer turns on a tunnel's upstream keep-alive (keepAlive, set before start)
+// once the tunnel has lived tunnelKeepAliveAfter: a second timer per tunnel cost about
+// 200 bytes of every idle tunnel (docs/bench.md).
 type idleWatch struct {
 	clock   *idleClock
 	end     func(panicked any)
@@ -59,6 +63,10 @@ type idleWatch struct {
 	mu      sync.Mutex
 	t       *time.Timer
 	stopped bool
+	// keepAlive is the socket that gets upstreamKeepAlive at keepAliveAt (unix
+	// nanoseconds: a time.Time would take the tunnel to the next size class).
+	keepAlive   *net.TCPConn
+	keepAliveAt int64
 }
 
 // watchIdle starts a watch of clock; the function it returns stops it, for a relay
@@ -74,9 +82,14 @@ func (w *idleWatch) start(clock *idleClock, end func(panicked any)) {
 	if clock.socks[0] != nil {
 		w.every /= 2
 	}
+	first := w.every
+	if w.keepAlive != nil {
+		w.keepAliveAt = time.Now().Add(tunnelKeepAliveAfter).UnixNano()
+		first = min(first, tunnelKeepAliveAfter)
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.t = time.AfterFunc(w.every, w.check)
+	w.t = time.AfterFunc(first, w.check)
 }
 
 func (w *idleWatch) check() {
@@ -102,11 +115,21 @@ func (w *idleWatch) check() {
 			c.touch()
 		}
 	}
-	if left := c.timeout - time.Since(time.Unix(0, c.last.Load())); left > 0 {
-		w.t.Reset(min(left, w.every))
+	left := c.timeout - time.Since(time.Unix(0, c.last.Load()))
+	if left <= 0 {
+		w.end(nil)
 		return
 	}
-	w.end(nil)
+	next := min(left, w.every)
+	if w.keepAlive != nil {
+		if wait := time.Until(time.Unix(0, w.keepAliveAt)); wait > 0 {
+			next = min(next, wait)
+		} else {
+			_ = w.keepAlive.SetKeepAliveConfig(upstreamKeepAlive)
+			w.keepAlive = nil
+		}
+	}
+	w.t.Reset(next)
 }
 
 func (w *idleWatch) stop() {

@@ -105,16 +105,17 @@ func tcpPair(t *testing.T) (local, peer *net.TCPConn) {
 // TestFinishedTunnelReleasesItsSockets: a tunnel between two TCP sockets (as
 // openTunnel hands it over) that ends by a clean half-close each way, where neither
 // direction's end closes a socket, closes both of its sockets when it finishes, and
-// stops its keep-alive timer: nothing of it (two descriptors, a timer that would fire
-// on a closed socket and hold the tunnel until then) outlives it.
+// stops its watch's timer (which also turns on the upstream's keep-alive): nothing of
+// it (two descriptors, a timer that would fire on a closed socket and hold the tunnel
+// until then) outlives it.
 func TestFinishedTunnelReleasesItsSockets(t *testing.T) {
 	h := newHarness(t)
 	gauge := testutil.ToFloat64(h.srv.metrics.activeConnect)
 	client, clientPeer := tcpPair(t)
 	up, upPeer := tcpPair(t)
 	tun := startHandedTunnel(t, h, up, client, client, nil)
-	if tun.keepAlive == nil {
-		t.Fatal("a tunnel to a TCP upstream got no keep-alive timer")
+	if tun.idle.keepAlive != up {
+		t.Fatal("a tunnel to a TCP upstream got no keep-alive due on its upstream socket")
 	}
 	go h.srv.runTunnel(tun)
 	for _, peer := range []*net.TCPConn{clientPeer, upPeer} {
@@ -139,8 +140,8 @@ func TestFinishedTunnelReleasesItsSockets(t *testing.T) {
 			t.Errorf("the tunnel's %s socket after it finished: %v, want it closed", name, err)
 		}
 	}
-	if tun.keepAlive.Stop() {
-		t.Error("the finished tunnel's keep-alive timer was still pending")
+	if tun.idle.t.Stop() {
+		t.Error("the finished tunnel's watch timer was still pending")
 	}
 }
 
@@ -163,13 +164,9 @@ func TestTunnelUpstreamKeepAliveSettings(t *testing.T) {
 	if tcpSockopt(t, up, unix.SOL_SOCKET, unix.SO_KEEPALIVE) != 0 {
 		t.Fatal("the upstream socket has keep-alive before the tunnel starts")
 	}
-	h.srv.startTunnel(tun) // no relay runs: nothing but the keep-alive timer touches the sockets
+	h.srv.startTunnel(tun) // no relay runs: nothing but the watch's timer touches the sockets
 	tunnelKeepAliveAfter = saved
 	defer tun.idle.stop()
-	if tun.keepAlive == nil {
-		t.Fatal("a tunnel to a TCP upstream got no keep-alive timer")
-	}
-	defer tun.keepAlive.Stop()
 	want := [][3]int{
 		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
 		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, keepAliveIdle},

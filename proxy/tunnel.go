@@ -218,7 +218,6 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 type tunnel struct {
 	upward, downward direction // client to upstream, and back
 	clock            *idleClock
-	keepAlive        *time.Timer
 	ended            atomic.Int32 // directions that have ended
 	finishing        bool         // finishTunnel has begun (on the last direction's goroutine)
 	// idle cuts an idle tunnel whose directions are blocked in writes to peers that
@@ -250,7 +249,7 @@ func (s *Server) startTunnel(t *tunnel) {
 	t.start = time.Now()
 	t.clock = newIdleClock(s.cfg.TunnelIdleTimeout)
 	if tc, ok := t.upward.dst.(*net.TCPConn); ok {
-		t.keepAlive = time.AfterFunc(tunnelKeepAliveAfter, func() { _ = tc.SetKeepAliveConfig(upstreamKeepAlive) })
+		t.idle.keepAlive = tc
 	}
 	if t.upward.tcpDst != nil {
 		t.clock.socks = [2]*net.TCPConn{t.upward.tcpDst, t.upward.tcpSrc}
@@ -328,9 +327,6 @@ func (s *Server) finishTunnel(t *tunnel) {
 	defer s.tunnels.Done()
 	defer s.metrics.activeConnect.Dec()
 	defer s.proxyLn.release()
-	if t.keepAlive != nil {
-		t.keepAlive.Stop()
-	}
 	t.idle.stop()
 	t.upward.src.Close()
 	t.upward.dst.Close()

@@ -66,6 +66,31 @@ func TestTunnelIdleWithBlockedWrites(t *testing.T) {
 	}
 }
 
+// TestKeepAliveLeavesTheIdleWatchRunning: the watch that cuts a tunnel whose writes
+// are blocked also turns on the upstream's keep-alive. One due before the first idle
+// check must leave the checks running, so the tunnel is still cut.
+func TestKeepAliveLeavesTheIdleWatchRunning(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	saved := tunnelKeepAliveAfter
+	tunnelKeepAliveAfter = idle / 6 // read by startTunnel
+	h, c, ended := floodingTunnel(t, idle)
+	defer func() {
+		// Restored once the tunnel is gone: its end takes the tracker's lock, as len does.
+		c.Close()
+		waitFor(t, func() bool { return h.srv.tracker.len() == 0 })
+		tunnelKeepAliveAfter = saved
+	}()
+	if err := c.Conn.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ended:
+	case <-time.After(hangGuard):
+		t.Fatalf("tunnel still open %v after its last byte (idle timeout %v, keep-alive after %v)",
+			hangGuard, idle, idle/6)
+	}
+}
+
 // zeros reads as an endless stream of zero bytes.
 type zeros struct{}
 
