@@ -359,7 +359,7 @@ func (r *Report) Checks() []Check {
 			return
 		}
 		q := l / rv
-		checks = append(checks, Check{Want: want, Got: fmt.Sprintf("%.2f×", q), Met: q > min || (!strict && q == min),
+		checks = append(checks, Check{Want: want, Got: formatNear(q, min, 2) + "×", Met: q > min || (!strict && q == min),
 			Threshold: min, Spread: r.spread(left, right, m)})
 	}
 	ratio("bulk throughput ≥ 0.5× direct", MetricBulk, c, r.Direct, 0.5, false)
@@ -372,7 +372,7 @@ func (r *Report) Checks() []Check {
 	if v := r.value(c, MetricIdleRSS); math.IsNaN(v) {
 		checks = append(checks, Check{Want: "≤ 12 KiB per idle tunnel", Got: "–", Skip: true})
 	} else {
-		checks = append(checks, Check{Want: "≤ 12 KiB per idle tunnel", Got: fmt.Sprintf("%.1f KiB", v), Met: v <= 12})
+		checks = append(checks, Check{Want: "≤ 12 KiB per idle tunnel", Got: formatNear(v, 12, 1) + " KiB", Met: v <= 12})
 	}
 	if a := r.CompassAllowlist; a != "" {
 		for _, m := range []Metric{MetricBulk, MetricSetups, MetricRequests} {
@@ -387,7 +387,7 @@ func (r *Report) Checks() []Check {
 				checks = append(checks, Check{Want: want, Got: "–", Skip: true})
 				continue
 			}
-			checks = append(checks, Check{Want: want, Got: fmt.Sprintf("%.2f×", l/p), Met: l/p <= 1.05,
+			checks = append(checks, Check{Want: want, Got: formatNear(l/p, 1.05, 2) + "×", Met: l/p <= 1.05,
 				Threshold: 1.05, Below: true, Spread: r.spread(a, c, m)})
 		}
 	}
@@ -421,6 +421,16 @@ func formatValue(v float64, decimals int) string {
 		return "–"
 	}
 	return fmt.Sprintf("%.*f", decimals, v)
+}
+
+// formatNear formats a target's measured value v with decimals digits, or with as many
+// more (up to six) as it takes to tell it from the threshold: 1.4966 against 1.5 reads
+// 1.497, not a "1.50" beside a verdict that it falls short.
+func formatNear(v, threshold float64, decimals int) string {
+	for decimals < 6 && v != threshold && formatValue(v, decimals) == formatValue(threshold, decimals) {
+		decimals++
+	}
+	return formatValue(v, decimals)
 }
 
 func formatRatio(num, den float64) string {

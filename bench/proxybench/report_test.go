@@ -331,3 +331,36 @@ func TestWriteMarkdownSpread(t *testing.T) {
 		t.Errorf("the spread note appears %d times, want once", n)
 	}
 }
+
+// TestFormatNear: a value that rounds to its target's threshold is printed with the
+// digits that tell them apart, so no row reads "1.50× **no**" against "≥ 1.5×".
+func TestFormatNear(t *testing.T) {
+	for _, c := range []struct {
+		v, threshold float64
+		decimals     int
+		want         string
+	}{
+		{1.4966, 1.5, 2, "1.497"},
+		{1.5004, 1.5, 2, "1.5004"},
+		{1.5, 1.5, 2, "1.50"},
+		{1.63, 1.5, 2, "1.63"},
+		{1.0499, 1.05, 2, "1.0499"},
+		{12.04, 12, 1, "12.04"},
+		{11.98, 12, 1, "11.98"},
+		{11.7, 12, 1, "11.7"},
+		{12.0000001, 12, 1, "12.000000"},
+	} {
+		if got := formatNear(c.v, c.threshold, c.decimals); got != c.want {
+			t.Errorf("formatNear(%v, %v, %d) = %q, want %q", c.v, c.threshold, c.decimals, got, c.want)
+		}
+	}
+	r := sampleReport()
+	v := r.Values[NameCompass]
+	v[MetricIdleRSS] = 12.03
+	r.Values[NameCompass] = v
+	for _, c := range r.Checks() {
+		if c.Want == "≤ 12 KiB per idle tunnel" && c.Got+" "+c.verdict() != "12.03 KiB **no**" {
+			t.Errorf("idle check: %q %s, want 12.03 KiB **no**", c.Got, c.verdict())
+		}
+	}
+}
