@@ -711,7 +711,7 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (_ net.Conn
 		stop := context.AfterFunc(st.ctx, cancel)
 		defer stop()
 	}
-	c, _, err = s.dialVerdict(ctx, v, true, rs, entry)
+	c, _, err = s.dialVerdict(ctx, nil, v, true, rs, entry)
 	if err != nil {
 		return nil, err
 	}
@@ -719,13 +719,14 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (_ net.Conn
 }
 
 // dialVerdict tries each checked address in turn. keepAlive turns TCP keep-alive on at
-// once (upstreamKeepAlive); a tunnel's dial leaves it off and a timer of startTunnel's
-// turns it on if the tunnel lives, since its four setsockopt calls were a tenth of the
-// system calls of a tunnel set-up and most tunnels end sooner. entry, when not nil, is
-// the live connection the dial is for, decided under rs: each address is admitted
-// first (see admitAddr), and when the rule set in force refused one and no other
-// could be dialled the error is errPolicyChanged.
-func (s *Server) dialVerdict(ctx context.Context, v *Verdict, keepAlive bool, rs *RuleSet, entry *liveConn) (*net.TCPConn, netip.Addr, error) {
+// once (upstreamKeepAlive); a tunnel's dial leaves it off and its idle watch turns it
+// on if the tunnel lives, since its four setsockopt calls were a tenth of the system
+// calls of a tunnel set-up and most tunnels end sooner. entry, when not nil, is the
+// live connection the dial is for, decided under rs: each address is admitted first
+// (see admitAddr), and when the rule set in force refused one and no other could be
+// dialled the error is errPolicyChanged. Each attempt runs under ctx, or, when stop is
+// not nil, under a context of stop's (see dialStop) instead.
+func (s *Server) dialVerdict(ctx context.Context, stop *dialStop, v *Verdict, keepAlive bool, rs *RuleSet, entry *liveConn) (*net.TCPConn, netip.Addr, error) {
 	d := net.Dialer{Timeout: s.cfg.DialTimeout, KeepAlive: -1, Control: s.cfg.dialControl}
 	if keepAlive {
 		d.KeepAliveConfig = upstreamKeepAlive
@@ -738,7 +739,14 @@ func (s *Server) dialVerdict(ctx context.Context, v *Verdict, keepAlive bool, rs
 			continue
 		}
 		start := time.Now()
-		c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(a, v.Port).String())
+		actx, done := ctx, context.CancelFunc(nil)
+		if stop != nil {
+			actx, done = stop.attempt(s.cfg.DialTimeout)
+		}
+		c, err := d.DialContext(actx, "tcp", netip.AddrPortFrom(a, v.Port).String())
+		if done != nil {
+			done()
+		}
 		s.metrics.dialDuration.Observe(time.Since(start).Seconds())
 		if err != nil {
 			lastErr = err

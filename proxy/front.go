@@ -530,7 +530,8 @@ func (f *front) connect(ctx context.Context, cancel context.CancelFunc, cc *clie
 		_ = refusalResponse(req, s.decidedBy(rs, v), typeConnect, v).Write(cc.c)
 		return false
 	}
-	return s.openTunnel(ctx, cancel, req, cc.out.handOver(), buffered, rs, v)
+	rearm := func(end context.CancelFunc) { f.waiting(cc.c, end) }
+	return s.openTunnel(ctx, cancel, rearm, req, cc.out.handOver(), buffered, rs, v)
 }
 
 // serveRequest runs goproxy on one request and finishes its response. keep says the

@@ -65,7 +65,7 @@ func TestConnectLastAnswersAreBounded(t *testing.T) {
 		v := Verdict{Allowed: true, Host: "a.test", Name: "a.test", Port: port, Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.2")}}
 		lastAnswerBounded(t, func(client net.Conn) {
 			req := connectRequest(v.Host)
-			if h.srv.openTunnel(req.Context(), func() {}, req, client, nil, h.srv.current.Load(), v) {
+			if h.srv.openTunnel(req.Context(), func() {}, nil, req, client, nil, h.srv.current.Load(), v) {
 				t.Error("a CONNECT whose dial failed was tunnelled")
 			}
 		})
@@ -77,7 +77,7 @@ func TestConnectLastAnswersAreBounded(t *testing.T) {
 		defer h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
 		v := Verdict{Allowed: true, Host: "a.test", Name: "a.test", Port: h.a.echoPort, Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.2")}}
 		lastAnswerBounded(t, func(client net.Conn) {
-			if h.srv.openTunnel(context.Background(), func() {}, connectRequest(h.a.echoHostPort("a.test")), client, nil, old, v) {
+			if h.srv.openTunnel(context.Background(), func() {}, nil, connectRequest(h.a.echoHostPort("a.test")), client, nil, old, v) {
 				t.Error("a CONNECT refused by the policy in force was tunnelled")
 			}
 		})

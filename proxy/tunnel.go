@@ -39,13 +39,15 @@ func (s *Server) decidedBy(rs *RuleSet, v Verdict) *RuleSet {
 	return rs
 }
 
-// openTunnel dials the checked address (under ctx, which cancel ends: the drain and a
-// swap that refuses the tunnel while it is dialled) and relays bytes. Both sides stay
-// *net.TCPConn so ReadFrom splices in the kernel; each direction half-closes on EOF;
-// bytes the client sent along with the CONNECT (buffered) are forwarded first. It
-// reports whether the tunnel started; if it did not, it has answered the client and the
-// caller closes the connection.
-func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *http.Request, client net.Conn, buffered []byte, rs *RuleSet, v Verdict) bool {
+// openTunnel dials the checked address and relays bytes. ctx is the request's, which
+// cancel ends; the dial has contexts of its own (dialStop), which a swap that refuses
+// the tunnel while it is dialled ends with the request, and which the drain reaches
+// through the function openTunnel hands to rearm (nil: none) to end the request with.
+// Both sides stay *net.TCPConn so ReadFrom splices in the kernel; each direction
+// half-closes on EOF; bytes the client sent along with the CONNECT (buffered) are
+// forwarded first. It reports whether the tunnel started; if it did not, it has
+// answered the client and the caller closes the connection.
+func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, rearm func(context.CancelFunc), r *http.Request, client net.Conn, buffered []byte, rs *RuleSet, v Verdict) bool {
 	// The answers that end a CONNECT unserved are bounded as the front's last answers are.
 	fail := func(status, reason string) {
 		_ = client.SetWriteDeadline(time.Now().Add(s.cfg.HeaderTimeout))
@@ -74,13 +76,21 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 		confirmed = make(chan struct{})
 		counted   bool // for the drain (addTunnel), not yet given back
 		handed    bool // the relay owns the tunnel
+		dial      dialStop
 	)
+	end := func() { cancel(); dial.stop() }
+	if rearm != nil {
+		rearm(end)
+	}
+	if ctx.Err() != nil { // the drain ended the request before rearm
+		dial.stop()
+	}
 	entry := &liveConn{typ: typeConnect, name: v.Name, addr: v.Addrs[0], port: v.Port}
 	entry.close = func() func() {
 		mu.Lock()
 		defer mu.Unlock()
 		if state == dialling {
-			cancel()
+			end()
 		} else if up != nil { // nil: the dial failed, the tunnel is being dropped
 			up.Close()
 		}
@@ -136,7 +146,7 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, r *h
 		_ = client.SetWriteDeadline(time.Now().Add(s.cfg.HeaderTimeout))
 		_ = refusalResponse(r, cur, typeConnect, v).Write(client)
 	}
-	c, addr, err := s.dialVerdict(ctx, &v, false, rs, entry)
+	c, addr, err := s.dialVerdict(ctx, &dial, &v, false, rs, entry)
 	mu.Lock()
 	up, state = c, settingUp
 	cutWhileDialling := cut

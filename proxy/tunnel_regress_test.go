@@ -95,18 +95,25 @@ func TestDrainDeadlineCutsConnectLookup(t *testing.T) {
 	}
 }
 
-// The drain's deadline cuts a CONNECT whose dial is still waiting: no Warn line blames
+// The drain's deadline cuts a CONNECT whose dial is still waiting: the dial ends there
+// (the drain then returns, not when the dial would have timed out), no Warn line blames
 // the upstream, and the client, if its connection is not closed first, hears that the
 // proxy is draining (it was a 502 dial-failed).
 func TestDrainDeadlineCutsConnectDial(t *testing.T) {
-	h, port, _, _ := slowDestination(t, 5*time.Second)
+	h, port, _, _ := slowDestination(t, time.Hour)
 	c := h.dialProxy(t)
 	fmt.Fprintf(c, "CONNECT slow.test:%d HTTP/1.1\r\n\r\n", port)
 	// Decided before the dial, which then waits.
 	h.waitLive(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	_ = h.srv.Shutdown(ctx)
+	shut := make(chan struct{})
+	go func() { _ = h.srv.Shutdown(ctx); close(shut) }()
+	select {
+	case <-shut:
+	case <-time.After(hangGuard):
+		t.Fatalf("the drain still waits %v after its deadline: the dial it cut goes on", hangGuard)
+	}
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	buf := make([]byte, 512)
 	n, _ := c.Read(buf)
@@ -115,6 +122,36 @@ func TestDrainDeadlineCutsConnectDial(t *testing.T) {
 	}
 	if strings.Contains(h.logs.String(), `"msg":"dial failed"`) {
 		t.Errorf("a Warn line blames the upstream: %s", h.logs.String())
+	}
+}
+
+// A CONNECT whose request the drain ended before the tunnel's dial began (the moment
+// before the tunnel's dial takes over the request's end) dials nothing: it returns at
+// once rather than when the dial would have timed out.
+func TestEndedRequestDialsNoTunnel(t *testing.T) {
+	h, port, _, _ := slowDestination(t, time.Hour)
+	target := fmt.Sprintf("slow.test:%d", port)
+	req, _ := http.NewRequest(http.MethodConnect, "http://"+target, nil)
+	req.URL.Host, req.RemoteAddr = target, "127.0.0.1:1"
+	rs := h.srv.current.Load()
+	v := h.srv.decideTunnel(context.Background(), rs, target, req.RemoteAddr)
+	if !v.Allowed {
+		t.Fatalf("%s refused", target)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	client, peer := net.Pipe()
+	defer peer.Close()
+	go func() { _, _ = io.Copy(io.Discard, peer) }()
+	result := make(chan bool, 1)
+	go func() { result <- h.srv.openTunnel(ctx, cancel, nil, req, client, nil, rs, v) }()
+	select {
+	case ok := <-result:
+		if ok {
+			t.Error("a tunnel opened for a request already ended")
+		}
+	case <-time.After(hangGuard):
+		t.Fatalf("the dial of a request already ended still waits after %v", hangGuard)
 	}
 }
 
@@ -153,7 +190,7 @@ func openToStuckClient(t *testing.T, h *harness, target string) (opened <-chan b
 		t.Fatalf("%s refused", target)
 	}
 	result := make(chan bool, 1)
-	go func() { result <- h.srv.openTunnel(req.Context(), func() {}, req, client, nil, rs, v) }()
+	go func() { result <- h.srv.openTunnel(req.Context(), func() {}, nil, req, client, nil, rs, v) }()
 	return result, peer, client.started
 }
 

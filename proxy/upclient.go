@@ -191,7 +191,7 @@ func (u *upstreamClient) conn(ctx context.Context, v *Verdict) (*upConn, bool, e
 		uc.c.Close()
 	}
 	rs, entry := stateIn(ctx).live()
-	c, addr, err := u.s.dialVerdict(ctx, v, true, rs, entry)
+	c, addr, err := u.s.dialVerdict(ctx, nil, v, true, rs, entry)
 	if err != nil {
 		return nil, false, err
 	}
