@@ -130,14 +130,7 @@ func TestDrainDeadlineCutsConnectDial(t *testing.T) {
 // once rather than when the dial would have timed out.
 func TestEndedRequestDialsNoTunnel(t *testing.T) {
 	h, port, _, _ := slowDestination(t, time.Hour)
-	target := fmt.Sprintf("slow.test:%d", port)
-	req, _ := http.NewRequest(http.MethodConnect, "http://"+target, nil)
-	req.URL.Host, req.RemoteAddr = target, "127.0.0.1:1"
-	rs := h.srv.current.Load()
-	v := h.srv.decideTunnel(context.Background(), rs, target, req.RemoteAddr)
-	if !v.Allowed {
-		t.Fatalf("%s refused", target)
-	}
+	req, rs, v := decidedConnect(t, h, fmt.Sprintf("slow.test:%d", port))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	client, peer := net.Pipe()
@@ -182,6 +175,16 @@ func openToStuckClient(t *testing.T, h *harness, target string) (opened <-chan b
 	pipe, peer := net.Pipe()
 	t.Cleanup(func() { peer.Close() })
 	client := &writeSignal{Conn: pipe, started: make(chan struct{})}
+	req, rs, v := decidedConnect(t, h, target)
+	result := make(chan bool, 1)
+	go func() { result <- h.srv.openTunnel(req.Context(), func() {}, nil, req, client, nil, rs, v) }()
+	return result, peer, client.started
+}
+
+// decidedConnect is a CONNECT to target as the front hands it to openTunnel: its
+// request, the rule set in force and its verdict, which must allow it.
+func decidedConnect(t *testing.T, h *harness, target string) (*http.Request, *RuleSet, Verdict) {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodConnect, "http://"+target, nil)
 	req.URL.Host, req.RemoteAddr = target, "127.0.0.1:1"
 	rs := h.srv.current.Load()
@@ -189,9 +192,7 @@ func openToStuckClient(t *testing.T, h *harness, target string) (opened <-chan b
 	if !v.Allowed {
 		t.Fatalf("%s refused", target)
 	}
-	result := make(chan bool, 1)
-	go func() { result <- h.srv.openTunnel(req.Context(), func() {}, nil, req, client, nil, rs, v) }()
-	return result, peer, client.started
+	return req, rs, v
 }
 
 // writeSignal is a connection that closes started when its first write begins.
