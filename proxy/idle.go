@@ -22,7 +22,7 @@ import (
 // timeout late (idleWatch), up to two.
 type idleClock struct {
 	timeout time.Duration
-	last    atomic.Int64 // unix nanoseconds of the last progress seen
+	last    atomic.Int64 // monoNanos of the last progress seen
 	// socks, when set, are the relay's sockets, whose kernel counts of bytes moved
 	// the relay's idleWatch reads (seen: their sum at its last look). A copy blocked
 	// in a write (a spliced chunk of up to 1 MiB) stamps the clock only when it
@@ -38,13 +38,27 @@ func newIdleClock(timeout time.Duration) *idleClock {
 	return c
 }
 
-func (c *idleClock) touch() { c.last.Store(time.Now().UnixNano()) }
+func (c *idleClock) touch() { c.last.Store(monoNanos()) }
 
 // arm sets src's read deadline for the next period.
 func (c *idleClock) arm(src net.Conn) { _ = src.SetReadDeadline(time.Now().Add(c.timeout / 2)) }
 
 // idle reports whether no direction made progress for the timeout.
-func (c *idleClock) idle() bool { return time.Since(time.Unix(0, c.last.Load())) >= c.timeout }
+func (c *idleClock) idle() bool { return sinceMono(c.last.Load()) >= c.timeout }
+
+// monoStart anchors monoNanos. The idle marks are int64 nanoseconds, one atomic word
+// each; read off the wall clock they would move with a step of it (NTP, a resumed
+// virtual machine): a step forward would cut every live relay and request as idle, a
+// step back would let idle ones live on. time.Since of a time.Time that carries the
+// monotonic clock, as time.Now's does, is not moved by a step.
+var monoStart = time.Now()
+
+// monoNanos is the monotonic clock in nanoseconds since monoStart; never 0, which marks
+// "no wait in progress" (idleTimer).
+func monoNanos() int64 { return int64(time.Since(monoStart)) + 1 }
+
+// sinceMono is how long ago the monoNanos mark m was taken.
+func sinceMono(m int64) time.Duration { return time.Duration(monoNanos() - m) }
 
 // idleWatch calls end(nil) once its clock has seen no progress for its timeout,
 // checking at most a timeout after the last progress, and every half timeout when the
@@ -63,8 +77,8 @@ type idleWatch struct {
 	mu      sync.Mutex
 	t       *time.Timer
 	stopped bool
-	// keepAlive is the socket that gets upstreamKeepAlive at keepAliveAt (unix
-	// nanoseconds: a time.Time would take the tunnel to the next size class).
+	// keepAlive is the socket that gets upstreamKeepAlive at keepAliveAt (monoNanos: a
+	// time.Time would take the tunnel to the next size class).
 	keepAlive   *net.TCPConn
 	keepAliveAt int64
 }
@@ -84,7 +98,7 @@ func (w *idleWatch) start(clock *idleClock, end func(panicked any)) {
 	}
 	first := w.every
 	if w.keepAlive != nil {
-		w.keepAliveAt = time.Now().Add(tunnelKeepAliveAfter).UnixNano()
+		w.keepAliveAt = monoNanos() + int64(tunnelKeepAliveAfter)
 		first = min(first, tunnelKeepAliveAfter)
 	}
 	w.mu.Lock()
@@ -115,14 +129,14 @@ func (w *idleWatch) check() {
 			c.touch()
 		}
 	}
-	left := c.timeout - time.Since(time.Unix(0, c.last.Load()))
+	left := c.timeout - sinceMono(c.last.Load())
 	if left <= 0 {
 		w.end(nil)
 		return
 	}
 	next := min(left, w.every)
 	if w.keepAlive != nil {
-		if wait := time.Until(time.Unix(0, w.keepAliveAt)); wait > 0 {
+		if wait := -sinceMono(w.keepAliveAt); wait > 0 {
 			next = min(next, wait)
 		} else {
 			_ = w.keepAlive.SetKeepAliveConfig(upstreamKeepAlive)
@@ -328,7 +342,7 @@ func (w *idleWriter) handOver() net.Conn {
 // wait in progress) waits a whole timeout again.
 type idleTimer struct {
 	timeout time.Duration
-	mark    atomic.Int64 // unix nanoseconds
+	mark    atomic.Int64 // monoNanos
 	fired   atomic.Bool  // the timer ended the request
 	mu      sync.Mutex
 	t       *time.Timer
@@ -359,7 +373,7 @@ func (w *idleTimer) check(cl *requestClient) {
 	}
 	left := w.timeout
 	if m := w.mark.Load(); m != 0 {
-		left -= time.Since(time.Unix(0, m))
+		left -= sinceMono(m)
 	}
 	if left > 0 {
 		w.t.Reset(left)
@@ -388,7 +402,7 @@ type readWatch struct {
 }
 
 func (w *readWatch) read(r io.Reader, p []byte, cl *requestClient) (int, error) {
-	w.mark.Store(time.Now().UnixNano())
+	w.mark.Store(monoNanos())
 	if w.t == nil { // only this goroutine sets it
 		w.mu.Lock()
 		w.startLocked(cl)
@@ -443,7 +457,7 @@ func (w *headWatch) gotConn(c net.Conn) {
 
 // wrote starts the wait of cl's request: the request, body included, is written.
 func (w *headWatch) wrote(cl *requestClient) {
-	w.mark.Store(time.Now().UnixNano())
+	w.mark.Store(monoNanos())
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.startLocked(cl)
@@ -453,7 +467,7 @@ func (w *headWatch) wrote(cl *requestClient) {
 // early answer, a 100 Continue) do not start the wait.
 func (w *headWatch) progress() {
 	if w.mark.Load() != 0 {
-		w.mark.Store(time.Now().UnixNano())
+		w.mark.Store(monoNanos())
 	}
 }
 

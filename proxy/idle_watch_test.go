@@ -207,7 +207,7 @@ func TestIdleCheckAfterStopDoesNothing(t *testing.T) {
 	clock := newIdleClock(time.Hour)
 	w.start(clock, func(any) { ended = true })
 	w.stop()
-	clock.last.Store(0) // idle for ever
+	clock.last.Store(monoNanos() - int64(2*time.Hour)) // idle for longer than its timeout
 	w.check()
 	if ended {
 		t.Error("a check after the stop ended the relay")
