@@ -48,7 +48,7 @@ func (c *idleClock) idle() bool { return sinceMono(c.last.Load()) >= c.timeout }
 
 // monoStart anchors monoNanos. The idle marks are int64 nanoseconds, one atomic word
 // each; read off the wall clock they would move with a step of it (NTP, a resumed
-// virtual machine): a step forward would cut every live relay and request as idle, a
+// virtual machine): a step forward could cut live relays and requests as idle, a
 // step back would let idle ones live on. time.Since of a time.Time that carries the
 // monotonic clock, as time.Now's does, is not moved by a step.
 var monoStart = time.Now()
