@@ -8,7 +8,7 @@ import (
 
 // dialStop ends a tunnel's dial: the attempt in flight and every later one. A tunnel's
 // attempts run under contexts of their own rather than children of the request's:
-// a child costs its parent a registration (a map and a channel, about 400 bytes of
+// a child costs its parent a registration (a map and a channel, about 360 bytes of
 // every tunnel set-up, which an idle tunnel's memory counts until a collection runs;
 // docs/bench.md). So the cut of a swap and the drain's deadline, which end the
 // request's context, reach the dial through stop instead.
