@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/docker/docker/client"
 	"github.com/spf13/cobra"
 
 	"github.com/compass-egress/compass-egress/controller"
@@ -32,6 +33,12 @@ type envFlags struct {
 }
 
 func (f *envFlags) provider() (*docker.Provider, func(), error) {
+	p, _, done, err := f.connect()
+	return p, done, err
+}
+
+// connect opens a Docker client and the provider that drives it; done closes the client.
+func (f *envFlags) connect() (*docker.Provider, *client.Client, func(), error) {
 	cfg := docker.Config{
 		StateDir: f.stateDir, EgressNetwork: f.egress, ProxyImage: f.proxyImage, ProbeImage: f.probeImage,
 		Owner: f.owner, SubnetBits: f.subnetBits, DNSUpstreams: f.dnsUpstreams, ExtraProxyArg: f.proxyArgs,
@@ -39,12 +46,12 @@ func (f *envFlags) provider() (*docker.Provider, func(), error) {
 	}
 	pool, err := netip.ParsePrefix(f.pool)
 	if err != nil {
-		return nil, nil, usageError{fmt.Errorf("--pool: %w", err)}
+		return nil, nil, nil, usageError{fmt.Errorf("--pool: %w", err)}
 	}
 	cfg.Pool = pool
 	cli, err := docker.NewClient()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	level := slog.LevelWarn
 	if f.verbose {
@@ -54,9 +61,23 @@ func (f *envFlags) provider() (*docker.Provider, func(), error) {
 	p, err := docker.New(cli, cfg, log)
 	if err != nil {
 		cli.Close()
-		return nil, nil, usageError{err}
+		return nil, nil, nil, usageError{err}
 	}
-	return p, func() { cli.Close() }, nil
+	return p, cli, func() { cli.Close() }, nil
+}
+
+// lookup finds the environment the task flags name; done closes the Docker client.
+func (f *envFlags) lookup(ctx context.Context, t taskFlags, role controller.Role) (*docker.Env, func(), error) {
+	p, done, err := f.provider()
+	if err != nil {
+		return nil, nil, err
+	}
+	e, err := p.LookupTask(ctx, t.task, role)
+	if err != nil {
+		done()
+		return nil, nil, err
+	}
+	return e, done, nil
 }
 
 // print writes v as JSON with --json, or calls text otherwise.
@@ -121,6 +142,22 @@ per-task internal network whose only way out is a compass-proxy sidecar. See doc
 	return cmd
 }
 
+// taskFlags are --task and --role, which name one environment.
+type taskFlags struct{ task, role string }
+
+func (t *taskFlags) bind(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&t.task, "task", "", "task ID")
+	cmd.Flags().StringVar(&t.role, "role", string(controller.RoleAgent), "agent or evaluation")
+}
+
+// parse checks --task (checkTask) and reads --role.
+func (t taskFlags) parse() (controller.Role, error) {
+	if err := checkTask(t.task); err != nil {
+		return "", err
+	}
+	return parseRole(t.role)
+}
+
 // parseRole checks --role before anything starts: an environment opened under any other
 // role would carry it in its labels, and its task's commands could not find it again.
 func parseRole(s string) (controller.Role, error) {
@@ -129,14 +166,6 @@ func parseRole(s string) (controller.Role, error) {
 		return r, nil
 	}
 	return "", usageError{fmt.Errorf("--role %q: unknown role; use %s or %s", s, controller.RoleAgent, controller.RoleEvaluation)}
-}
-
-// taskRole checks --task (checkTask) and reads --role.
-func taskRole(task, role string) (controller.Role, error) {
-	if err := checkTask(task); err != nil {
-		return "", err
-	}
-	return parseRole(role)
 }
 
 // checkTask refuses a missing or malformed --task before anything talks to Docker.

@@ -7,21 +7,20 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/docker"
 )
 
 func newEnvCloseCommand(f *envFlags) *cobra.Command {
 	var (
-		task, role string
-		retain     bool
+		t      taskFlags
+		retain bool
 	)
 	cmd := &cobra.Command{
 		Use:   "close --task ID [--retain]",
 		Short: "Remove what open/attach made (idempotent); --retain keeps the environment running",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			envRole, err := taskRole(task, role)
+			role, err := t.parse()
 			if err != nil {
 				return err
 			}
@@ -30,12 +29,12 @@ func newEnvCloseCommand(f *envFlags) *cobra.Command {
 				return err
 			}
 			defer done()
-			env := docker.EnvID(task, envRole)
+			env := docker.EnvID(t.task, role)
 			// found is false only for --retain of an environment that does not exist:
 			// nothing is retained, and the output must not say otherwise.
 			found := true
 			if retain {
-				e, err := p.LookupTask(cmd.Context(), task, envRole)
+				e, err := p.LookupTask(cmd.Context(), t.task, role)
 				switch {
 				case errors.Is(err, docker.ErrNoEnvironment):
 					found = false
@@ -46,7 +45,7 @@ func newEnvCloseCommand(f *envFlags) *cobra.Command {
 						return err
 					}
 				}
-			} else if err := p.RemoveTask(cmd.Context(), task, envRole); err != nil {
+			} else if err := p.RemoveTask(cmd.Context(), t.task, role); err != nil {
 				// Idempotent: a second close, or one after a half-finished open, removes
 				// whatever is left of this task's environment by name.
 				return err
@@ -64,8 +63,7 @@ func newEnvCloseCommand(f *envFlags) *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().StringVar(&task, "task", "", "task ID")
-	cmd.Flags().StringVar(&role, "role", string(controller.RoleAgent), "agent or evaluation")
+	t.bind(cmd)
 	cmd.Flags().BoolVar(&retain, "retain", false, "keep the environment (for debugging); a later close removes it")
 	return cmd
 }

@@ -25,16 +25,11 @@ func newEnvImageCommand(f *envFlags) *cobra.Command {
 		Short: "Build the compass-proxy image FROM scratch from the static binary (no registry needed)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, done, err := f.provider()
+			p, cli, done, err := f.connect()
 			if err != nil {
 				return err
 			}
 			defer done()
-			cli, err := docker.NewClient()
-			if err != nil {
-				return err
-			}
-			defer cli.Close()
 			specs := []docker.ImageSpec{docker.ProxyImageSpec(p.Config().ProxyImage, besideSelf(binary, "compass-proxy"))}
 			if probe {
 				specs = append(specs, docker.ProbeImageSpec(p.Config().ProbeImage, besideSelf(probeBinary, "probe")))
@@ -62,16 +57,11 @@ func newEnvImageCommand(f *envFlags) *cobra.Command {
 		Short: "Export the sidecar and probe images to a tar archive",
 		Args:  exactArgs("FILE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, done, err := f.provider()
+			p, cli, done, err := f.connect()
 			if err != nil {
 				return err
 			}
 			defer done()
-			cli, err := docker.NewClient()
-			if err != nil {
-				return err
-			}
-			defer cli.Close()
 			tags := []string{p.Config().ProxyImage}
 			if probe {
 				tags = append(tags, p.Config().ProbeImage)

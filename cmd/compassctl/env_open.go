@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -110,59 +111,88 @@ func (s *policySource) baseline(task string, role controller.Role) (policy.Polic
 
 func newEnvOpenCommand(f *envFlags) *cobra.Command {
 	var (
-		task, image, role string
-		env               []string
-		timeout           time.Duration
-		src               policySource
+		s     envSpecFlags
+		image string
+		env   []string
 	)
 	cmd := &cobra.Command{
 		Use:   "open --task ID --image IMAGE [--plan FILE | --policy POLICY] [--env K=V]... [-- CMD...]",
 		Short: "Create a task's networks, sidecar and agent container with the baseline policy in force",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			envRole, err := taskRole(task, role)
+			spec, err := s.spec("--image", image)
 			if err != nil {
-				return err
-			}
-			if image == "" {
-				return usageError{fmt.Errorf("--image is required")}
-			}
-			baseline, err := src.baseline(task, envRole)
-			if err != nil {
-				return err
-			}
-			if err := checkProxyStartTimeout(timeout); err != nil {
 				return err
 			}
 			vars, err := parseEnvVars(env)
 			if err != nil {
 				return err
 			}
-			p, done, err := f.provider()
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := signalContext(cmd)
-			defer cancel()
-			start := time.Now()
-			e, err := p.OpenEnv(ctx, controller.EnvSpec{
-				Task: task, Role: envRole, Image: image, Env: vars, Cmd: args,
-				Baseline: baseline, ProxyStartTimeout: timeout,
+			spec.Image, spec.Env, spec.Cmd = image, vars, args
+			return f.create(cmd, func(ctx context.Context, p *docker.Provider) (*docker.Env, error) {
+				return p.OpenEnv(ctx, spec)
 			})
-			if err != nil {
-				return err
-			}
-			r := describeEnv(e, time.Since(start))
-			return f.print(cmd.OutOrStdout(), r, r.text)
 		},
 	}
-	cmd.Flags().StringVar(&task, "task", "", "task ID (names the environment's Docker objects)")
+	s.bind(cmd, "task ID (names the environment's Docker objects)",
+		"agent or evaluation (fresh mode's second environment, named <task>-eval)",
+		"phase of --plan to open under (default baseline; evaluation_baseline with --role evaluation)")
 	cmd.Flags().StringVar(&image, "image", "", "agent container image (present locally)")
-	cmd.Flags().StringVar(&role, "role", string(controller.RoleAgent), "agent or evaluation (fresh mode's second environment, named <task>-eval)")
 	cmd.Flags().StringArrayVar(&env, "env", nil, "environment variable K=V for the agent (repeatable)")
-	cmd.Flags().DurationVar(&timeout, "proxy-start-timeout", 30*time.Second, "how long the sidecar may take to become ready")
-	src.bind(cmd, "phase of --plan to open under (default baseline; evaluation_baseline with --role evaluation)")
 	return cmd
+}
+
+// envSpecFlags are what open and attach share: the environment (--task, --role), the
+// policy it opens under and how long its sidecar may take to start.
+type envSpecFlags struct {
+	taskFlags
+	src     policySource
+	timeout time.Duration
+}
+
+func (s *envSpecFlags) bind(cmd *cobra.Command, taskHelp, roleHelp, phaseHelp string) {
+	cmd.Flags().StringVar(&s.task, "task", "", taskHelp)
+	cmd.Flags().StringVar(&s.role, "role", string(controller.RoleAgent), roleHelp)
+	cmd.Flags().DurationVar(&s.timeout, "proxy-start-timeout", 30*time.Second, "how long the sidecar may take to become ready")
+	s.src.bind(cmd, phaseHelp)
+}
+
+// spec checks the flags, and the command's own required flag (named flag, given value),
+// before anything talks to Docker, and returns the environment's spec.
+func (s *envSpecFlags) spec(flag, value string) (controller.EnvSpec, error) {
+	role, err := s.parse()
+	if err != nil {
+		return controller.EnvSpec{}, err
+	}
+	if value == "" {
+		return controller.EnvSpec{}, usageError{fmt.Errorf("%s is required", flag)}
+	}
+	baseline, err := s.src.baseline(s.task, role)
+	if err != nil {
+		return controller.EnvSpec{}, err
+	}
+	if err := checkProxyStartTimeout(s.timeout); err != nil {
+		return controller.EnvSpec{}, err
+	}
+	return controller.EnvSpec{Task: s.task, Role: role, Baseline: baseline, ProxyStartTimeout: s.timeout}, nil
+}
+
+// create makes an environment with open's or attach's call, under a context that
+// SIGINT and SIGTERM cancel so that a failed start still cleans up, and prints it.
+func (f *envFlags) create(cmd *cobra.Command, call func(context.Context, *docker.Provider) (*docker.Env, error)) error {
+	p, done, err := f.provider()
+	if err != nil {
+		return err
+	}
+	defer done()
+	ctx, cancel := signalContext(cmd)
+	defer cancel()
+	start := time.Now()
+	e, err := call(ctx, p)
+	if err != nil {
+		return err
+	}
+	r := describeEnv(e, time.Since(start))
+	return f.print(cmd.OutOrStdout(), r, r.text)
 }
 
 func describeEnv(e *docker.Env, d time.Duration) openResult {
@@ -201,49 +231,25 @@ func parseEnvVars(list []string) (map[string]string, error) {
 
 func newEnvAttachCommand(f *envFlags) *cobra.Command {
 	var (
-		task, ctr, role string
-		timeout         time.Duration
-		src             policySource
+		s   envSpecFlags
+		ctr string
 	)
 	cmd := &cobra.Command{
 		Use:   "attach --task ID --container NAME_OR_ID [--plan FILE | --policy POLICY]",
 		Short: "Bring a running container under control (refuses network modes none, host, container:<id>, and privileged or NET_ADMIN/SYS_ADMIN containers)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			envRole, err := taskRole(task, role)
+			spec, err := s.spec("--container", ctr)
 			if err != nil {
 				return err
 			}
-			if ctr == "" {
-				return usageError{fmt.Errorf("--container is required")}
-			}
-			baseline, err := src.baseline(task, envRole)
-			if err != nil {
-				return err
-			}
-			if err := checkProxyStartTimeout(timeout); err != nil {
-				return err
-			}
-			p, done, err := f.provider()
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := signalContext(cmd)
-			defer cancel()
-			start := time.Now()
-			e, err := p.Attach(ctx, controller.EnvSpec{Task: task, Role: envRole, Baseline: baseline, ProxyStartTimeout: timeout}, ctr)
-			if err != nil {
-				return err
-			}
-			r := describeEnv(e, time.Since(start))
-			return f.print(cmd.OutOrStdout(), r, r.text)
+			return f.create(cmd, func(ctx context.Context, p *docker.Provider) (*docker.Env, error) {
+				return p.Attach(ctx, spec, ctr)
+			})
 		},
 	}
-	cmd.Flags().StringVar(&task, "task", "", "task ID")
+	s.bind(cmd, "task ID", "agent or evaluation",
+		"phase of --plan to attach under (default baseline; evaluation_baseline with --role evaluation)")
 	cmd.Flags().StringVar(&ctr, "container", "", "the container to attach")
-	cmd.Flags().StringVar(&role, "role", string(controller.RoleAgent), "agent or evaluation")
-	cmd.Flags().DurationVar(&timeout, "proxy-start-timeout", 30*time.Second, "how long the sidecar may take to become ready")
-	src.bind(cmd, "phase of --plan to attach under (default baseline; evaluation_baseline with --role evaluation)")
 	return cmd
 }

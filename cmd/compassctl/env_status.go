@@ -8,30 +8,25 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/docker"
 )
 
 func newEnvStatusCommand(f *envFlags) *cobra.Command {
-	var task, role string
+	var t taskFlags
 	cmd := &cobra.Command{
 		Use:   "status --task ID",
 		Short: "Compare the intended policy with the sidecar, the Docker wiring and the agent's routes",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			envRole, err := taskRole(task, role)
+			role, err := t.parse()
 			if err != nil {
 				return err
 			}
-			p, done, err := f.provider()
+			e, done, err := f.lookup(cmd.Context(), t, role)
 			if err != nil {
 				return err
 			}
 			defer done()
-			e, err := p.LookupTask(cmd.Context(), task, envRole)
-			if err != nil {
-				return err
-			}
 			st, err := e.Status(cmd.Context())
 			if err != nil {
 				return err
@@ -45,8 +40,7 @@ func newEnvStatusCommand(f *envFlags) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&task, "task", "", "task ID")
-	cmd.Flags().StringVar(&role, "role", string(controller.RoleAgent), "agent or evaluation")
+	t.bind(cmd)
 	return cmd
 }
 

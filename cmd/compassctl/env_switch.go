@@ -14,15 +14,16 @@ import (
 
 func newEnvSwitchCommand(f *envFlags) *cobra.Command {
 	var (
-		task, role, labelPhase string
-		src                    policySource
+		t          taskFlags
+		labelPhase string
+		src        policySource
 	)
 	cmd := &cobra.Command{
 		Use:   "switch --task ID (--policy POLICY | --phase PHASE --plan FILE) [--label-phase NAME]",
 		Short: "Put a policy in force; returns when the sidecar acknowledged it and the wiring matches",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkTask(task); err != nil {
+			if err := checkTask(t.task); err != nil {
 				return err
 			}
 			if err := src.checkGiven(); err != nil {
@@ -34,28 +35,24 @@ func newEnvSwitchCommand(f *envFlags) *cobra.Command {
 			if src.plan != "" && src.phase == "" {
 				return usageError{fmt.Errorf("--plan needs --phase (baseline, run, evaluation or evaluation_baseline)")}
 			}
-			envRole, err := parseRole(role)
+			role, err := parseRole(t.role)
 			if err != nil {
 				return err
 			}
-			pol, phase, err := src.resolve(task, "switch")
+			pol, phase, err := src.resolve(t.task, "switch")
 			if err != nil {
 				return err
 			}
 			if labelPhase != "" {
 				phase = labelPhase
 			}
-			p, done, err := f.provider()
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			e, done, err := f.lookup(ctx, t, role)
 			if err != nil {
 				return err
 			}
 			defer done()
-			ctx, cancel := signalContext(cmd)
-			defer cancel()
-			e, err := p.LookupTask(ctx, task, envRole)
-			if err != nil {
-				return err
-			}
 			r, err := e.Switch(ctx, pol, controller.PhaseLabel{Phase: phase})
 			if perr := f.print(cmd.OutOrStdout(), r, func(w io.Writer) { switchText(w, r) }); perr != nil && err == nil {
 				err = perr
@@ -63,8 +60,7 @@ func newEnvSwitchCommand(f *envFlags) *cobra.Command {
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&task, "task", "", "task ID")
-	cmd.Flags().StringVar(&role, "role", string(controller.RoleAgent), "agent or evaluation")
+	t.bind(cmd)
 	cmd.Flags().StringVar(&labelPhase, "label-phase", "", "phase name for logs, metrics and the transition record")
 	src.bind(cmd, "baseline, run, evaluation or evaluation_baseline: the plan's phase to apply")
 	return cmd

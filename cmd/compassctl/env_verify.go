@@ -11,22 +11,22 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/docker"
 )
 
 func newEnvVerifyCommand(f *envFlags) *cobra.Command {
 	var (
-		task, role, outside string
-		outsidePort         uint16
-		allowed, blocked    []string
+		t                taskFlags
+		outside          string
+		outsidePort      uint16
+		allowed, blocked []string
 	)
 	cmd := &cobra.Command{
 		Use:   "verify --task ID [--allowed HOST:PORT]... [--blocked HOST:PORT]...",
 		Short: "Adversarial check from inside the agent's network namespace; exit 1 on any unexpected outcome",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			envRole, err := taskRole(task, role)
+			role, err := t.parse()
 			if err != nil {
 				return err
 			}
@@ -52,15 +52,11 @@ func newEnvVerifyCommand(f *envFlags) *cobra.Command {
 				}
 				opts.Outside = a
 			}
-			p, done, err := f.provider()
+			e, done, err := f.lookup(cmd.Context(), t, role)
 			if err != nil {
 				return err
 			}
 			defer done()
-			e, err := p.LookupTask(cmd.Context(), task, envRole)
-			if err != nil {
-				return err
-			}
 			rep, err := e.Verify(cmd.Context(), opts)
 			if err != nil {
 				return err
@@ -74,8 +70,7 @@ func newEnvVerifyCommand(f *envFlags) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&task, "task", "", "task ID")
-	cmd.Flags().StringVar(&role, "role", string(controller.RoleAgent), "agent or evaluation")
+	t.bind(cmd)
 	cmd.Flags().StringArrayVar(&allowed, "allowed", nil, "HOST:PORT that must work through the proxy (repeatable)")
 	cmd.Flags().StringArrayVar(&blocked, "blocked", nil, "HOST:PORT that must fail through the proxy (repeatable)")
 	cmd.Flags().StringVar(&outside, "outside", "", "an address outside the sandbox for the direct checks (default: the egress network's gateway)")
