@@ -42,61 +42,126 @@ func TestTunnelFailsOverPastAStalledAddress(t *testing.T) {
 }
 
 // TestDrainDeadlineBetweenDialAttempts: the drain's deadline that comes while a
-// tunnel's first address is being tried (here, held in the dial's control hook, where
-// no context reaches) stops the attempts that follow, not just the one in flight: the
-// second address, which never answers, is not dialled for --dial-timeout, the drain
-// returns, and no Warn line blames the upstream.
+// tunnel's first address is being tried stops the attempts that follow, not just the
+// one in flight: the second address, which never answers, is not dialled for
+// --dial-timeout, the drain returns, and no Warn line blames the upstream.
 func TestDrainDeadlineBetweenDialAttempts(t *testing.T) {
 	port := serveTCP(t, "127.0.0.2", func(net.Conn, <-chan struct{}) {}).Port
 	stalledListener(t, "127.0.0.5", port)
-	first := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.6"), uint16(port)).String()
-	inFirst, release := make(chan struct{}), make(chan struct{})
-	h := newHarness(t, func(c *Config) {
+	d := holdFirstDial(t, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.6"), uint16(port)), func(c *Config) {
 		// Long enough that a second attempt the deadline did not stop outlasts hangGuard.
 		c.DialTimeout = 3 * hangGuard
+	})
+	d.h.dns.set("slow.test", netip.MustParseAddr("127.0.0.6"), netip.MustParseAddr("127.0.0.5"))
+	d.h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
+
+	d.connect(t, "slow.test", port)
+	d.drain()
+	close(d.release)
+	select {
+	case <-d.shut:
+	case <-time.After(hangGuard):
+		t.Fatalf("the drain still waits %v after its deadline: the tunnel's next address is dialled", hangGuard)
+	}
+	if strings.Contains(d.h.logs.String(), `"msg":"dial failed"`) {
+		t.Errorf("a Warn line blames the upstream: %s", d.h.logs.String())
+	}
+}
+
+// TestDrainedDialIsNoPolicyRefusal: a tunnel whose dial the drain's deadline stopped
+// tries no further address, so a swap that came meanwhile and refuses the next one does
+// not turn the drain into a policy refusal: no denied line with policy-changed, nothing
+// in the blocked list, and the client (its connection closed by the drain) is not
+// answered 403.
+func TestDrainedDialIsNoPolicyRefusal(t *testing.T) {
+	port := serveTCP(t, "127.0.0.2", func(net.Conn, <-chan struct{}) {}).Port
+	d := holdFirstDial(t, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.6"), uint16(port)), nil)
+	// The name is allowed only through its addresses (IP rules); the swap below keeps
+	// the first, so it does not cut the tunnel, and refuses the second.
+	d.h.dns.set("two.test", netip.MustParseAddr("127.0.0.6"), netip.MustParseAddr("127.0.0.2"))
+	d.h.apply(`{"network_mode":"allowlist","allowed_hosts":["127.0.0.6","127.0.0.2"]}`)
+
+	d.connect(t, "two.test", port)
+	answer := d.drain()
+	d.h.apply(`{"network_mode":"allowlist","allowed_hosts":["127.0.0.6"]}`)
+	close(d.release)
+	select {
+	case <-d.shut:
+	case <-time.After(hangGuard):
+		t.Fatal("the drain did not return")
+	}
+	if strings.Contains(answer, "403") {
+		t.Errorf("the client was answered %q", firstLine(answer))
+	}
+	if logs := d.h.logs.String(); strings.Contains(logs, `"reason":"policy-changed"`) {
+		t.Errorf("the drain's stop was logged as a policy refusal: %s", logs)
+	}
+	if got := d.h.srv.current.Load().blocked.summary(0); got.Total != 0 {
+		t.Errorf("blocked list %+v, want it empty", got)
+	}
+}
+
+// heldDial is a proxy whose dial of one address is held in the dial's control hook,
+// where no context reaches, until release is closed; then that attempt fails.
+type heldDial struct {
+	h                *harness
+	c                net.Conn
+	inFirst, release chan struct{}
+	shut             chan struct{}
+}
+
+func holdFirstDial(t *testing.T, first netip.AddrPort, configure func(*Config)) *heldDial {
+	d := &heldDial{inFirst: make(chan struct{}), release: make(chan struct{}), shut: make(chan struct{})}
+	d.h = newHarness(t, func(c *Config) {
+		if configure != nil {
+			configure(c)
+		}
 		c.dialControl = func(network, address string, rc syscall.RawConn) error {
-			if address == first {
-				close(inFirst)
-				<-release
+			if address == first.String() {
+				close(d.inFirst)
+				<-d.release
 				return errors.New("test: the first address fails")
 			}
 			return loopbackOnly(network, address, rc)
 		}
 	})
-	h.dns.set("slow.test", netip.MustParseAddr("127.0.0.6"), netip.MustParseAddr("127.0.0.5"))
-	h.apply(`{"network_mode":"allowlist","allowed_hosts":["slow.test"]}`)
+	return d
+}
 
-	c := h.dialProxy(t)
-	fmt.Fprintf(c, "CONNECT slow.test:%d HTTP/1.1\r\n\r\n", port)
+// connect asks for a tunnel to host:port and waits until its first address is held.
+func (d *heldDial) connect(t *testing.T, host string, port int) {
+	t.Helper()
+	d.c = d.h.dialProxy(t)
+	fmt.Fprintf(d.c, "CONNECT %s:%d HTTP/1.1\r\n\r\n", host, port)
 	select {
-	case <-inFirst:
+	case <-d.inFirst:
 	case <-time.After(hangGuard):
-		close(release)
+		close(d.release)
 		t.Fatal("the first address was never dialled")
 	}
+}
+
+// drain starts a drain whose deadline has passed, so it cuts what is open at once, and
+// returns what the client read once the cut has ended its request; shut closes when the
+// drain returns.
+func (d *heldDial) drain() string {
 	ctx, cancel := context.WithCancel(context.Background())
-	cancel() // the deadline has passed: the drain cuts what is still open at once
-	shut := make(chan struct{})
-	go func() { _ = h.srv.Shutdown(ctx); close(shut) }()
+	cancel()
+	go func() { _ = d.h.srv.Shutdown(ctx); close(d.shut) }()
 	// The drain's deadline closes the client's connection, then ends its request,
 	// both under the front's lock: once the close shows, taking the lock waits for
 	// the end.
+	var answer strings.Builder
 	buf := make([]byte, 512)
 	for {
-		if _, err := c.Read(buf); err != nil {
+		n, err := d.c.Read(buf)
+		answer.Write(buf[:n])
+		if err != nil {
 			break
 		}
 	}
-	h.srv.front.mu.Lock()
+	d.h.srv.front.mu.Lock()
 	//lint:ignore SA2001 taking the lock waits for the drain's cut of every connection
-	h.srv.front.mu.Unlock()
-	close(release)
-	select {
-	case <-shut:
-	case <-time.After(hangGuard):
-		t.Fatalf("the drain still waits %v after its deadline: the tunnel's next address is dialled", hangGuard)
-	}
-	if strings.Contains(h.logs.String(), `"msg":"dial failed"`) {
-		t.Errorf("a Warn line blames the upstream: %s", h.logs.String())
-	}
+	d.h.srv.front.mu.Unlock()
+	return answer.String()
 }

@@ -734,6 +734,12 @@ func (s *Server) dialVerdict(ctx context.Context, stop *dialStop, v *Verdict, ke
 	var lastErr error
 	refused := false
 	for _, a := range v.Addrs {
+		if err := ctx.Err(); err != nil {
+			// Cut by a swap, or by the drain's deadline: no address is left to try, and
+			// one a later swap refuses would turn the drain into a policy refusal.
+			lastErr = err
+			break
+		}
 		if entry != nil && !s.admitAddr(rs, entry, a) {
 			refused = true
 			continue
