@@ -735,9 +735,14 @@ func (s *Server) dialVerdict(ctx context.Context, stop *dialStop, v *Verdict, ke
 	refused := false
 	for _, a := range v.Addrs {
 		if err := ctx.Err(); err != nil {
-			// Cut by a swap, or by the drain's deadline: no address is left to try, and
-			// one a later swap refuses would turn the drain into a policy refusal.
-			lastErr = err
+			// The request ended (a swap's cut, the drain's deadline, its client gone):
+			// no address is left to try, and one a later swap refuses would turn a
+			// drain into a policy refusal. The error stays the last attempt's, if any,
+			// as with a name of one address: the answer (502 dial-failed for a dial
+			// error) must not depend on how many addresses the name has.
+			if lastErr == nil {
+				lastErr = err
+			}
 			break
 		}
 		if entry != nil && !s.admitAddr(rs, entry, a) {
