@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -178,10 +179,8 @@ func parsePolicyBody(body []byte) (policy.Policy, *string, *string, error) {
 			errs = append(errs, &policy.FieldError{Path: k, Rule: "must be a string"})
 			return nil
 		}
-		// Labels go into every decision's log line. (The JSON decoder has already made
-		// any invalid UTF-8 into U+FFFD.)
-		if len(s) > maxLabelBytes || strings.IndexFunc(s, unicode.IsControl) >= 0 {
-			errs = append(errs, &policy.FieldError{Path: k, Value: policy.Quote(s), Rule: fmt.Sprintf("must be at most %d bytes of text without control characters", maxLabelBytes)})
+		if !validLabel(s) {
+			errs = append(errs, &policy.FieldError{Path: k, Value: policy.Quote(s), Rule: labelRule})
 			return nil
 		}
 		return &s
@@ -234,4 +233,12 @@ func Healthcheck(ctx context.Context, socket string) error {
 		return errors.New("proxy: healthcheck: " + string(msg))
 	}
 	return nil
+}
+
+// labelRule is what a task or phase label must be, from the admin API or from Config:
+// labels go into every decision's log line.
+var labelRule = fmt.Sprintf("must be at most %d bytes of UTF-8 text without control characters", maxLabelBytes)
+
+func validLabel(s string) bool {
+	return len(s) <= maxLabelBytes && utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0
 }

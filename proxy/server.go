@@ -176,6 +176,11 @@ func New(cfg Config) (*Server, error) {
 			*x.d = x.def
 		}
 	}
+	for _, l := range []struct{ name, value string }{{"Task", cfg.Task}, {"Phase", cfg.Phase}} {
+		if !validLabel(l.value) {
+			return nil, fmt.Errorf("proxy: Config.%s = %s: %s", l.name, policy.Quote(l.value), labelRule)
+		}
+	}
 	counts := []struct {
 		name string
 		n    *int
@@ -332,6 +337,16 @@ func removeStaleSocket(path string) error {
 		}
 		return fmt.Errorf("proxy: admin socket (--admin-socket) %s is %s, not a socket; refusing to remove it", path, what)
 	}
+	// Stale means nobody listens: a socket a running sidecar serves is not replaced (its
+	// controller would reach the new one instead, and its exit would unlink ours).
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("proxy: admin socket (--admin-socket) %s is in use by a running process; refusing to replace it", path)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("proxy: admin socket (--admin-socket) %s: cannot tell whether it is stale: %w", path, err)
+	}
 	if err := os.Remove(path); err != nil {
 		return fmt.Errorf("proxy: remove stale admin socket %s: %w", path, err)
 	}
@@ -471,6 +486,22 @@ func forwardingOn(procRoot string) string {
 		}
 		if v := strings.TrimSpace(string(data)); v != "0" {
 			return fmt.Sprintf("%s is %s (want 0)", f.path, v)
+		}
+	}
+	// IPv4 forwards a packet by the forwarding of the interface it came in on (conf/all
+	// is ip_forward); conf/default is what an interface attached later starts with.
+	ifaces, _ := filepath.Glob(filepath.Join(procRoot, "sys/net/ipv4/conf/*/forwarding"))
+	for _, file := range ifaces {
+		rel, _ := filepath.Rel(procRoot, file)
+		data, err := os.ReadFile(file)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) { // the interface went away
+				continue
+			}
+			return fmt.Sprintf("cannot read %s: %v", rel, err)
+		}
+		if v := strings.TrimSpace(string(data)); v != "0" {
+			return fmt.Sprintf("%s is %s (want 0)", rel, v)
 		}
 	}
 	return ""

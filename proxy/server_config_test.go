@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"net"
 	"os"
@@ -116,6 +117,10 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"negative header", func(c *Config) { c.HeaderTimeout = -1 }, "Config.HeaderTimeout"},
 		{"negative max connections", func(c *Config) { c.MaxConnections = -1 }, "Config.MaxConnections = -1"},
 		{"negative dns inflight", func(c *Config) { c.DNSMaxInflight = -3 }, "Config.DNSMaxInflight = -3"},
+		// The labels the admin API refuses (adminEnvelope) are refused at start too.
+		{"long task", func(c *Config) { c.Task = strings.Repeat("t", 129) }, "Config.Task"},
+		{"control in phase", func(c *Config) { c.Phase = "run\n{\"forged\":1}" }, "Config.Phase"},
+		{"invalid UTF-8 task", func(c *Config) { c.Task = "t\xff" }, "Config.Task"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -152,5 +157,70 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		if ok, why := srv.Ready(); ok || why != "starting" {
 			t.Errorf("%s: Ready() = %v, %q, want false, \"starting\"", name, ok, why)
 		}
+	}
+}
+
+// A second sidecar started on the admin socket of one that is running refuses to start:
+// that socket is live, not stale. Unlinking it would leave the first sidecar enforcing
+// its policy with no way to reach it (a PUT meant for it goes to the second), and the
+// first one's exit would then unlink the second's socket (net.UnixListener.Close
+// removes the path, whoever bound it last).
+func TestAdminSocketInUseIsNotTaken(t *testing.T) {
+	first := newHarness(t)
+	first.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+
+	second, err := New(Config{Listen: "127.0.0.1:0", AdminSocket: first.socket, ProcRoot: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Start(); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = second.Shutdown(ctx)
+		t.Fatal("Start took over the admin socket of a running sidecar")
+	} else if !strings.Contains(err.Error(), first.socket) {
+		t.Fatalf("Start: %v, want an error naming %s", err, first.socket)
+	}
+	// The running sidecar still answers on its socket.
+	if code, got := first.admin("GET", "/v1/policy", ""); code != 200 || got["mode"] != "allowlist" {
+		t.Fatalf("the first sidecar's admin API: %d %v", code, got)
+	}
+}
+
+// IPv4 forwarding is decided per interface: the kernel forwards a packet received on an
+// interface whose conf/<if>/forwarding is 1, whatever ip_forward (conf/all) says
+// (ip-sysctl: "whether packets received _on_ this interface can be forwarded"). A
+// sidecar whose task-network interface forwards is a router out of the sandbox and must
+// not report ready; conf/default is what an interface attached later starts with.
+func TestReadinessNeedsEveryInterfaceForwardingOff(t *testing.T) {
+	for _, tc := range []struct {
+		iface string // the conf/<iface>/forwarding set to 1, "" none
+		ready bool
+	}{
+		{"", true},
+		{"eth1", false},
+		{"default", false},
+	} {
+		t.Run(tc.iface, func(t *testing.T) {
+			proc := t.TempDir()
+			writeProc(t, proc, "0", "0")
+			for _, iface := range []string{"all", "default", "lo", "eth0", "eth1"} {
+				v := "0\n"
+				if iface == tc.iface {
+					v = "1\n"
+				}
+				dir := filepath.Join(proc, "sys/net/ipv4/conf", iface)
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, "forwarding"), []byte(v), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h := newHarness(t, func(c *Config) { c.RequireNoForwarding, c.ProcRoot = true, proc })
+			if code, _ := h.admin("GET", "/readyz", ""); (code == 200) != tc.ready {
+				t.Fatalf("conf/%s/forwarding=1: /readyz %d, want ready=%v", tc.iface, code, tc.ready)
+			}
+		})
 	}
 }

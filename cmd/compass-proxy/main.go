@@ -145,7 +145,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.Var(&o.allowInternal, "allow-internal", "CIDR exempt from the internal-address guard (repeatable; for development and tests)")
 	fs.StringVar(&c.Task, "task", "", "initial task label of logs")
 	fs.StringVar(&c.Phase, "phase", "", "initial phase label of logs")
-	fs.BoolVar(&c.RequireNoForwarding, "require-no-forwarding", true, "refuse readiness unless IPv4 and IPv6 forwarding are off")
+	fs.BoolVar(&c.RequireNoForwarding, "require-no-forwarding", true, "refuse readiness unless IPv4 (globally and on every interface) and IPv6 forwarding are off")
 	fs.BoolVar(&c.DenyPrivate, "deny-private", false, "refuse private-use addresses (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7) unless an allowlist's IP/CIDR rule inside them allows one")
 	fs.DurationVar(&c.HeaderTimeout, "header-timeout", 10*time.Second, "time a client has to send request headers; also bounds writing the proxy's last answers (a 400, a refused or failed CONNECT) to a client that reads nothing")
 	fs.DurationVar(&c.DialTimeout, "dial-timeout", 10*time.Second, "time to connect to one address of a destination, each address tried in turn (and for the TLS handshake on https:// requests)")
@@ -286,10 +286,35 @@ func (o *options) check(resolvConf string) error {
 // run installs the signal handlers first, so that a SIGHUP or SIGTERM during start-up is
 // neither fatal (SIGHUP's default action kills) nor lost: serve handles it once the
 // proxy is up.
+//
+// SIGHUP and the stop signals are caught on channels of their own: signal.Notify drops a
+// signal its channel has no room for, and SIGHUPs sent during a slow reload used to fill
+// a shared channel and crowd out the SIGTERM after them. A SIGHUP dropped while another
+// waits loses nothing: the waiting reload reads the file as it is then.
 func run(args []string) error {
-	signals := make(chan os.Signal, 4)
-	signal.Notify(signals, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
-	defer signal.Stop(signals)
+	hups, stops := make(chan os.Signal, 1), make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	signal.Notify(stops, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(hups)
+	defer signal.Stop(stops)
+	signals, done := make(chan os.Signal), make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			var sig os.Signal
+			select {
+			case sig = <-hups:
+			case sig = <-stops:
+			case <-done:
+				return
+			}
+			select {
+			case signals <- sig:
+			case <-done:
+				return
+			}
+		}
+	}()
 	o, err := parse(args, os.LookupEnv, "/etc/resolv.conf")
 	if err != nil {
 		return err
