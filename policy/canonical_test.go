@@ -106,3 +106,21 @@ func TestIsNonCanonicalIPv4(t *testing.T) {
 		}
 	}
 }
+
+// TestCanonicalHostnameRefusesInvalidUTF8 checks that a requested name that is not
+// valid UTF-8 is refused, as a policy entry is ("the target is not valid UTF-8"). IDNA
+// reads each invalid byte sequence as U+FFFD, which it refuses when written as such, so
+// without the check distinct byte strings ("\xff", "\xfe", "\xed\xa0\x80") all became
+// the one made-up name "xn--zn7c", looked up and dialled though the client never
+// asked for it.
+func TestCanonicalHostnameRefusesInvalidUTF8(t *testing.T) {
+	for _, name := range []string{"a.b\xff.example", "a.b\xfe.example", "a.b\xed\xa0\x80.example", "\xff", "b\xc0\xaf.example"} {
+		if got, err := CanonicalHostname(name); err == nil {
+			t.Errorf("CanonicalHostname(%q) = %q, want an error (not valid UTF-8)", name, got)
+		}
+	}
+	// Written as the character itself, U+FFFD was already refused.
+	if got, err := CanonicalHostname("a.b\ufffd.example"); err == nil {
+		t.Errorf("CanonicalHostname(%q) = %q, want an error", "a.b\ufffd.example", got)
+	}
+}

@@ -321,6 +321,12 @@ func CanonicalHostname(h string) (string, error) {
 		}
 	}
 	if !ascii {
+		// IDNA reads every invalid byte sequence as U+FFFD (which it refuses when written
+		// as such) and would punycode it: "a\xff" and "a\xfe" would both be "xn--a-q10i",
+		// a name the client never wrote. A policy's entries are refused likewise.
+		if !utf8.ValidString(h) {
+			return "", ruleErr("the host name is not valid UTF-8")
+		}
 		// IDNA's punycode step costs the square of a label's distinct characters (48
 		// KiB took seconds), and a proxy client chooses the name: refuse first what no
 		// valid name needs.

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/compass-egress/compass-egress/policy"
 )
 
 // TestBypassVectors tries the known ways of smuggling a destination past a proxy. The
@@ -264,6 +266,28 @@ func TestRefusedNamesAreNotResolved(t *testing.T) {
 	}
 	if res.counts["exfil.test"] != 0 {
 		t.Fatalf("refused name was resolved %d times", res.counts["exfil.test"])
+	}
+}
+
+// TestDecideRefusesInvalidUTF8Host: a target whose host is not valid UTF-8 (net/http
+// passes such bytes, raw or %-decoded, through a CONNECT target or an absolute URI's
+// authority) is an invalid host, refused before any lookup. It was canonicalised into
+// a punycode name of U+FFFD that the client never wrote ("a.xn--b-q10i.test" for
+// "a.b\xff.test", and for "a.b\xfe.test" too), looked up and, under a denylist,
+// allowed.
+func TestDecideRefusesInvalidUTF8Host(t *testing.T) {
+	p, err := policy.Parse([]byte(`{"network_mode":"denylist","denied_hosts":["evil.test"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := &RuleSet{Policy: p, Matcher: policy.Compile(p), addrPorts: newAddrRulePorts(p)}
+	for _, host := range []string{"a.b\xff.test", "a.b\xfe.test", "\xff"} {
+		res := &rebindingResolver{first: []netip.Addr{netip.MustParseAddr("127.0.0.2")}, counts: map[string]int{}}
+		d := &Decider{Resolver: res, Guard: NewGuard(nil, func() []netip.Addr { return nil })}
+		v := d.Decide(context.Background(), rs, host, 443)
+		if v.Allowed || v.Reason != ReasonInvalidHost || len(res.counts) > 0 {
+			t.Errorf("Decide(%q) = allowed %v, reason %q, looked up %v; want refused as %s with no lookup", host, v.Allowed, v.Reason, res.counts, ReasonInvalidHost)
+		}
 	}
 }
 
