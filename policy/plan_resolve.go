@@ -244,14 +244,21 @@ func checkRequiredEndpoints(plan *Plan, matched []Recipe) ErrorList {
 				Path:  e.Phase.Field(),
 				Value: fmt.Sprintf("%q", e.Target.String()),
 				Rule: fmt.Sprintf("recipe %s requires this endpoint in the %s phase, but the effective %s policy %s (source: %s) blocks it (%s); recipes never broaden a policy: allow it in the policy's source",
-					r.Name, e.Phase, e.Phase, Clip(rp.Policy.String()), rp.Source, blockedWhy(d)),
+					r.Name, e.Phase, e.Phase, Clip(rp.Policy.String()), rp.Source, blockedWhy(e, d)),
 			})
 		}
 	}
 	return errs
 }
 
-func blockedWhy(d Decision) string {
+func blockedWhy(e Endpoint, d Decision) string {
+	if c, _ := ClassifyInternal(e.Target.Prefix.Addr()); d.Reason == ReasonInternalAddress {
+		lift := fmt.Sprintf("an allowlist IP or CIDR rule within %s", c.Prefix)
+		if !c.Liftable {
+			lift = "no rule"
+		}
+		return fmt.Sprintf("%s: the sidecar refuses %s addresses unless %s allows them", d.Reason, c.Name, lift)
+	}
 	if d.Rule.Kind != 0 {
 		return fmt.Sprintf("%s, rule %s", d.Reason, d.Rule)
 	}

@@ -237,10 +237,18 @@ func phaseNames() []string {
 }
 
 // decide checks an endpoint against a policy the way the proxy would see the
-// connection: a name by host rules, an address by IP and CIDR rules.
+// connection: a name by host rules, an address by IP and CIDR rules and then by the
+// internal-address guard, which refuses an internal address that only a rule wider than
+// its class (or none, under a denylist) allows. What a name resolves to is not known
+// here.
 func (e Endpoint) decide(m *Matcher) Decision {
-	if e.Target.Kind == KindAddr {
-		return m.Decide("", e.Target.Prefix.Addr(), e.Target.Port)
+	if e.Target.Kind != KindAddr {
+		return m.Decide(e.Target.Host, netip.Addr{}, e.Target.Port)
 	}
-	return m.Decide(e.Target.Host, netip.Addr{}, e.Target.Port)
+	a := e.Target.Prefix.Addr()
+	d := m.Decide("", a, e.Target.Port)
+	if c, internal := ClassifyInternal(a); d.Allowed && internal && !c.LiftedBy(m, a, e.Target.Port) {
+		d.Allowed, d.Reason = false, ReasonInternalAddress
+	}
+	return d
 }

@@ -9,53 +9,16 @@ import (
 	"github.com/compass-egress/compass-egress/policy"
 )
 
-// internalClass is one range the guard refuses by default. An allowlist's IP or CIDR
-// rule lifts the guard only for a liftable class and only when the rule lies inside the
-// class's prefix: "127.0.0.0/8" opens loopback, "0.0.0.0/0" opens nothing internal.
-type internalClass struct {
-	name     string
-	prefix   netip.Prefix
-	liftable bool
-}
-
-// internalClasses in match order: specific ranges before the ranges that contain them
-// (::1 and :: lie inside ::/96).
-var internalClasses = []internalClass{
-	{"loopback", netip.MustParsePrefix("127.0.0.0/8"), true},
-	{"loopback", netip.MustParsePrefix("::1/128"), true},
-	{"link-local", netip.MustParsePrefix("169.254.0.0/16"), true},
-	{"link-local", netip.MustParsePrefix("fe80::/10"), true},
-	// Dialling an unspecified address reaches this host: the proxy itself.
-	{"unspecified", netip.MustParsePrefix("0.0.0.0/32"), false},
-	{"unspecified", netip.MustParsePrefix("::/128"), false},
-	{"multicast", netip.MustParsePrefix("224.0.0.0/4"), true},
-	{"multicast", netip.MustParsePrefix("ff00::/8"), true},
-	{"special", netip.MustParsePrefix("0.0.0.0/8"), true},               // "this network"
-	{"special", netip.MustParsePrefix("100.100.100.200/32"), true},      // Alibaba Cloud metadata
-	{"special", netip.MustParsePrefix("168.63.129.16/32"), true},        // Azure WireServer (goal state, extension settings)
-	{"special", netip.MustParsePrefix("fd00:ec2::254/128"), true},       // AWS metadata over IPv6
-	{"special", netip.MustParsePrefix("fd00:ec2::23/128"), true},        // AWS EKS Pod Identity (credentials) over IPv6
-	{"special", netip.MustParsePrefix("fd20:ce::254/128"), true},        // Google Cloud metadata over IPv6
-	{"special", netip.MustParsePrefix("255.255.255.255/32"), true},      // limited broadcast
-	{"ipv4-mapped", netip.MustParsePrefix("::ffff:0:0/96"), false},      // callers unmap first
-	{"ipv4-embedding", netip.MustParsePrefix("::ffff:0:0:0/96"), false}, // SIIT IPv4-translated
-	{"ipv4-embedding", netip.MustParsePrefix("64:ff9b::/96"), false},    // NAT64 well-known prefix
-	{"ipv4-embedding", netip.MustParsePrefix("64:ff9b:1::/48"), false},  // NAT64 local-use prefix
-	{"ipv4-embedding", netip.MustParsePrefix("2002::/16"), false},       // 6to4
-	{"ipv4-embedding", netip.MustParsePrefix("2001::/32"), false},       // Teredo
-	{"ipv4-embedding", netip.MustParsePrefix("::/96"), false},           // IPv4-compatible (deprecated)
-}
-
 // privateClasses are the private-use ranges, refused only when the operator asks for it
 // (--deny-private): the sidecar's egress network may be a private one itself, and a
-// model host on a private address is common. Matched after internalClasses, so the
-// cloud endpoints inside fc00::/7 keep their own class.
-var privateClasses = []internalClass{
-	{"private", netip.MustParsePrefix("10.0.0.0/8"), true},
-	{"private", netip.MustParsePrefix("172.16.0.0/12"), true},
-	{"private", netip.MustParsePrefix("192.168.0.0/16"), true},
-	{"private", netip.MustParsePrefix("100.64.0.0/10"), true}, // shared address space (carrier-grade NAT)
-	{"private", netip.MustParsePrefix("fc00::/7"), true},      // unique local
+// model host on a private address is common. Matched after policy.ClassifyInternal, so
+// the cloud endpoints inside fc00::/7 keep their own class.
+var privateClasses = []policy.InternalClass{
+	{Name: "private", Prefix: netip.MustParsePrefix("10.0.0.0/8"), Liftable: true},
+	{Name: "private", Prefix: netip.MustParsePrefix("172.16.0.0/12"), Liftable: true},
+	{Name: "private", Prefix: netip.MustParsePrefix("192.168.0.0/16"), Liftable: true},
+	{Name: "private", Prefix: netip.MustParsePrefix("100.64.0.0/10"), Liftable: true}, // shared address space (carrier-grade NAT)
+	{Name: "private", Prefix: netip.MustParsePrefix("fc00::/7"), Liftable: true},      // unique local
 }
 
 // ownClassName names the class of the proxy's own addresses. Only a rule naming the
@@ -131,26 +94,26 @@ func (g *Guard) isOwn(a netip.Addr) bool {
 	return ok
 }
 
-// classify returns the internal class of a, if any. The proxy's own addresses come
-// first: 127.0.0.1 on the proxy's host is the proxy, whatever else it is.
-func (g *Guard) classify(a netip.Addr) (internalClass, bool) {
+// classify returns the internal class of a, if any: the fixed classes of
+// policy.ClassifyInternal, the proxy's own addresses and, with --deny-private, the
+// private ranges. The proxy's own addresses come first: 127.0.0.1 on the proxy's host
+// is the proxy, whatever else it is.
+func (g *Guard) classify(a netip.Addr) (policy.InternalClass, bool) {
 	a = a.WithZone("")
 	if g.isOwn(a) {
-		return internalClass{name: ownClassName, prefix: netip.PrefixFrom(a, a.BitLen()), liftable: true}, true
+		return policy.InternalClass{Name: ownClassName, Prefix: netip.PrefixFrom(a, a.BitLen()), Liftable: true}, true
 	}
-	for _, c := range internalClasses {
-		if c.prefix.Contains(a) {
-			return c, true
-		}
+	if c, ok := policy.ClassifyInternal(a); ok {
+		return c, true
 	}
 	if g.denyPrivate {
 		for _, c := range privateClasses {
-			if c.prefix.Contains(a) {
+			if c.Prefix.Contains(a) {
 				return c, true
 			}
 		}
 	}
-	return internalClass{}, false
+	return policy.InternalClass{}, false
 }
 
 // Exempt reports whether an --allow-internal range covers addr.
@@ -190,10 +153,5 @@ func (g *Guard) Refuses(m *policy.Matcher, addr netip.Addr, port uint16) bool {
 	if !internal || g.Exempt(a) {
 		return false
 	}
-	if !c.liftable || m.Mode() != policy.ModeAllowlist {
-		return true
-	}
-	d := m.Decide("", a, port)
-	r := d.Rule.Prefix
-	return !d.Allowed || !d.Rule.IsAddress() || r.Bits() < c.prefix.Bits() || !c.prefix.Contains(r.Addr())
+	return !c.LiftedBy(m, a, port)
 }

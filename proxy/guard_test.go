@@ -162,7 +162,7 @@ func TestSameAuthority(t *testing.T) {
 // Internal reports whether addr is an internal address and, if so, which class.
 func (g *Guard) Internal(addr netip.Addr) (bool, string) {
 	c, ok := g.classify(addr)
-	return ok, c.name
+	return ok, c.Name
 }
 
 // TestGuardRefusesSpecialAddresses: the cloud endpoints outside the link-local ranges
