@@ -22,6 +22,7 @@ const (
 	ReasonNoAllowedAnswer = "no-allowed-answer" // every address in the answer was disallowed
 	ReasonOverloaded      = "overloaded"        // --dns-max-inflight queries were being answered
 	ReasonInternalError   = "internal-error"    // answering the query panicked
+	ReasonMalformedQuery  = "malformed-query"   // the DNS library could not parse the message
 )
 
 // serveDNS answers the sandbox's queries: forward what the policy allows, refuse the
@@ -115,6 +116,15 @@ func acceptDNS(h dns.Header) dns.MsgAcceptAction {
 		return dns.MsgIgnore
 	}
 	return dns.MsgAccept
+}
+
+// invalidDNS counts and logs a message the DNS library could not parse. The library
+// answers it itself, before serveDNS: FORMERR (RFC 1035's answer to a query the server
+// cannot interpret; nothing goes upstream) if its header could be read, else nothing.
+// The library does not say who sent it.
+func (s *Server) invalidDNS(_ []byte, err error) {
+	s.metrics.dnsQueries.WithLabelValues("denied", "other").Inc()
+	s.log.Info("dns message malformed", "type", typeDNS, "decision", "denied", "reason", ReasonMalformedQuery, "error", clipError(err))
 }
 
 // maxUDPQuery is the longest UDP query read whole: the library's default is 512 bytes,
@@ -235,6 +245,10 @@ func (s *Server) answerDNS(rs *RuleSet, req *dns.Msg) dnsAnswer {
 	if !rules.decision.Allowed {
 		a.reason = string(policy.ReasonAllowlisted)
 		up = onlyAddresses(up, req)
+		if len(up.Answer) == 0 {
+			// The allowed addresses were of another type than the asked one.
+			return refuse(ReasonNoAllowedAnswer)
+		}
 	}
 	replaceOPT(up, req)
 	a.resp, a.decision = up, "allowed"

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -309,5 +310,69 @@ func TestLargeUDPAnswerFromUpstream(t *testing.T) {
 	resp := h.query("many.test", dns.TypeA, "tcp")
 	if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 60 || tcp.Load() != 0 {
 		t.Fatalf("%s with %d of 60 records (%d TCP queries upstream), want NOERROR with 60 over UDP", dns.RcodeToString[resp.Rcode], len(resp.Answer), tcp.Load())
+	}
+}
+
+// TestDNSAddressRuleAnswerWithNoAddressOfTheAskedTypeIsRefused: a name allowed only
+// through an IP/CIDR rule, asked for AAAA, whose upstream answers with an allowed A
+// record alone: no address of the asked type remains, so the answer is REFUSED
+// (no-allowed-answer), not an empty NOERROR logged as allowed.
+func TestDNSAddressRuleAnswerWithNoAddressOfTheAskedTypeIsRefused(t *testing.T) {
+	upstream := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		rr, _ := dns.NewRR(r.Question[0].Name + " 60 IN A 10.9.9.9")
+		m.Answer = append(m.Answer, rr)
+		_ = w.WriteMsg(m)
+	})
+	h := newHarness(t, func(c *Config) { c.DNSUpstreams = []string{upstream} })
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["10.9.9.0/24"]}`)
+	resp := h.query("other.test", dns.TypeAAAA, "udp")
+	if resp.Rcode != dns.RcodeRefused || edeText(resp) != "compass-egress: "+ReasonNoAllowedAnswer {
+		t.Fatalf("answer, want REFUSED no-allowed-answer:\n%v", resp)
+	}
+}
+
+// TestDNSUnparsableQueryIsCountedAndLogged: a query the DNS library cannot unpack
+// (here: an ECS option of an unknown address family) is answered by the library itself,
+// before serveDNS, with FORMERR: in no-network too, and nothing goes upstream. It is
+// counted as a denied query and logged, where before it left no trace.
+func TestDNSUnparsableQueryIsCountedAndLogged(t *testing.T) {
+	h := newHarness(t)
+	m := new(dns.Msg)
+	m.SetQuestion("a.test.", dns.TypeA)
+	m.SetEdns0(1232, false)
+	m.IsEdns0().Option = append(m.IsEdns0().Option, &dns.EDNS0_SUBNET{Code: dns.EDNS0SUBNET, Family: 1, SourceNetmask: 24, Address: net.IPv4(1, 2, 3, 0)})
+	wire, err := m.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire[len(wire)-7] = 7 // the ECS family: 7 is none
+	c, err := net.Dial("udp", h.srv.DNSAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(wire); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(hangGuard))
+	buf := make([]byte, 4096)
+	n, err := c.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := new(dns.Msg)
+	if err := r.Unpack(buf[:n]); err != nil {
+		t.Fatal(err)
+	}
+	if r.Rcode != dns.RcodeFormatError || len(r.Answer) != 0 {
+		t.Fatalf("answer to an unparsable query: %s with %d records, want FORMERR and none", dns.RcodeToString[r.Rcode], len(r.Answer))
+	}
+	if got := testutil.ToFloat64(h.srv.metrics.dnsQueries.WithLabelValues("denied", "other")); got != 1 {
+		t.Errorf("compass_proxy_dns_queries_total{decision=denied,qtype=other} = %v, want 1", got)
+	}
+	if logs := h.logs.String(); !strings.Contains(logs, `"msg":"dns message malformed"`) || !strings.Contains(logs, `"reason":"malformed-query"`) {
+		t.Errorf("no log line for the unparsable query: %s", logs)
 	}
 }

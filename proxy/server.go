@@ -421,7 +421,7 @@ func (s *Server) serve(dnsConns []any) {
 	handler := dns.HandlerFunc(s.serveDNS)
 	for _, c := range dnsConns {
 		srv := &dns.Server{Handler: handler, ReadTimeout: s.cfg.DNSTimeout, WriteTimeout: s.cfg.DNSTimeout,
-			MsgAcceptFunc: acceptDNS, UDPSize: maxUDPQuery}
+			MsgAcceptFunc: acceptDNS, MsgInvalidFunc: s.invalidDNS, UDPSize: maxUDPQuery}
 		switch x := c.(type) {
 		case net.PacketConn:
 			srv.PacketConn, srv.Net = x, "udp"
