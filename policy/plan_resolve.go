@@ -252,7 +252,8 @@ func checkRequiredEndpoints(plan *Plan, matched []Recipe) ErrorList {
 }
 
 func blockedWhy(e Endpoint, d Decision) string {
-	if c, _ := ClassifyInternal(e.Target.Prefix.Addr()); d.Reason == ReasonInternalAddress {
+	if d.Reason == ReasonInternalAddress {
+		c, _ := ClassifyInternal(e.Target.Prefix.Addr())
 		lift := fmt.Sprintf("an allowlist IP or CIDR rule within %s", c.Prefix)
 		if !c.Liftable {
 			lift = "no rule"

@@ -13,21 +13,21 @@ import (
 // Reason codes of refusals that the proxy adds to the policy's own reasons. They appear
 // in logs, in the X-Compass-Egress header and as the reason metric label.
 const (
-	ReasonInternalAddress  = "internal-address"       // resolves to or names an internal address
-	ReasonNonCanonicalIP   = "non-canonical-address"  // an address in decimal/octal/hex/short form
-	ReasonInvalidHost      = "invalid-host"           // not a valid host name or address
-	ReasonInvalidPort      = "invalid-port"           // missing or out-of-range port
-	ReasonUserinfo         = "userinfo"               // user@ in the authority
-	ReasonBadScheme        = "unsupported-scheme"     // not http or https
-	ReasonNotProxyRequest  = "not-proxy-request"      // origin-form request, PRI, etc.
-	ReasonResolveFailed    = "resolve-failed"         // the name did not resolve
-	ReasonUnsupported      = "unsupported-upgrade"    // an Upgrade other than websocket
-	ReasonPolicyChanged    = "policy-changed"         // cut by a swap while being set up
-	ReasonHostMismatch     = "host-mismatch"          // the Host field names another destination than the URI
-	ReasonMalformedRequest = "malformed-request"      // a head the proxy refuses to read or to pass on (400, 505)
-	ReasonHeadTooLong      = "head-too-long"          // a head over the size bound (431)
-	ReasonMalformedHello   = "malformed-tls-hello"    // a tunnel's first bytes open a TLS handshake this proxy cannot read
-	ReasonEncryptedHello   = "encrypted-client-hello" // a tunnel's ClientHello hides its server name (ECH)
+	ReasonInternalAddress  = string(policy.ReasonInternalAddress) // resolves to or names an internal address (planning gives it too)
+	ReasonNonCanonicalIP   = "non-canonical-address"              // an address in decimal/octal/hex/short form
+	ReasonInvalidHost      = "invalid-host"                       // not a valid host name or address
+	ReasonInvalidPort      = "invalid-port"                       // missing or out-of-range port
+	ReasonUserinfo         = "userinfo"                           // user@ in the authority
+	ReasonBadScheme        = "unsupported-scheme"                 // not http or https
+	ReasonNotProxyRequest  = "not-proxy-request"                  // origin-form request, PRI, etc.
+	ReasonResolveFailed    = "resolve-failed"                     // the name did not resolve
+	ReasonUnsupported      = "unsupported-upgrade"                // an Upgrade other than websocket
+	ReasonPolicyChanged    = "policy-changed"                     // cut by a swap while being set up
+	ReasonHostMismatch     = "host-mismatch"                      // the Host field names another destination than the URI
+	ReasonMalformedRequest = "malformed-request"                  // a head the proxy refuses to read or to pass on (400, 505)
+	ReasonHeadTooLong      = "head-too-long"                      // a head over the size bound (431)
+	ReasonMalformedHello   = "malformed-tls-hello"                // a tunnel's first bytes open a TLS handshake this proxy cannot read
+	ReasonEncryptedHello   = "encrypted-client-hello"             // a tunnel's ClientHello hides its server name (ECH)
 )
 
 // Verdict is the outcome of one destination check.
