@@ -13,9 +13,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/compass-egress/compass-egress/adminapi"
 )
 
-// A PUT body over maxPolicyBody is answered 413 naming the limit, whether its length
+// A PUT body over adminapi.MaxPolicyBody is answered 413 naming the limit, whether its length
 // is declared or it comes chunked, and the running policy stays; one of exactly the
 // limit is read whole. Each refusal counts as a failed reload.
 func TestPolicyBodyLimit(t *testing.T) {
@@ -27,17 +29,17 @@ func TestPolicyBodyLimit(t *testing.T) {
 	}{
 		// Declared too long and never sent: refused before the body is read.
 		{"declared", func(c net.Conn) {
-			fmt.Fprintf(c, "PUT /v1/policy HTTP/1.1\r\nHost: admin\r\nContent-Length: %d\r\n\r\n", maxPolicyBody+1)
+			fmt.Fprintf(c, "PUT /v1/policy HTTP/1.1\r\nHost: admin\r\nContent-Length: %d\r\n\r\n", adminapi.MaxPolicyBody+1)
 		}, http.StatusRequestEntityTooLarge},
 		// A reader of unknown length goes chunked: the bound must hold while reading.
 		{"chunked", func(c net.Conn) {
-			req, _ := http.NewRequest("PUT", "http://admin/v1/policy", io.MultiReader(strings.NewReader(strings.Repeat(" ", maxPolicyBody+1))))
+			req, _ := http.NewRequest("PUT", "http://admin/v1/policy", io.MultiReader(strings.NewReader(strings.Repeat(" ", adminapi.MaxPolicyBody+1))))
 			_ = req.Write(c)
 		}, http.StatusRequestEntityTooLarge},
 		// Read whole, and refused for what it says (which fails at its first byte: a
 		// valid policy of 32 MiB takes seconds to decode under the race detector).
 		{"at the limit", func(c net.Conn) {
-			req, _ := http.NewRequest("PUT", "http://admin/v1/policy", strings.NewReader("x"+strings.Repeat(" ", maxPolicyBody-1)))
+			req, _ := http.NewRequest("PUT", "http://admin/v1/policy", strings.NewReader("x"+strings.Repeat(" ", adminapi.MaxPolicyBody-1)))
 			_ = req.Write(c)
 		}, http.StatusBadRequest},
 		// A body that breaks off is refused, even when what came before the break is a
@@ -81,7 +83,7 @@ func TestPolicyBodyLimit(t *testing.T) {
 			if tc.want != http.StatusRequestEntityTooLarge {
 				return
 			}
-			if !strings.Contains(string(body), fmt.Sprint(maxPolicyBody)) || !strings.Contains(string(body), "unchanged") {
+			if !strings.Contains(string(body), fmt.Sprint(adminapi.MaxPolicyBody)) || !strings.Contains(string(body), "unchanged") {
 				t.Errorf("answer does not name the limit: %s", body)
 			}
 		})

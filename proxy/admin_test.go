@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -90,7 +91,7 @@ func TestAdminPolicy(t *testing.T) {
 	if code, _ := h.admin("GET", "/readyz", ""); code != 200 {
 		t.Fatalf("readyz: %d", code)
 	}
-	if err := Healthcheck(t.Context(), h.socket); err != nil {
+	if err := adminapi.NewClient(h.socket, nil).Ready(t.Context()); err != nil {
 		t.Fatalf("healthcheck: %v", err)
 	}
 	fi, err := os.Stat(h.socket)
@@ -225,7 +226,7 @@ func TestReadinessNeedsForwardingOff(t *testing.T) {
 			if ready := code == 200; ready != tc.ready {
 				t.Fatalf("readyz %d, want ready=%v", code, tc.ready)
 			}
-			if err := Healthcheck(t.Context(), h.socket); (err == nil) != tc.ready {
+			if err := adminapi.NewClient(h.socket, nil).Ready(t.Context()); (err == nil) != tc.ready {
 				t.Fatalf("healthcheck %v, want ready=%v", err, tc.ready)
 			}
 			// Start says so at once, not only to whoever asks /readyz.
@@ -303,8 +304,8 @@ func TestEnvelopeLabelsAreBounded(t *testing.T) {
 	}{
 		{"run", true},
 		{"évaluation-2", true},
-		{strings.Repeat("a", maxLabelBytes), true},
-		{strings.Repeat("a", maxLabelBytes+1), false},
+		{strings.Repeat("a", adminapi.MaxLabelBytes), true},
+		{strings.Repeat("a", adminapi.MaxLabelBytes+1), false},
 		{"run\nfake line", false},
 		{"\x1b[31mred", false}, // a control character first
 		{"run\u2028", true},    // not a control character; JSON logs escape it

@@ -4,25 +4,14 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/policy"
 )
-
-// ApplyResult is what a successful swap reports (the admin API's PUT response).
-type ApplyResult struct {
-	Generation        uint64          `json:"generation"`
-	Digest            string          `json:"digest"`
-	Mode              policy.Mode     `json:"mode"`
-	Policy            policy.Policy   `json:"policy"`
-	Task              string          `json:"task"`
-	Phase             string          `json:"phase"`
-	ClosedConnections int             `json:"closed_connections"`
-	PreviousBlocked   *BlockedSummary `json:"previous_blocked,omitempty"`
-}
 
 // Apply puts p in force. task and phase relabel logs and metrics when not nil; nil
 // keeps the current labels. When Apply returns, every new decision uses p and every
 // live connection that p no longer allows is closed.
-func (s *Server) Apply(p policy.Policy, task, phase *string, source string) ApplyResult {
+func (s *Server) Apply(p policy.Policy, task, phase *string, source string) adminapi.ApplyResult {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
 	old := s.current.Load()
@@ -53,7 +42,7 @@ func (s *Server) Apply(p policy.Policy, task, phase *string, source string) Appl
 	}
 
 	closed := 0
-	var prev *BlockedSummary
+	var prev *adminapi.BlockedSummary
 	if old != nil {
 		// Published first, swept second: a connection registered after the sweep
 		// re-reads the pointer and sees rs (see tracker.closeIf).
@@ -72,8 +61,7 @@ func (s *Server) Apply(p policy.Policy, task, phase *string, source string) Appl
 	s.log.Info("policy applied", "source", source, "generation", rs.Generation, "digest", rs.Digest,
 		"mode", string(p.Mode), "rules", len(p.Targets), "task", rs.Task, "phase", rs.Phase,
 		"closed_connections", closed)
-	return ApplyResult{Generation: rs.Generation, Digest: rs.Digest, Mode: p.Mode, Policy: p,
-		Task: rs.Task, Phase: rs.Phase, ClosedConnections: closed, PreviousBlocked: prev}
+	return adminapi.ApplyResult{PolicyStatus: rs.status(), ClosedConnections: uint64(closed), PreviousBlocked: prev}
 }
 
 // rejected records a policy that could not be applied; the running one stays.

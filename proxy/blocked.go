@@ -5,27 +5,9 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/compass-egress/compass-egress/adminapi"
 )
-
-// BlockedSummary counts the blocked attempts of one policy generation. It mirrors the
-// controller's type of the same name (the JSON is the contract between the two).
-type BlockedSummary struct {
-	Generation uint64          `json:"generation"`
-	Total      uint64          `json:"total"`
-	Top        []BlockedTarget `json:"top"`
-}
-
-// BlockedTarget is one blocked destination and how often it was tried. Count is exact
-// unless Overcount is set: then the destination took the place of others when the
-// table was full, and Count may exceed its own tries by up to Overcount.
-type BlockedTarget struct {
-	Host      string `json:"host"`
-	Port      uint16 `json:"port"`
-	Type      string `json:"type"`
-	Reason    string `json:"reason"`
-	Count     uint64 `json:"count"`
-	Overcount uint64 `json:"overcount,omitempty"`
-}
 
 const (
 	blockedCapacity = 1024 // distinct destinations remembered per generation
@@ -89,12 +71,12 @@ func (b *blockedCounter) add(host string, port uint16, typ, reason string) {
 	heap.Fix(&b.heap, 0)
 }
 
-func (b *blockedCounter) summary(generation uint64) BlockedSummary {
+func (b *blockedCounter) summary(generation uint64) adminapi.BlockedSummary {
 	b.mu.Lock()
-	s := BlockedSummary{Generation: generation, Total: b.total, Top: make([]BlockedTarget, 0, min(len(b.byKey), blockedTop))}
-	all := make([]BlockedTarget, 0, len(b.byKey))
+	s := adminapi.BlockedSummary{Generation: generation, Total: b.total, Top: make([]adminapi.BlockedTarget, 0, min(len(b.byKey), blockedTop))}
+	all := make([]adminapi.BlockedTarget, 0, len(b.byKey))
 	for _, e := range b.byKey {
-		all = append(all, BlockedTarget{Host: e.key.host, Port: e.key.port, Type: e.key.typ, Reason: e.key.reason, Count: e.count, Overcount: e.over})
+		all = append(all, adminapi.BlockedTarget{Host: e.key.host, Port: e.key.port, Type: e.key.typ, Reason: e.key.reason, Count: e.count, Overcount: e.over})
 	}
 	b.mu.Unlock()
 	sort.Slice(all, func(i, j int) bool {

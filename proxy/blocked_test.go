@@ -4,16 +4,17 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
-func findBlocked(s BlockedSummary, host string) (BlockedTarget, bool) {
+func findBlocked(s adminapi.BlockedSummary, host string) (adminapi.BlockedTarget, bool) {
 	for _, e := range s.Top {
 		if e.Host == host {
 			return e, true
 		}
 	}
-	return BlockedTarget{}, false
+	return adminapi.BlockedTarget{}, false
 }
 
 // A destination tried over and over stays in the report, however many fresh names a

@@ -72,7 +72,7 @@ func TestSwapCutsWhatOnlyALiftedGuardAllowed(t *testing.T) {
 			defer tunnel.Close()
 			echoRoundTrip(t, tunnel, "before")
 			res := h.apply(tc.after)
-			if want := map[bool]int{true: 1, false: 0}[tc.cut]; res.ClosedConnections != want {
+			if want := map[bool]uint64{true: 1, false: 0}[tc.cut]; res.ClosedConnections != want {
 				t.Fatalf("closed %d connections, want %d", res.ClosedConnections, want)
 			}
 			if !tc.cut {

@@ -22,6 +22,7 @@ import (
 	"github.com/miekg/dns"
 	"go.uber.org/goleak"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/internal/testutil"
 	"github.com/compass-egress/compass-egress/policy"
 )
@@ -289,7 +290,7 @@ func newHarness(t testing.TB, tune ...func(*Config)) *harness {
 }
 
 // apply puts a wire-format policy in force directly (the admin API has its own tests).
-func (h *harness) apply(doc string) ApplyResult {
+func (h *harness) apply(doc string) adminapi.ApplyResult {
 	h.t.Helper()
 	p, err := policy.Parse([]byte(doc))
 	if err != nil {

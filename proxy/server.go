@@ -23,6 +23,7 @@ import (
 	"github.com/elazarl/goproxy"
 	"github.com/miekg/dns"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -177,8 +178,8 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	for _, l := range []struct{ name, value string }{{"Task", cfg.Task}, {"Phase", cfg.Phase}} {
-		if !validLabel(l.value) {
-			return nil, fmt.Errorf("proxy: Config.%s = %s: %s", l.name, policy.Quote(l.value), labelRule)
+		if !adminapi.ValidLabel(l.value) {
+			return nil, fmt.Errorf("proxy: Config.%s = %s: %s", l.name, policy.Quote(l.value), adminapi.LabelRule)
 		}
 	}
 	counts := []struct {

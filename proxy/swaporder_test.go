@@ -49,7 +49,7 @@ func TestSwapPublishesBeforeItCuts(t *testing.T) {
 			if g, ok := testutil.ToFloat64(m.generation), testutil.ToFloat64(m.reloadOK); g != float64(res.Generation) || ok != 1 {
 				t.Errorf("policy_generation %v, last_reload_successful %v, want %d and 1", g, ok, res.Generation)
 			}
-			if res.ClosedConnections != c.wantClosed || len(seen) != c.wantClosed {
+			if res.ClosedConnections != uint64(c.wantClosed) || len(seen) != c.wantClosed {
 				t.Fatalf("closed %d (%d closes), want %d", res.ClosedConnections, len(seen), c.wantClosed)
 			}
 			for _, g := range seen {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/compass-egress/compass-egress/adminapi"
 )
 
 // TestSwapStopsTheConnectDialItInterrupts: a swap that refuses a CONNECT while its one
@@ -93,7 +95,7 @@ func TestSwapLetsTheConfirmationOut(t *testing.T) {
 	h.apply(`"public"`)
 	opened, peer, writing := openToStuckClient(t, h, h.a.echoHostPort("a.test"))
 	<-writing
-	swapped := make(chan ApplyResult, 1)
+	swapped := make(chan adminapi.ApplyResult, 1)
 	go func() { swapped <- h.apply(`"no-network"`) }()
 	// Well within lingerTime: the swap is then waiting on the 200 (a swap that does
 	// not wait has closed the client's side by now).
@@ -118,7 +120,7 @@ func TestSwapCutOfAStuckConfirmationIsBoundedByLinger(t *testing.T) {
 	h.apply(`"public"`)
 	opened, _, writing := openToStuckClient(t, h, h.a.echoHostPort("a.test"))
 	<-writing
-	swapped := make(chan ApplyResult, 1)
+	swapped := make(chan adminapi.ApplyResult, 1)
 	go func() { swapped <- h.apply(`"no-network"`) }()
 	select {
 	case r := <-swapped:

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/compass-egress/compass-egress/adminapi"
 )
 
 // A client that reads nothing (its socket buffers full: it pipelined a request with a
@@ -29,7 +31,7 @@ func TestSwapIsNotHeldByAStuckEstablishedWrite(t *testing.T) {
 	opened, peer, _ := openToStuckClient(t, h, h.a.echoHostPort("a.test"))
 	waitFor(t, func() bool { return h.srv.tracker.len() == 9 })
 
-	applied := make(chan ApplyResult, 1)
+	applied := make(chan adminapi.ApplyResult, 1)
 	go func() { applied <- h.apply(`{"network_mode":"allowlist","allowed_hosts":["x.svc.test"]}`) }()
 	select {
 	case r := <-applied:

@@ -24,6 +24,7 @@ import (
 	// name a bundle, which then replaces them.
 	_ "golang.org/x/crypto/x509roots/fallback"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/internal/buildinfo"
 	"github.com/compass-egress/compass-egress/internal/jsonlog"
 	"github.com/compass-egress/compass-egress/proxy"
@@ -395,7 +396,11 @@ func healthcheck(args []string, stderr io.Writer) int {
 			*socket = v
 		}
 	}
-	if err := proxy.Healthcheck(context.Background(), *socket); err != nil {
+	// The image's HEALTHCHECK gives the check 3 s: a sidecar that has not answered by
+	// then fails it with a reason.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := adminapi.NewClient(*socket, nil).Ready(ctx); err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
