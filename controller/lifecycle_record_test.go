@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
 )
@@ -112,8 +113,8 @@ func (p blindProvider) Open(ctx context.Context, spec controller.EnvSpec) (contr
 	return blindEnv{e}, nil
 }
 
-func (blindEnv) Blocked(context.Context) (controller.BlockedSummary, error) {
-	return controller.BlockedSummary{}, errors.New("sidecar unreachable")
+func (blindEnv) Blocked(context.Context) (adminapi.BlockedSummary, error) {
+	return adminapi.BlockedSummary{}, errors.New("sidecar unreachable")
 }
 
 // TestBlockedReadFails: a phase whose summary could not be read says so in the record,

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -59,7 +60,7 @@ type Environment interface {
 	// Download copies srcPath (a file or directory inside the environment) into dstDir.
 	Download(ctx context.Context, srcPath, dstDir string) error
 	// Blocked summarises the blocked attempts seen under the policy now in force.
-	Blocked(ctx context.Context) (BlockedSummary, error)
+	Blocked(ctx context.Context) (adminapi.BlockedSummary, error)
 	// Close removes the environment; with retain it is kept running and only detached
 	// from the controller's bookkeeping.
 	Close(ctx context.Context, retain bool) error
@@ -84,25 +85,6 @@ type ExecResult struct {
 	Stderr   []byte
 }
 
-// BlockedSummary counts the blocked attempts of one policy generation.
-type BlockedSummary struct {
-	Generation uint64          `json:"generation"`
-	Total      uint64          `json:"total"`
-	Top        []BlockedTarget `json:"top"`
-}
-
-// BlockedTarget is one blocked destination and how often it was tried. Count may
-// exceed the destination's own tries by up to Overcount (the sidecar's table was full
-// and it took another's place).
-type BlockedTarget struct {
-	Host      string `json:"host"`
-	Port      uint16 `json:"port"`
-	Type      string `json:"type"`   // http, connect or dns
-	Reason    string `json:"reason"` // the decision's reason code
-	Count     uint64 `json:"count"`
-	Overcount uint64 `json:"overcount,omitempty"`
-}
-
 // Transition records one policy switch: the evidence of what was in force when.
 type Transition struct {
 	Time        time.Time                `json:"time"`
@@ -119,5 +101,5 @@ type Transition struct {
 	Error       string                   `json:"error,omitempty"`
 	// PreviousBlocked is the summary of the policy generation this switch ended, taken
 	// by the enforcement point atomically with the swap; nil when the provider cannot say.
-	PreviousBlocked *BlockedSummary `json:"previous_blocked,omitempty"`
+	PreviousBlocked *adminapi.BlockedSummary `json:"previous_blocked,omitempty"`
 }

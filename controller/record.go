@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -125,11 +126,11 @@ type CommandRecord struct {
 // PhaseBlocked is the blocked-egress summary of one policy phase of one environment,
 // taken just before the policy changed (or the environment closed).
 type PhaseBlocked struct {
-	Environment string         `json:"environment"`
-	Phase       string         `json:"phase"`
-	Mode        policy.Mode    `json:"mode"`
-	Summary     BlockedSummary `json:"summary"`
-	Error       string         `json:"error,omitempty"`
+	Environment string                  `json:"environment"`
+	Phase       string                  `json:"phase"`
+	Mode        policy.Mode             `json:"mode"`
+	Summary     adminapi.BlockedSummary `json:"summary"`
+	Error       string                  `json:"error,omitempty"`
 }
 
 // ArtifactRecord is one declared artifact path.

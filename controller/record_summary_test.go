@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/controller"
 )
 
@@ -18,9 +19,9 @@ func TestWriteSummary(t *testing.T) {
 		Task: "a", EvaluationMode: controller.EvaluationShared, Status: controller.StatusFailed,
 		Steps: []controller.StepRecord{{Status: ok}, {Status: skipped}, {Status: ok}, {Status: failed}, {Status: ok}},
 		Blocked: []controller.PhaseBlocked{
-			{Phase: "baseline"}, {Phase: "run", Summary: controller.BlockedSummary{Total: 5}},
+			{Phase: "baseline"}, {Phase: "run", Summary: adminapi.BlockedSummary{Total: 5}},
 			{Phase: ""}, // no phase: not a phase of the table
-			{Phase: "evaluation", Summary: controller.BlockedSummary{Total: 1}},
+			{Phase: "evaluation", Summary: adminapi.BlockedSummary{Total: 1}},
 		},
 		Environments: []controller.EnvRecord{
 			{ID: "a", State: controller.EnvRetained, Reach: "docker exec -it a sh"},

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/internal/testutil"
 )
 
@@ -263,16 +264,10 @@ func get(client *http.Client, url string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
-// adminPolicy is what the process test reads of GET /v1/policy.
-type adminPolicy struct {
-	Generation uint64 `json:"generation"`
-	Mode       string `json:"mode"`
-}
-
-func (p *proxyProcess) policyStatus(t *testing.T) adminPolicy {
+func (p *proxyProcess) policyStatus(t *testing.T) adminapi.PolicyStatus {
 	t.Helper()
 	code, body := get(p.admin, "http://admin/v1/policy")
-	var st adminPolicy
+	var st adminapi.PolicyStatus
 	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil {
 		p.fatal(t, "GET /v1/policy: %d %v: %s", code, err, body)
 	}

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/compass-egress/compass-egress/adminapi"
 )
 
 // A SIGTERM is not lost behind SIGHUPs. signal.Notify drops a signal its channel has no
@@ -71,7 +73,7 @@ func TestSIGTERMNotLostBehindSIGHUPs(t *testing.T) {
 		default:
 		}
 		code, body := get(p.admin, "http://admin/v1/policy")
-		var st adminPolicy
+		var st adminapi.PolicyStatus
 		if code == 200 && json.Unmarshal([]byte(body), &st) == nil && st.Generation >= 6 {
 			stillUp = true
 			return true

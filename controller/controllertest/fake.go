@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/policy"
 )
@@ -285,7 +286,7 @@ func (e *Env) Apply(ctx context.Context, p policy.Policy, label controller.Phase
 
 // swap puts p in force as a new generation; it returns that generation and, when the
 // provider is set to report it, the ended generation's summary.
-func (e *Env) swap(p policy.Policy) (uint64, *controller.BlockedSummary) {
+func (e *Env) swap(p policy.Policy) (uint64, *adminapi.BlockedSummary) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	prev := e.summary()
@@ -373,9 +374,9 @@ func (e *Env) Upload(_ context.Context, srcPath, dstDir string) error {
 
 // Blocked reports the blocked attempts of the generation in force; like a call to the
 // sidecar, it fails once its context has ended.
-func (e *Env) Blocked(ctx context.Context) (controller.BlockedSummary, error) {
+func (e *Env) Blocked(ctx context.Context) (adminapi.BlockedSummary, error) {
 	if err := ctx.Err(); err != nil {
-		return controller.BlockedSummary{}, err
+		return adminapi.BlockedSummary{}, err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -383,10 +384,10 @@ func (e *Env) Blocked(ctx context.Context) (controller.BlockedSummary, error) {
 }
 
 // summary is the blocked summary of the generation in force; e.mu is held.
-func (e *Env) summary() controller.BlockedSummary {
-	sum := controller.BlockedSummary{Generation: e.gen, Total: e.blocked}
+func (e *Env) summary() adminapi.BlockedSummary {
+	sum := adminapi.BlockedSummary{Generation: e.gen, Total: e.blocked}
 	if e.blocked > 0 {
-		sum.Top = []controller.BlockedTarget{{Host: "exfil.test", Port: 443, Type: "connect", Reason: "not_allowed", Count: e.blocked}}
+		sum.Top = []adminapi.BlockedTarget{{Host: "exfil.test", Port: 443, Type: "connect", Reason: "not_allowed", Count: e.blocked}}
 	}
 	return sum
 }

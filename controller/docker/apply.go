@@ -14,6 +14,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/network"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/policy"
 )
@@ -98,7 +99,7 @@ func (e *Env) Switch(ctx context.Context, pol policy.Policy, label controller.Ph
 		panicked, err = e.runSteps(ctx, pol, label, &r)
 	}
 	if err != nil {
-		var prev *controller.BlockedSummary
+		var prev *adminapi.BlockedSummary
 		r.FailClosed, prev, err = e.failClosed(ctx, err)
 		switch {
 		case r.PreviousBlocked == nil:
@@ -410,7 +411,7 @@ func (e *Env) ensureSidecarEgress(ctx context.Context, r *SwitchReport) error {
 // failClosed leaves the agent with no egress after a failed switch: no direct wiring,
 // no default route, and a sidecar that either denies everything or has no way out. It
 // also returns the blocked summary the sidecar reported for the generation it ended, if any.
-func (e *Env) failClosed(ctx context.Context, cause error) ([]string, *controller.BlockedSummary, error) {
+func (e *Env) failClosed(ctx context.Context, cause error) ([]string, *adminapi.BlockedSummary, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 20*time.Second)
 	defer cancel()
 	var done []string
@@ -421,7 +422,7 @@ func (e *Env) failClosed(ctx context.Context, cause error) ([]string, *controlle
 	pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
 	ack, err := e.admin.PutPolicy(pctx, policy.NoNetwork, e.task, "fail-closed")
 	pcancel()
-	var prev *controller.BlockedSummary
+	var prev *adminapi.BlockedSummary
 	if err == nil {
 		prev = ack.PreviousBlocked
 		done = append(done, fmt.Sprintf("sidecar rules: no-network generation %d", ack.Generation))

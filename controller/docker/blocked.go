@@ -3,7 +3,7 @@ package docker
 import (
 	"sort"
 
-	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/adminapi"
 )
 
 // mergeBlocked adds later, the summary of the generation that followed earlier's, to
@@ -11,7 +11,7 @@ import (
 // (a switch's no-network interim, which counts to the phase the switch ended). The
 // generation stays earlier's; a destination in both lists has its counts summed; the
 // list holds every destination of both, in the sidecar's order: most tried first.
-func mergeBlocked(earlier, later controller.BlockedSummary) *controller.BlockedSummary {
+func mergeBlocked(earlier, later adminapi.BlockedSummary) *adminapi.BlockedSummary {
 	type key struct {
 		host        string
 		port        uint16
@@ -19,7 +19,7 @@ func mergeBlocked(earlier, later controller.BlockedSummary) *controller.BlockedS
 	}
 	out := earlier
 	out.Total += later.Total
-	out.Top = append([]controller.BlockedTarget(nil), earlier.Top...)
+	out.Top = append([]adminapi.BlockedTarget(nil), earlier.Top...)
 	at := make(map[key]int, len(out.Top))
 	for i, t := range out.Top {
 		at[key{t.Host, t.Port, t.Type, t.Reason}] = i

@@ -14,6 +14,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/network"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/internal/filelock"
 )
@@ -28,7 +29,7 @@ type Env struct {
 	role       controller.Role
 	plan       subnetPlan
 	dir        stateDir
-	admin      *adminClient
+	admin      *adminapi.Client
 	egressNet  string
 	agentRef   string // agent container name or ID
 	agentOwned bool   // open created it (close removes it)
@@ -157,7 +158,7 @@ func flock(ctx context.Context, path string, busy func()) (unlock func(), err er
 }
 
 // Blocked summarises the blocked attempts under the policy in force.
-func (e *Env) Blocked(ctx context.Context) (controller.BlockedSummary, error) {
+func (e *Env) Blocked(ctx context.Context) (adminapi.BlockedSummary, error) {
 	s, err := e.admin.Blocked(ctx)
 	if err != nil {
 		return s, fmt.Errorf("docker: %s: %w", e.names.Env, err)

@@ -28,7 +28,7 @@ import (
 	"github.com/docker/docker/pkg/stdcopy"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -497,11 +497,7 @@ func startFakeAdmin(t *testing.T, socket string, ev *events) *fakeAdmin {
 		a.writeAck(w, nil)
 	})
 	mux.HandleFunc("PUT /v1/policy", func(w http.ResponseWriter, r *http.Request) {
-		var body struct {
-			Policy policy.Policy `json:"policy"`
-			Task   string        `json:"task"`
-			Phase  string        `json:"phase"`
-		}
+		var body adminapi.PolicyRequest
 		err := json.NewDecoder(r.Body).Decode(&body)
 		// compass-proxy refuses labels over 128 bytes or with control characters.
 		badLabel := func(s string) bool { return len(s) > 128 || strings.IndexFunc(s, unicode.IsControl) >= 0 }
@@ -513,9 +509,9 @@ func startFakeAdmin(t *testing.T, socket string, ev *events) *fakeAdmin {
 			a.ev.add("admin-put-refused")
 			return
 		}
-		prev := controller.BlockedSummary{Generation: a.generation, Total: a.blocked}
+		prev := adminapi.BlockedSummary{Generation: a.generation, Total: a.blocked}
 		if a.blocked > 0 {
-			prev.Top = []controller.BlockedTarget{{Host: "exfil.test", Port: 443, Type: "connect", Reason: "not_allowed", Count: a.blocked}}
+			prev.Top = []adminapi.BlockedTarget{{Host: "exfil.test", Port: 443, Type: "connect", Reason: "not_allowed", Count: a.blocked}}
 		}
 		a.generation++
 		a.current = body.Policy
@@ -537,12 +533,9 @@ func startFakeAdmin(t *testing.T, socket string, ev *events) *fakeAdmin {
 
 // writeAck answers as compass-proxy does: prev, the ended generation's blocked summary,
 // only in the answer to a PUT.
-func (a *fakeAdmin) writeAck(w http.ResponseWriter, prev *controller.BlockedSummary) {
-	ack := map[string]any{
-		"generation": a.generation, "digest": a.current.Digest(), "mode": a.current.Mode, "policy": a.current,
-	}
-	if prev != nil {
-		ack["previous_blocked"] = prev
-	}
+func (a *fakeAdmin) writeAck(w http.ResponseWriter, prev *adminapi.BlockedSummary) {
+	ack := adminapi.ApplyResult{PolicyStatus: adminapi.PolicyStatus{
+		Generation: a.generation, Digest: a.current.Digest(), Mode: a.current.Mode, Policy: a.current,
+	}, PreviousBlocked: prev}
 	_ = json.NewEncoder(w).Encode(ack)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/network"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/controller"
 )
 
@@ -47,12 +48,8 @@ func New(api dockerAPI, cfg Config, log *slog.Logger) (*Provider, error) {
 }
 
 // adminFor is the admin client of one sidecar's socket.
-func (p *Provider) adminFor(socket string) *adminClient {
-	a := newAdminClient(socket)
-	if p.adminTransport != nil {
-		a.http.Transport = p.adminTransport(a.http.Transport)
-	}
-	return a
+func (p *Provider) adminFor(socket string) *adminapi.Client {
+	return adminapi.NewClient(socket, p.adminTransport)
 }
 
 // Name is the provider's name in plans and errors.

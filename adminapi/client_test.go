@@ -1,4 +1,4 @@
-package docker
+package adminapi
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 
 	"github.com/compass-egress/compass-egress/policy"
 )
+
+var allowA = policy.Policy{Mode: policy.ModeAllowlist, Targets: []policy.Target{{Kind: policy.KindHost, Host: "a.test"}}}
 
 // A 200 answer to PUT /v1/policy counts as an acknowledgement only if it names the
 // policy's digest and a generation.
@@ -32,7 +34,7 @@ func TestPutPolicyRequiresDigestAndGeneration(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			socket := serveAdmin(t, func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, tc.body) })
-			_, err := newAdminClient(socket).PutPolicy(context.Background(), allowA, "t", "run")
+			_, err := NewClient(socket, nil).PutPolicy(context.Background(), allowA, "t", "run")
 			if tc.ok != (err == nil) {
 				t.Fatalf("PutPolicy(%s) error = %v, want ok %t", tc.body, err, tc.ok)
 			}
@@ -61,7 +63,7 @@ func TestAdminReadsLargeAnswers(t *testing.T) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		_, _ = w.Write(ack)
 	})
-	c := newAdminClient(socket)
+	c := NewClient(socket, nil)
 	if _, err := c.PutPolicy(context.Background(), big, "t", "run"); err != nil {
 		t.Errorf("PUT of a %d-byte answer: %v", len(ack), err)
 	}
