@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/network"
@@ -26,9 +25,6 @@ const (
 	partRoutes  = "routes"  // default routes in the agent's namespace
 	partSidecar = "sidecar" // sidecar restarted or reconnected (repair)
 )
-
-// maxPhaseLabel is the longest phase label compass-proxy takes (as it takes task labels).
-const maxPhaseLabel = 128
 
 // SwitchReport is a transition plus what the switch changed, for people.
 type SwitchReport struct {
@@ -73,8 +69,8 @@ func (e *Env) Switch(ctx context.Context, pol policy.Policy, label controller.Ph
 	}
 	// compass-proxy refuses such a label with the whole PUT, which a restricting switch
 	// sends only after cutting the wiring: the switch would fail closed for a label.
-	if len(label.Phase) > maxPhaseLabel || strings.IndexFunc(label.Phase, unicode.IsControl) >= 0 {
-		return r, fmt.Errorf("docker: switch %s: phase label %s: must be at most %d bytes of text without control characters", e.names.Env, policy.Quote(label.Phase), maxPhaseLabel)
+	if !adminapi.ValidLabel(label.Phase) {
+		return r, fmt.Errorf("docker: switch %s: phase label %s: %s", e.names.Env, policy.Quote(label.Phase), adminapi.LabelRule)
 	}
 	unlock, err := e.lock(ctx)
 	if err != nil && ctx.Err() != nil {

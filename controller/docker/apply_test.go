@@ -286,6 +286,7 @@ func TestSwitchRefusesBadPhaseLabelFirst(t *testing.T) {
 	for _, tc := range []struct{ name, phase string }{
 		{"too long", strings.Repeat("p", 129)},
 		{"control character", "run\nphase"},
+		{"not UTF-8", "run\xff"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t, "t13")

@@ -15,7 +15,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unicode"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types"
@@ -499,11 +498,9 @@ func startFakeAdmin(t *testing.T, socket string, ev *events) *fakeAdmin {
 	mux.HandleFunc("PUT /v1/policy", func(w http.ResponseWriter, r *http.Request) {
 		var body adminapi.PolicyRequest
 		err := json.NewDecoder(r.Body).Decode(&body)
-		// compass-proxy refuses labels over 128 bytes or with control characters.
-		badLabel := func(s string) bool { return len(s) > 128 || strings.IndexFunc(s, unicode.IsControl) >= 0 }
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		if err != nil || a.fail || (a.refuse != "" && body.Policy.Mode == a.refuse) || badLabel(body.Task) || badLabel(body.Phase) {
+		if err != nil || a.fail || (a.refuse != "" && body.Policy.Mode == a.refuse) || !adminapi.ValidLabel(body.Task) || !adminapi.ValidLabel(body.Phase) {
 			w.WriteHeader(http.StatusBadRequest)
 			fmt.Fprint(w, `{"error":"refused","errors":["test"]}`)
 			a.ev.add("admin-put-refused")
