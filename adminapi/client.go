@@ -17,7 +17,8 @@ import (
 // Client talks to one sidecar's admin API over its unix socket, the only place the
 // API listens (so the agent, which shares no filesystem with it, cannot reach it).
 type Client struct {
-	http *http.Client
+	http      *http.Client
+	maxAnswer int // bytes read of an answer at most
 }
 
 // requestTimeout bounds one request, answer included.
@@ -41,7 +42,7 @@ func NewClient(socket string, wrap func(http.RoundTripper) http.RoundTripper) *C
 	if wrap != nil {
 		tr = wrap(tr)
 	}
-	return &Client{http: &http.Client{Transport: tr, Timeout: requestTimeout}}
+	return &Client{http: &http.Client{Transport: tr, Timeout: requestTimeout}, maxAnswer: maxAnswer}
 }
 
 // PutPolicy puts p in force with the given labels and returns the sidecar's
@@ -102,12 +103,12 @@ func (c *Client) do(ctx context.Context, method, path string, body any, out any)
 		return fmt.Errorf("admin: %s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, int64(c.maxAnswer)+1))
 	if err != nil {
 		return fmt.Errorf("admin: %s %s: read: %w", method, path, err)
 	}
-	if len(data) > maxAnswer {
-		return fmt.Errorf("admin: %s %s: answer larger than %d bytes", method, path, maxAnswer)
+	if len(data) > c.maxAnswer {
+		return fmt.Errorf("admin: %s %s: answer larger than %d bytes", method, path, c.maxAnswer)
 	}
 	if resp.StatusCode != http.StatusOK {
 		var ae ErrorBody
