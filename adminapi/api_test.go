@@ -3,7 +3,6 @@ package adminapi
 import (
 	"encoding/json"
 	"reflect"
-	"strings"
 	"testing"
 
 	"github.com/compass-egress/compass-egress/policy"
@@ -47,26 +46,5 @@ func TestWireFormat(t *testing.T) {
 				t.Errorf("decodes to %s, want %s", again, tc.want)
 			}
 		})
-	}
-}
-
-// Labels are short lines of UTF-8 text (they go into every decision's log line).
-func TestValidLabel(t *testing.T) {
-	for _, tc := range []struct {
-		label string
-		ok    bool
-	}{
-		{"", true},
-		{"évaluation-2", true},
-		{strings.Repeat("a", MaxLabelBytes), true},
-		{strings.Repeat("a", MaxLabelBytes+1), false},
-		{"run\nfake line", false},
-		{"\x1b[31mred", false},
-		{"run\xff", false},
-		{"run\u2028", true}, // not a control character; JSON logs escape it
-	} {
-		if got := ValidLabel(tc.label); got != tc.ok {
-			t.Errorf("ValidLabel(%q) = %t, want %t", tc.label, got, tc.ok)
-		}
 	}
 }
