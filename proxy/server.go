@@ -447,7 +447,7 @@ func (s *Server) serve(dnsConns []any) {
 
 // Bounds of the admin and metrics servers, whose clients are the controller, a
 // scraper and the healthcheck on the same host: a request, a PUT's body of up to
-// maxPolicyBody included, takes milliseconds there, so a client that takes seconds has
+// adminapi.MaxPolicyBody included, takes milliseconds there, so a client that takes seconds has
 // stalled, and holds a goroutine (and the body read so far) until these end it.
 const (
 	controlHeaderTimeout = 10 * time.Second
