@@ -1,12 +1,11 @@
 package policy_test
 
 import (
-	"net/netip"
 	"strings"
 	"testing"
 
+	"github.com/compass-egress/compass-egress/net/addrguard"
 	"github.com/compass-egress/compass-egress/policy"
-	"github.com/compass-egress/compass-egress/proxy"
 )
 
 // TestPlannedAddressEndpointsPassTheGuard: planning checks a recipe's required address
@@ -21,7 +20,7 @@ func TestPlannedAddressEndpointsPassTheGuard(t *testing.T) {
 	 "run_network_policy": {"network_mode": "allowlist", "allowed_hosts": ["0.0.0.0/0"]},
 	 "required_endpoints": [{"host": "127.0.0.1", "port": 8080, "phase": "run"},
 	                        {"host": "169.254.169.254", "port": 80, "phase": "run"}]}`)
-	guard := proxy.NewGuard(nil, func() []netip.Addr { return nil })
+	guard := addrguard.New(addrguard.Config{})
 	for _, tc := range []struct {
 		task    string
 		refused string // "" when the plan passes

@@ -23,6 +23,7 @@ import (
 	"github.com/elazarl/goproxy"
 	"github.com/miekg/dns"
 
+	"github.com/compass-egress/compass-egress/net/addrguard"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -304,11 +305,10 @@ func (s *Server) Start() (err error) {
 		s.metricsLn = ml
 	}
 
-	s.decider.Guard = NewGuard(s.cfg.AllowInternal, s.ownAddrs)
-	if s.cfg.DenyPrivate {
-		s.decider.Guard.DenyPrivate()
-	}
-	s.decider.Guard.setListeners(s.listenEndpoints())
+	s.decider.Guard = addrguard.New(addrguard.Config{
+		Exempt: s.cfg.AllowInternal, DenyPrivate: s.cfg.DenyPrivate,
+		OwnAddrs: s.ownAddrs, Listeners: s.listenEndpoints(),
+	})
 	s.serve(dnsConns)
 	s.started.Store(true)
 	if ok, why := s.Ready(); !ok {
