@@ -9,8 +9,8 @@ import (
 )
 
 // TestPlannedAddressEndpointsPassTheGuard: planning checks a recipe's required address
-// endpoints as the sidecar will treat them, internal-address guard included (SPEC §3
-// and §7). "0.0.0.0/0" allows 127.0.0.1:8080 to the matcher, but the guard refuses it
+// endpoints as the sidecar will treat them, internal-address guard included (docs/policy.md
+// §5, docs/proxy.md). "0.0.0.0/0" allows 127.0.0.1:8080 to the matcher, but the guard refuses it
 // unless a rule inside 127.0.0.0/8 allows it, and under a denylist always. So a recipe
 // adds such an endpoint to the allowlist it supplies (the entry lifts the guard), and a
 // policy from elsewhere that cannot reach it fails the plan, naming the guard. Every

@@ -9,8 +9,8 @@ import (
 	"github.com/compass-egress/compass-egress/net/addrguard"
 )
 
-// Planner resolves tasks into plans (SPEC §3) and checks them against the provider
-// (SPEC §5). Its zero value plans with no override, no recipe, and the defaults.
+// Planner resolves tasks into plans (docs/policy.md §6) and checks them against the
+// provider (§8). Its zero value plans with no override, no recipe, and the defaults.
 type Planner struct {
 	// Override is the run-wide --env-params: the first source of every field.
 	Override EnvParams

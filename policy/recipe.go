@@ -12,7 +12,7 @@ import (
 )
 
 // Recipe is a benchmark recipe: policies for the tasks it matches (the third source of
-// SPEC §3) and the endpoints those tasks need in each phase. A recipe never broadens a
+// docs/policy.md §6) and the endpoints those tasks need in each phase. A recipe never broadens a
 // policy it did not supply.
 type Recipe struct {
 	Name string

@@ -8,8 +8,8 @@ import (
 )
 
 // ownClassName names the class of the proxy's own addresses. Only a rule naming the
-// one address lifts it (docs/proxy.md, "Internal addresses"); a range around it does
-// not, and the proxy's listeners stay refused.
+// one address lifts it (docs/proxy.md, "The internal-address guard"); a range around
+// it does not, and the proxy's listeners stay refused.
 const ownClassName = "proxy-own-address"
 
 // ownRefresh is how old the set of own addresses may grow before it is read again.

@@ -66,7 +66,7 @@ func TestGuardRefusesSpecialAddresses(t *testing.T) {
 }
 
 // TestGuardOwnAddressLiftedOnlyByItsRule: a rule naming one of the proxy's own
-// addresses opens it (SPEC §7); a range around it does not, nor does any rule open the
+// addresses opens it (docs/proxy.md, "The internal-address guard"); a range around it does not, nor does any rule open the
 // proxy's own listeners there.
 func TestGuardOwnAddressLiftedOnlyByItsRule(t *testing.T) {
 	own := netip.MustParseAddr("172.18.0.2")
