@@ -7,7 +7,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X github.com/compass-egress/compass-egress/internal/buildinfo.Version=$(VERSION)
 GOFILES    = $(shell git ls-files '*.go' 2>/dev/null; git ls-files --others --exclude-standard '*.go' 2>/dev/null)
 
-.PHONY: all build test fmt-check vet unit demo bench bench-policy fuzz clean
+.PHONY: all build test fmt-check vet tidy-check unit demo bench bench-policy fuzz clean
 
 all: build
 
@@ -21,7 +21,12 @@ fmt-check:
 vet:
 	$(GO) vet ./...
 
-# The one test command (README, .ci/run): formatting, vet, then every test with the race
+# go.mod and go.sum say exactly what the code imports: go mod tidy -diff prints what it
+# would change and exits 1.
+tidy-check:
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit the result"; exit 1; }
+
+# The one test command (README, .ci/run): formatting, vet, tidy go.mod, then every test with the race
 # detector, the e2e tests against the real Docker Engine included. internal/testreport
 # prints what go test prints, then lists every skipped test with its reason.
 #
@@ -30,7 +35,7 @@ vet:
 # every other package: go test runs packages side by side, and the e2e package's Docker
 # calls would queue behind it.
 SCALE_TEST := ^TestConcurrentEnvironments$$
-test: fmt-check vet
+test: fmt-check vet tidy-check
 	$(GO) run ./internal/testreport -race -count=1 -timeout 18m -skip '$(SCALE_TEST)' ./...
 	$(GO) run ./internal/testreport -race -count=1 -timeout 10m -run '$(SCALE_TEST)' ./e2e/dockerenv/
 

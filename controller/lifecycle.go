@@ -59,7 +59,7 @@ type taskRun struct {
 	status TaskStatus
 }
 
-// RunTask runs one task's lifecycle (SPEC §4) and returns its record, which is also in
+// RunTask runs one task's lifecycle (docs/policy.md §7) and returns its record, which is also in
 // <OutDir>/<task>/run_info.json whatever happened. prev, when not nil, is the record of
 // an interrupted run that ResumeFrom accepted: the task picks up where it allows.
 func (r *Runner) RunTask(ctx context.Context, t TaskRun, prev *Record) (rec *Record, err error) {

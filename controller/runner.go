@@ -33,7 +33,7 @@ const (
 // baseline when an evaluate command that was cut could not be stopped.
 const PhaseNotStopped = "command_not_stopped"
 
-// StepName names one row of a lifecycle table (SPEC §4).
+// StepName names one row of a lifecycle table (docs/policy.md §7).
 type StepName string
 
 const (

@@ -1,5 +1,5 @@
 // Package policy is the network policy language shared by every part of compass-egress
-// (SPEC §2–§6): parsing and validation of the wire format, the canonical form, the
+// (docs/policy.md): parsing and validation of the wire format, the canonical form, the
 // compiled matcher, plan resolution, provider capabilities and the restriction
 // statement.
 //

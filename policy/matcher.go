@@ -16,7 +16,7 @@ const (
 	ReasonNotAllowlisted Reason = "not-allowlisted" // denied: no rule of the allowlist matched
 	ReasonDenylisted     Reason = "denylisted"      // denied: a rule of the denylist matched
 	ReasonNotDenylisted  Reason = "not-denylisted"  // allowed: no rule of the denylist matched
-	// ReasonInternalAddress is the sidecar's guard's (SPEC §7), which the matcher does
+	// ReasonInternalAddress is the sidecar's guard's (docs/proxy.md), which the matcher does
 	// not apply: planning gives it for an address endpoint of an internal class that no
 	// rule inside the class allows.
 	ReasonInternalAddress Reason = "internal-address"

@@ -181,7 +181,7 @@ func TestDecide(t *testing.T) {
 			{"", "", 0, true, ReasonNotDenylisted, ""},
 		}},
 		// Ten port rules for one name: past the linear scan, the group is searched by
-		// halves, and every listed port must still be found (SPEC §2: a target with a port
+		// halves, and every listed port must still be found (docs/policy.md §2: a target with a port
 		// matches that port).
 		// A suffix of 64 labels or more has its label count kept in the second word of
 		// the count set: the walk must still look it up.

@@ -146,7 +146,7 @@ func TestParseTargetRejects(t *testing.T) {
 		{strings.Repeat("abcdefghi.", 26) + "test", "longer than 253"},
 		{strings.Repeat("abcdefghi.", 25) + "abcd", "longer than 253"},
 		{"pypi-.org", "starts or ends with '-'"},
-		// Brackets are for IPv6 only (SPEC §2): an IPv4 address or range takes its port bare.
+		// Brackets are for IPv6 only (docs/policy.md §2): an IPv4 address or range takes its port bare.
 		{"[203.0.113.10]:443", "brackets are only for an IPv6"},
 		{"[203.0.113.0/24]:443", "brackets are only for an IPv6"},
 		{"89.1", "dotted-decimal"},
@@ -231,7 +231,7 @@ func TestParseValue(t *testing.T) {
 		{name: "object host bad", in: `{"network_mode":"allowlist","allowed_hosts":[{"host":"api.*.test"}]}`, errs: []string{`allowed_hosts[0].host "api.*.test": only a leading wildcard`}},
 		{name: "duplicate key", in: `{"network_mode":"public","network_mode":"no-network"}`, errs: []string{`the key "network_mode" appears twice`}},
 		{name: "trailing data", in: `"public" "no-network"`, errs: []string{`unexpected data after the first value`}},
-		// SPEC §2's refusals that the rows above do not already show.
+		// The refusals of docs/policy.md §2 that the rows above do not already show.
 		{name: "mode null", in: `{"network_mode":null}`, errs: []string{`network_mode null: unknown network mode`}},
 		{name: "mode case variant", in: `{"network_mode":"Public"}`, errs: []string{`network_mode "Public": unknown network mode`}},
 		{name: "mode string case variant", in: `"NO-NETWORK"`, errs: []string{`policy "NO-NETWORK": unknown network mode`}},

@@ -63,7 +63,7 @@ const (
 // Valid reports whether m is shared or fresh.
 func (m EvaluationMode) Valid() bool { return m == EvaluationShared || m == EvaluationFresh }
 
-// Sources of a resolved policy (SPEC §3); a recipe's source is "recipe:<name>".
+// Sources of a resolved policy (docs/policy.md §6); a recipe's source is "recipe:<name>".
 const (
 	SourceOverride = "override"
 	SourceTask     = "task"
@@ -97,7 +97,7 @@ type Plan struct {
 	// Native holds the provider-native options per phase; nil for providers that take
 	// none (docker enforces through its sidecar, host_process enforces nothing).
 	Native map[Phase]NativeOptions
-	// Steps are the lifecycle rows of SPEC §4 with the policy in force at each.
+	// Steps are the lifecycle rows of docs/policy.md §7 with the policy in force at each.
 	Steps []Step
 	// Network is the Docker network mode asked for through --env-params ("" default).
 	Network string

@@ -1,17 +1,16 @@
 package policy_test
 
 import (
-	"net/netip"
 	"strings"
 	"testing"
 
+	"github.com/compass-egress/compass-egress/net/addrguard"
 	"github.com/compass-egress/compass-egress/policy"
-	"github.com/compass-egress/compass-egress/proxy"
 )
 
 // TestPlannedAddressEndpointsPassTheGuard: planning checks a recipe's required address
-// endpoints as the sidecar will treat them, internal-address guard included (SPEC §3
-// and §7). "0.0.0.0/0" allows 127.0.0.1:8080 to the matcher, but the guard refuses it
+// endpoints as the sidecar will treat them, internal-address guard included (docs/policy.md
+// §5, docs/proxy.md). "0.0.0.0/0" allows 127.0.0.1:8080 to the matcher, but the guard refuses it
 // unless a rule inside 127.0.0.0/8 allows it, and under a denylist always. So a recipe
 // adds such an endpoint to the allowlist it supplies (the entry lifts the guard), and a
 // policy from elsewhere that cannot reach it fails the plan, naming the guard. Every
@@ -21,7 +20,7 @@ func TestPlannedAddressEndpointsPassTheGuard(t *testing.T) {
 	 "run_network_policy": {"network_mode": "allowlist", "allowed_hosts": ["0.0.0.0/0"]},
 	 "required_endpoints": [{"host": "127.0.0.1", "port": 8080, "phase": "run"},
 	                        {"host": "169.254.169.254", "port": 80, "phase": "run"}]}`)
-	guard := proxy.NewGuard(nil, func() []netip.Addr { return nil })
+	guard := addrguard.New(addrguard.Config{})
 	for _, tc := range []struct {
 		task    string
 		refused string // "" when the plan passes

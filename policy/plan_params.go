@@ -10,7 +10,7 @@ import (
 )
 
 // EnvParams is the run-wide --env-params JSON: the explicit Environment override of
-// SPEC §3 (it applies to every task) plus the Docker provider's own parameters.
+// docs/policy.md §4 (it applies to every task) plus the Docker provider's own parameters.
 type EnvParams struct {
 	// Policies holds the policy fields the override sets.
 	Policies PhasePolicies

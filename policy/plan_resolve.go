@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/compass-egress/compass-egress/net/addrguard"
 )
 
-// Planner resolves tasks into plans (SPEC §3) and checks them against the provider
-// (SPEC §5). Its zero value plans with no override, no recipe, and the defaults.
+// Planner resolves tasks into plans (docs/policy.md §6) and checks them against the
+// provider (§8). Its zero value plans with no override, no recipe, and the defaults.
 type Planner struct {
 	// Override is the run-wide --env-params: the first source of every field.
 	Override EnvParams
@@ -253,7 +255,7 @@ func checkRequiredEndpoints(plan *Plan, matched []Recipe) ErrorList {
 
 func blockedWhy(e Endpoint, d Decision) string {
 	if d.Reason == ReasonInternalAddress {
-		c, _ := ClassifyInternal(e.Target.Prefix.Addr())
+		c, _ := addrguard.Classify(e.Target.Prefix.Addr())
 		lift := fmt.Sprintf("an allowlist IP or CIDR rule within %s", c.Prefix)
 		if !c.Liftable {
 			lift = "no rule"

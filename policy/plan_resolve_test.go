@@ -101,7 +101,7 @@ const (
 	allowEmpty = `{"network_mode":"allowlist","allowed_hosts":[]}`
 )
 
-// SPEC §3: each field on its own, override > task > recipe > default.
+// docs/policy.md §6: each field on its own, override > task > recipe > default.
 func TestPlanPrecedence(t *testing.T) {
 	recipeRun := `{"name":"r1","run_network_policy":` + allowJudge + `}`
 	tests := []planCase{
@@ -175,7 +175,7 @@ func TestPlanPrecedence(t *testing.T) {
 	}
 }
 
-// SPEC §3: the fresh evaluation Environment's baseline chain.
+// docs/policy.md §6: the fresh evaluation Environment's baseline chain.
 func TestPlanFreshEvaluationBaseline(t *testing.T) {
 	fresh := func(extra string) string { return `{"task_id":"t","evaluation_mode":"fresh"` + extra + `}` }
 	recipeBaseline := `{"name":"rb","baseline_network_policy":` + allowJudge + `}`
@@ -271,7 +271,7 @@ func TestPlanFreshEvaluationBaseline(t *testing.T) {
 	}
 }
 
-// SPEC §3: recipes never broaden; required endpoints are checked, and added only to an
+// docs/policy.md §5: recipes never broaden; required endpoints are checked, and added only to an
 // allowlist the recipe itself supplied.
 func TestPlanRecipeEndpoints(t *testing.T) {
 	modelRecipe := `{"name":"model-endpoint","match":{"task_ids":["swe-*"],"providers":["docker"]},

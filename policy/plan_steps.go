@@ -6,7 +6,7 @@ const (
 	EnvironmentEvaluation = "evaluation"
 )
 
-// Step is one lifecycle boundary of SPEC §4 and the policy in force during it.
+// Step is one lifecycle boundary of docs/policy.md §7 and the policy in force during it.
 type Step struct {
 	Number      int    `json:"step"`
 	Boundary    string `json:"boundary"`
@@ -23,7 +23,7 @@ type stepRow struct {
 	condition             string
 }
 
-// The rows of SPEC §4, common to both modes up to collection.
+// The rows of docs/policy.md §7, common to both modes up to collection.
 var agentSteps = []stepRow{
 	{"open environment", EnvironmentAgent, PhaseBaseline, "always"},
 	{"prepare task", EnvironmentAgent, PhaseBaseline, "always"},

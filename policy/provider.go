@@ -17,7 +17,7 @@ const (
 // names: the one this project enforces itself.
 const DefaultProvider = ProviderDocker
 
-// Capability is one row of the provider matrix (SPEC §5).
+// Capability is one row of the provider matrix (docs/policy.md §8).
 type Capability struct {
 	Name string
 	// Modes the provider can enforce. Anything else is refused at planning, never

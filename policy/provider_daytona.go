@@ -1,6 +1,6 @@
 package policy
 
-// Daytona limits (SPEC §5).
+// Daytona limits (docs/policy.md §8).
 const (
 	DaytonaMaxDomainEntries  = 20
 	DaytonaMaxNetworkEntries = 10

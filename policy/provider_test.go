@@ -23,7 +23,7 @@ func planTestCIDRs(n int) string {
 	return strings.Join(hosts, ",")
 }
 
-// SPEC §5: what each provider accepts, and the error naming provider, phase, entry and
+// docs/policy.md §8: what each provider accepts, and the error naming provider, phase, entry and
 // rule for what it does not.
 func TestProviderChecks(t *testing.T) {
 	allow := func(hosts string) string { return `{"network_mode":"allowlist","allowed_hosts":[` + hosts + `]}` }

@@ -7,10 +7,12 @@ import (
 	"path"
 	"regexp"
 	"strings"
+
+	"github.com/compass-egress/compass-egress/net/addrguard"
 )
 
 // Recipe is a benchmark recipe: policies for the tasks it matches (the third source of
-// SPEC §3) and the endpoints those tasks need in each phase. A recipe never broadens a
+// docs/policy.md §6) and the endpoints those tasks need in each phase. A recipe never broadens a
 // policy it did not supply.
 type Recipe struct {
 	Name string
@@ -247,7 +249,7 @@ func (e Endpoint) decide(m *Matcher) Decision {
 	}
 	a := e.Target.Prefix.Addr()
 	d := m.Decide("", a, e.Target.Port)
-	if c, internal := ClassifyInternal(a); d.Allowed && internal && !c.LiftedBy(m, a, e.Target.Port) {
+	if c, internal := addrguard.Classify(a); d.Allowed && internal && !m.Lifts(c, a, e.Target.Port) {
 		d.Allowed, d.Reason = false, ReasonInternalAddress
 	}
 	return d

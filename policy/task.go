@@ -16,7 +16,7 @@ type Task struct {
 	Provider string
 	// EvaluationMode is shared or fresh; "" when the file sets none.
 	EvaluationMode EvaluationMode
-	// Policies holds the policy fields the task sets (the TaskSpec source of SPEC §3).
+	// Policies holds the policy fields the task sets (the task source of docs/policy.md §6).
 	// The verifier baseline (evaluation_baseline_network_policy) may also come from
 	// evaluation_environment.baseline_network_policy.
 	Policies PhasePolicies

@@ -26,7 +26,7 @@ import (
 // a name in square brackets (CVE-2022-29188, GHSA-qwrf-gfpj-qvj6); Go's url.Parse took
 // non-addresses in brackets until CVE-2025-47912. IDNA maps fullwidth letters, the
 // ideographic and fullwidth full stops and ignorable code points onto the ASCII name
-// (SPEC §2: "IDN names compare in their punycode form"), so each is the denied name,
+// (docs/policy.md §2: "IDN names compare in punycode"), so each is the denied name,
 // refused as denylisted, over CONNECT, an absolute URI and the DNS server alike. The
 // allowlist tests of these spellings (TestBypassVectors) cannot tell "denied as b.test"
 // from "denied as some other name": an allowlist refuses both.

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/compass-egress/compass-egress/net/addrguard"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -283,7 +284,7 @@ func TestDecideRefusesInvalidUTF8Host(t *testing.T) {
 	rs := &RuleSet{Policy: p, Matcher: policy.Compile(p), addrPorts: newAddrRulePorts(p)}
 	for _, host := range []string{"a.b\xff.test", "a.b\xfe.test", "\xff"} {
 		res := &rebindingResolver{first: []netip.Addr{netip.MustParseAddr("127.0.0.2")}, counts: map[string]int{}}
-		d := &Decider{Resolver: res, Guard: NewGuard(nil, func() []netip.Addr { return nil })}
+		d := &Decider{Resolver: res, Guard: addrguard.New(addrguard.Config{})}
 		v := d.Decide(context.Background(), rs, host, 443)
 		if v.Allowed || v.Reason != ReasonInvalidHost || len(res.counts) > 0 {
 			t.Errorf("Decide(%q) = allowed %v, reason %q, looked up %v; want refused as %s with no lookup", host, v.Allowed, v.Reason, res.counts, ReasonInvalidHost)

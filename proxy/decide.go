@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/compass-egress/compass-egress/net/addrguard"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -55,7 +56,7 @@ const maxDialAddrs = 64
 // candidate, keep the ones that pass.
 type Decider struct {
 	Resolver Resolver
-	Guard    *Guard
+	Guard    *addrguard.Guard
 }
 
 // splitAuthority splits "host", "host:port" or "[v6]:port" and checks the port.

@@ -258,24 +258,3 @@ func TestQueryRDAndAnswerCase(t *testing.T) {
 		}
 	}
 }
-
-// --dns-upstream takes an IP address with an optional port, 53 by default; a name, or
-// port 0, is refused.
-func TestParseDNSUpstream(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"10.0.0.2", "10.0.0.2:53"},
-		{"10.0.0.2:5353", "10.0.0.2:5353"},
-		{"fd00::2", "[fd00::2]:53"},
-		{"[fd00::2]", "[fd00::2]:53"},
-		{"[fd00::2]:5353", "[fd00::2]:5353"},
-		{"10.0.0.2:0", ""},
-		{"[fd00::2]:0", ""},
-		{"dns.test", ""},
-		{"dns.test:53", ""},
-	} {
-		got, err := ParseDNSUpstream(tc.in)
-		if got != tc.want || (err != nil) != (tc.want == "") {
-			t.Errorf("ParseDNSUpstream(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
-		}
-	}
-}

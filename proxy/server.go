@@ -24,6 +24,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/compass-egress/compass-egress/adminapi"
+	"github.com/compass-egress/compass-egress/net/addrguard"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -305,11 +306,10 @@ func (s *Server) Start() (err error) {
 		s.metricsLn = ml
 	}
 
-	s.decider.Guard = NewGuard(s.cfg.AllowInternal, s.ownAddrs)
-	if s.cfg.DenyPrivate {
-		s.decider.Guard.DenyPrivate()
-	}
-	s.decider.Guard.setListeners(s.listenEndpoints())
+	s.decider.Guard = addrguard.New(addrguard.Config{
+		Exempt: s.cfg.AllowInternal, DenyPrivate: s.cfg.DenyPrivate,
+		OwnAddrs: s.ownAddrs, Listeners: s.listenEndpoints(),
+	})
 	s.serve(dnsConns)
 	s.started.Store(true)
 	if ok, why := s.Ready(); !ok {

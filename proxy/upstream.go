@@ -22,26 +22,6 @@ type Upstreams struct {
 	tcp     *dns.Client
 }
 
-// ParseDNSUpstream reads an upstream resolver (--dns-upstream) as ip:port. A bare address gets port 53, as
-// resolv.conf writes nameservers; a name is refused, since resolving it would need the
-// resolver it names.
-func ParseDNSUpstream(s string) (string, error) {
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		if ap.Port() == 0 {
-			return "", errors.New("port 0: want 1-65535")
-		}
-		return ap.String(), nil
-	}
-	bare := s
-	if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
-		bare = s[1 : len(s)-1]
-	}
-	if a, err := netip.ParseAddr(bare); err == nil {
-		return netip.AddrPortFrom(a, 53).String(), nil
-	}
-	return "", errors.New("want an IP address with an optional port (10.0.0.2, 10.0.0.2:53, fd00::2, [fd00::2]:53)")
-}
-
 // NewUpstreams builds a forwarder over servers ("host:port") with a per-try timeout.
 func NewUpstreams(servers []string, timeout time.Duration) *Upstreams {
 	return &Upstreams{

@@ -27,6 +27,7 @@ import (
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/internal/buildinfo"
 	"github.com/compass-egress/compass-egress/internal/jsonlog"
+	"github.com/compass-egress/compass-egress/net/dnsaddr"
 	"github.com/compass-egress/compass-egress/proxy"
 )
 
@@ -260,7 +261,7 @@ func (o *options) check(resolvConf string) error {
 		c.AllowInternal = append(c.AllowInternal, p.Masked())
 	}
 	for _, u := range o.upstreams {
-		addr, err := proxy.ParseDNSUpstream(u)
+		addr, err := dnsaddr.ParseUpstream(u)
 		if err != nil {
 			fail("dns-upstream", "%q: %v", u, err)
 			continue

@@ -93,7 +93,7 @@ func (s *policySource) resolve(task, def string) (policy.Policy, string, error) 
 // baseline is the policy an environment of the role opens under: the one given, or the
 // runtime default (public) when neither --policy nor --plan is. From a plan it is the
 // role's own baseline: fresh mode's evaluation environment opens under
-// evaluation_baseline, never under the agent's (SPEC §4).
+// evaluation_baseline, never under the agent's (docs/policy.md §7).
 func (s *policySource) baseline(task string, role controller.Role) (policy.Policy, error) {
 	def := string(policy.PhaseBaseline)
 	if role == controller.RoleEvaluation {

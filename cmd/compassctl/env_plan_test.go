@@ -73,7 +73,7 @@ func TestPolicyFromPlanReadsPlanOutput(t *testing.T) {
 
 // TestOpenBaselineOfRole: an environment opened from a plan without --phase starts under
 // its own role's baseline. Fresh mode's evaluation environment opens under
-// evaluation_baseline (SPEC §4, step 8), not under the agent's baseline, which may be
+// evaluation_baseline (docs/policy.md §7, fresh step 8), not under the agent's baseline, which may be
 // broader.
 func TestOpenBaselineOfRole(t *testing.T) {
 	plan := writeTemp(t, "plan.json", `{"baseline_network_policy": "public", "evaluation_baseline_network_policy": "no-network"}`)

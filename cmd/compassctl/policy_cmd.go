@@ -7,8 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/compass-egress/compass-egress/net/addrguard"
 	"github.com/compass-egress/compass-egress/policy"
-	"github.com/compass-egress/compass-egress/proxy"
 )
 
 func init() { subcommands = append(subcommands, newPolicyCommand) }
@@ -66,10 +66,7 @@ Exits 0 whatever the decision.`,
 			if err != nil {
 				return usageError{err}
 			}
-			guard := proxy.NewGuard(nil, func() []netip.Addr { return nil })
-			if denyPrivate {
-				guard.DenyPrivate()
-			}
+			guard := addrguard.New(addrguard.Config{DenyPrivate: denyPrivate})
 			return writeMatch(cmd.OutOrStdout(), policy.Compile(p), guard, name, addr, port)
 		},
 	}
@@ -112,7 +109,7 @@ func parseDestination(dest, resolve string) (string, netip.Addr, uint16, error) 
 // writeMatch prints m's decision for the destination, then guard's: the proxy's own
 // guard, without operator exemptions or the sidecar's own addresses and gateways, which
 // only a running sidecar knows.
-func writeMatch(w io.Writer, m *policy.Matcher, guard *proxy.Guard, name string, addr netip.Addr, port uint16) error {
+func writeMatch(w io.Writer, m *policy.Matcher, guard *addrguard.Guard, name string, addr netip.Addr, port uint16) error {
 	// The proxy matches and guards IPv4-mapped addresses as the IPv4 address they dial.
 	addr = addr.Unmap()
 	d := m.Decide(name, addr, port)
@@ -125,7 +122,7 @@ func writeMatch(w io.Writer, m *policy.Matcher, guard *proxy.Guard, name string,
 	}
 	if d.Allowed && addr.IsValid() {
 		if guard.Refuses(m, addr, port) {
-			verdict, rule, reason = "deny", "-", proxy.ReasonInternalAddress
+			verdict, rule, reason = "deny", "-", string(policy.ReasonInternalAddress)
 		}
 	}
 	_, err := fmt.Fprintf(w, "%s rule=%s reason=%s\n", verdict, rule, reason)

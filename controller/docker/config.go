@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/compass-egress/compass-egress/proxy"
+	"github.com/compass-egress/compass-egress/net/dnsaddr"
 )
 
 // Defaults of Config.
@@ -89,7 +89,7 @@ func (c Config) validate() error {
 	// Checked here, by the sidecar's own rule, so that a bad resolver fails the command
 	// rather than every sidecar it starts.
 	for _, u := range c.DNSUpstreams {
-		if _, err := proxy.ParseDNSUpstream(u); err != nil {
+		if _, err := dnsaddr.ParseUpstream(u); err != nil {
 			return fmt.Errorf("docker: dns upstream %q: %w", u, err)
 		}
 	}

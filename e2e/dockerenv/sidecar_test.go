@@ -260,7 +260,7 @@ func TestSidecarUnhealthyWhenForwarding(t *testing.T) {
 }
 
 // Under public the sidecar still refuses to be its own upstream: its listening address
-// on the task network and its loopback, whatever the port, are internal to it (SPEC §7),
+// on the task network and its loopback, whatever the port, are internal to it (docs/proxy.md, "The internal-address guard"),
 // while the fake internet answers through it.
 func TestSidecarRefusesItsOwnAddresses(t *testing.T) {
 	h.Need(t)

@@ -1,21 +1,24 @@
-package policy
+// Package addrguard holds the internal-address classes and the guard that refuses them.
+// The sidecar refuses a connection to such an address unless a policy rule inside its
+// class lifts it; planning (package policy) and compassctl's policy check apply the same
+// classes, so a plan that passes is one the sidecar will carry out. The rule set is
+// reached through Lifter, so the package needs nothing beyond the standard library.
+package addrguard
 
 import "net/netip"
 
-// InternalClass is a range the sidecar's internal-address guard refuses (SPEC §7). An
-// allowlist's IP or CIDR rule lifts the guard only for a liftable class and only when
-// the rule lies inside the class's prefix: "127.0.0.0/8" opens loopback, "0.0.0.0/0"
-// opens nothing internal. The table lives here, not in the proxy, so that planning
-// checks a recipe's required endpoints as the sidecar will treat them.
-type InternalClass struct {
+// Class is a range the guard refuses. An allowlist's IP or CIDR rule lifts the guard
+// only for a liftable class and only when the rule lies inside the class's prefix:
+// "127.0.0.0/8" opens loopback, "0.0.0.0/0" opens nothing internal.
+type Class struct {
 	Name     string
 	Prefix   netip.Prefix
 	Liftable bool
 }
 
-// internalClasses in match order: specific ranges before the ranges that contain them
+// fixedClasses in match order: specific ranges before the ranges that contain them
 // (::1 and :: lie inside ::/96).
-var internalClasses = []InternalClass{
+var fixedClasses = []Class{
 	{"loopback", netip.MustParsePrefix("127.0.0.0/8"), true},
 	{"loopback", netip.MustParsePrefix("::1/128"), true},
 	{"link-local", netip.MustParsePrefix("169.254.0.0/16"), true},
@@ -41,26 +44,30 @@ var internalClasses = []InternalClass{
 	{"ipv4-embedding", netip.MustParsePrefix("::/96"), false},           // IPv4-compatible (deprecated)
 }
 
-// ClassifyInternal returns the internal class of a (zone ignored; the caller unmaps),
-// if it has one. The proxy's own addresses and the operator's choices (--allow-internal,
-// --deny-private) are the proxy's to add: planning cannot know them.
-func ClassifyInternal(a netip.Addr) (InternalClass, bool) {
-	a = a.WithZone("")
-	for _, c := range internalClasses {
+// privateClasses are the private-use ranges, refused only when the operator asks for it
+// (--deny-private): the sidecar's egress network may be a private one itself, and a
+// model host on a private address is common. Matched after fixedClasses, so the cloud
+// endpoints inside fc00::/7 keep their own class.
+var privateClasses = []Class{
+	{"private", netip.MustParsePrefix("10.0.0.0/8"), true},
+	{"private", netip.MustParsePrefix("172.16.0.0/12"), true},
+	{"private", netip.MustParsePrefix("192.168.0.0/16"), true},
+	{"private", netip.MustParsePrefix("100.64.0.0/10"), true}, // shared address space (carrier-grade NAT)
+	{"private", netip.MustParsePrefix("fc00::/7"), true},      // unique local
+}
+
+// Classify returns the fixed internal class of a (zone ignored; the caller unmaps), if
+// it has one. The proxy's own addresses and the operator's choices (--allow-internal,
+// --deny-private) are the Guard's to add: planning cannot know them.
+func Classify(a netip.Addr) (Class, bool) {
+	return classifyIn(fixedClasses, a.WithZone(""))
+}
+
+func classifyIn(classes []Class, a netip.Addr) (Class, bool) {
+	for _, c := range classes {
 		if c.Prefix.Contains(a) {
 			return c, true
 		}
 	}
-	return InternalClass{}, false
-}
-
-// LiftedBy reports whether m lifts c for a connection to a (in c) on port: c is
-// liftable and an allowlist IP or CIDR rule inside c's prefix is what allows it.
-func (c InternalClass) LiftedBy(m *Matcher, a netip.Addr, port uint16) bool {
-	if !c.Liftable || m.Mode() != ModeAllowlist {
-		return false
-	}
-	d := m.Decide("", a, port)
-	r := d.Rule.Prefix
-	return d.Allowed && d.Rule.IsAddress() && r.Bits() >= c.Prefix.Bits() && c.Prefix.Contains(r.Addr())
+	return Class{}, false
 }
