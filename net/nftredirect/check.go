@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -15,44 +14,28 @@ import (
 	"github.com/compass-egress/compass-egress/net/nssysctl"
 )
 
-// Report lists what differs from the Spec, one problem a line; empty means
-// the table is exactly as Ensure writes it and forwarding is off.
-type Report struct {
-	Problems []string
-}
-
-// OK says whether nothing is wrong.
-func (r Report) OK() bool { return len(r.Problems) == 0 }
-
-// Err returns nil when OK, else one error listing every problem.
-func (r Report) Err() error {
-	if r.OK() {
-		return nil
-	}
-	return fmt.Errorf("nftredirect: %s", strings.Join(r.Problems, "; "))
-}
-
-// Check reads the table in ns back and reports every chain, rule and counter
-// that is missing, different or unexpected, and whether forwarding is on (the
-// sidecar must never route the agent's packets). err is only for failing to
-// read.
-func Check(ns netns.NsHandle, s Spec) (Report, error) {
+// Check reads the table in ns back and returns one line for every chain,
+// rule and counter that is missing, different or unexpected, and one if
+// forwarding is on (the sidecar must never route the agent's packets). No
+// problems means the table is exactly what Ensure writes. err is only for
+// failing to read.
+func Check(ns netns.NsHandle, s Spec) (problems []string, err error) {
 	if err := s.Validate(); err != nil {
-		return Report{}, err
+		return nil, err
 	}
 	conn, err := open(ns)
 	if err != nil {
-		return Report{}, err
+		return nil, err
 	}
-	problems, err := checkTable(conn, s)
+	problems, err = checkTable(conn, s)
 	if err != nil {
-		return Report{}, fmt.Errorf("nftredirect: check table inet %s in namespace %s: %w", s.table(), ns, err)
+		return nil, fmt.Errorf("nftredirect: check table inet %s in namespace %s: %w", s.table(), ns, err)
 	}
 	fwd, err := checkForwarding(ns)
 	if err != nil {
-		return Report{}, err
+		return nil, err
 	}
-	return Report{Problems: append(problems, fwd...)}, nil
+	return append(problems, fwd...), nil
 }
 
 func checkForwarding(ns netns.NsHandle) ([]string, error) {

@@ -36,19 +36,32 @@ func sidecarNS(t *testing.T) netns.NsHandle {
 	return ns.Handle
 }
 
-func mustCheck(t *testing.T, ns netns.NsHandle, s nftredirect.Spec) nftredirect.Report {
+func mustCheck(t *testing.T, ns netns.NsHandle, s nftredirect.Spec) problems {
 	t.Helper()
-	r, err := nftredirect.Check(ns, s)
+	p, err := nftredirect.Check(ns, s)
 	if err != nil {
 		t.Fatalf("Check: %v", err)
 	}
-	return r
+	return p
+}
+
+type problems []string
+
+func (p problems) OK() bool { return len(p) == 0 }
+
+func (p problems) has(part string) bool {
+	for _, s := range p {
+		if strings.Contains(s, part) {
+			return true
+		}
+	}
+	return false
 }
 
 func TestEnsureIsIdempotent(t *testing.T) {
 	ns := sidecarNS(t)
-	if r := mustCheck(t, ns, spec); r.OK() || !strings.Contains(r.Err().Error(), "table inet compass_transparent is missing") {
-		t.Fatalf("Check before Ensure = %v, want the missing table", r.Problems)
+	if r := mustCheck(t, ns, spec); r.OK() || !r.has("table inet compass_transparent is missing") {
+		t.Fatalf("Check before Ensure = %v, want the missing table", r)
 	}
 	for i, wantChanged := range []bool{true, false, false} {
 		changed, err := nftredirect.Ensure(ns, spec)
@@ -56,7 +69,7 @@ func TestEnsureIsIdempotent(t *testing.T) {
 			t.Fatalf("Ensure #%d = %v, %v; want changed %v", i+1, changed, err, wantChanged)
 		}
 		if r := mustCheck(t, ns, spec); !r.OK() {
-			t.Fatalf("Check after Ensure #%d: %v", i+1, r.Problems)
+			t.Fatalf("Check after Ensure #%d: %v", i+1, r)
 		}
 	}
 	// A different spec replaces the table.
@@ -69,7 +82,7 @@ func TestEnsureIsIdempotent(t *testing.T) {
 		t.Fatalf("Ensure(other port) = %v, %v; want changed", changed, err)
 	}
 	if r := mustCheck(t, ns, s2); !r.OK() {
-		t.Fatalf("Check after Ensure(other port): %v", r.Problems)
+		t.Fatalf("Check after Ensure(other port): %v", r)
 	}
 }
 
@@ -116,14 +129,14 @@ func TestCheckFindsDamage(t *testing.T) {
 			if err := tt.damage(c, tab); err != nil {
 				t.Fatalf("damage: %v", err)
 			}
-			if r := mustCheck(t, ns, spec); r.OK() || !strings.Contains(r.Err().Error(), tt.want) {
-				t.Fatalf("Check = %q, want a problem containing %q", r.Problems, tt.want)
+			if r := mustCheck(t, ns, spec); r.OK() || !r.has(tt.want) {
+				t.Fatalf("Check = %q, want a problem containing %q", r, tt.want)
 			}
 			if changed, err := nftredirect.Ensure(ns, spec); err != nil || !changed {
 				t.Fatalf("Ensure after damage = %v, %v; want a repair", changed, err)
 			}
 			if r := mustCheck(t, ns, spec); !r.OK() {
-				t.Fatalf("Check after repair: %v", r.Problems)
+				t.Fatalf("Check after repair: %v", r)
 			}
 		})
 	}
@@ -149,8 +162,8 @@ func TestCheckReportsForwarding(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := mustCheck(t, ns, spec)
-	if len(r.Problems) != 1 || !strings.Contains(r.Problems[0], "forwarding is on (net/ipv4/conf/all/forwarding=1)") {
-		t.Fatalf("Check = %q, want only the forwarding problem", r.Problems)
+	if len(r) != 1 || !strings.Contains(r[0], "forwarding is on (net/ipv4/conf/all/forwarding=1)") {
+		t.Fatalf("Check = %q, want only the forwarding problem", r)
 	}
 }
 
