@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -49,7 +50,46 @@ func Ensure(agentNS, sidecarNS netns.NsHandle, s Spec) (err error) {
 	if err := ensureEnd(p.sidecar, sc, s.SidecarAddr, s.mtu()); err != nil {
 		return err
 	}
-	return ensureRoutes(p.agent, a, s.SidecarAddr.Addr())
+	if err := ensureRoutes(p.agent, a, s.SidecarAddr.Addr()); err != nil {
+		return err
+	}
+	for _, end := range []struct {
+		sd   side
+		name string
+	}{{p.agent, s.AgentName}, {p.sidecar, s.SidecarName}} {
+		if err := waitOperUp(end.sd, end.name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// operUpTimeout bounds the wait for the kernel's deferred link-state work
+// (linkwatch, which runs at most once a second) to mark a new end up; until
+// then the end has no queue and drops what it is given.
+const operUpTimeout = 3 * time.Second
+
+// waitOperUp returns once the link's operational state is up, so that a nil
+// Ensure means the link carries packets and Check right after it is clean.
+func waitOperUp(sd side, name string) error {
+	deadline := time.Now().Add(operUpTimeout)
+	for {
+		l, err := sd.link(name)
+		if err != nil {
+			return err
+		}
+		if l == nil {
+			return fmt.Errorf("vethlink: link %s in %s vanished while coming up", name, sd.label)
+		}
+		if l.Attrs().OperState == netlink.OperUp {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("vethlink: link %s in %s is not up after %v (operational state %s)",
+				name, sd.label, operUpTimeout, l.Attrs().OperState)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // ensurePair finds both ends or creates them, in one request that puts each
