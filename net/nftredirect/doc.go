@@ -19,6 +19,8 @@
 //
 // The package touches only its own table (Spec.Table): Docker's NAT rules and
 // anybody else's tables in the namespace are left alone. Every call takes the
-// namespace as a file descriptor (nftables.WithNetNSFd), so no thread changes
-// namespace, except Check's forwarding sysctl read (package nssysctl).
+// namespace as a file descriptor (nftables.WithNetNSFd): the library opens its
+// netlink socket on a locked goroutine of its own, which moves back or lets the
+// thread die, so none of the caller's threads changes namespace. Check's
+// forwarding read goes through package nssysctl, on a discarded thread.
 package nftredirect

@@ -20,6 +20,19 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// Discarded calls fn on a new OS thread that is thrown away afterwards, for
+// library code that switches its thread's namespace itself and could leave it
+// switched on failure (netlink.NewHandleAt moves back to the original
+// namespace but unlocks the thread even if that move failed).
+func Discarded(fn func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		done <- fn()
+	}()
+	return <-done
+}
+
 // Run calls fn on a new OS thread that has entered ns, waits for it and returns
 // its error. The thread is discarded afterwards. Sockets fn opens stay in ns
 // and may be used from any goroutine.
@@ -27,16 +40,10 @@ func Run(ns netns.NsHandle, fn func() error) error {
 	if !ns.IsOpen() {
 		return fmt.Errorf("nsthread: namespace handle is closed")
 	}
-	done := make(chan error, 1)
-	go func() {
-		// No UnlockOSThread: the thread's namespace changed, so it must die
-		// with this goroutine rather than return to the pool.
-		runtime.LockOSThread()
+	return Discarded(func() error {
 		if err := unix.Setns(int(ns), unix.CLONE_NEWNET); err != nil {
-			done <- fmt.Errorf("nsthread: enter network namespace %s: %w", ns, err)
-			return
+			return fmt.Errorf("nsthread: enter network namespace %s: %w", ns, err)
 		}
-		done <- fn()
-	}()
-	return <-done
+		return fn()
+	})
 }

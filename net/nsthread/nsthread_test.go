@@ -63,3 +63,26 @@ func TestRunClosedHandle(t *testing.T) {
 		t.Fatal("Run(closed handle) = nil, want an error")
 	}
 }
+
+// TestDiscardedKeepsTheCallersThread: fn may leave its thread in another
+// namespace; the caller's thread is not that thread.
+func TestDiscardedKeepsTheCallersThread(t *testing.T) {
+	target := netnstest.New(t, "nsthread")
+	own, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	err = nsthread.Discarded(func() error { return netns.Set(target.Handle) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer after.Close()
+	if !after.Equal(own) {
+		t.Fatal("the caller's thread changed namespace")
+	}
+}

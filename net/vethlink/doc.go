@@ -13,6 +13,9 @@
 // decides). The sidecar's table (package nftredirect) drops any IPv6 that
 // arrives anyway.
 //
-// Every call takes both namespaces as handles and works through
-// netlink.NewHandleAt: no thread changes namespace.
+// Every call takes both namespaces as handles and works through netlink
+// handles bound to them. netlink.NewHandleAt switches its thread into the
+// namespace while it opens the socket; it runs on a thread of its own that is
+// discarded afterwards (nsthread.Discarded), so no thread of the caller's ever
+// changes namespace.
 package vethlink

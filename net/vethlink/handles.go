@@ -6,6 +6,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/compass-egress/compass-egress/net/nsthread"
 )
 
 // side is one namespace of the pair: a netlink handle bound to it, and a
@@ -36,7 +38,11 @@ func openSide(ns netns.NsHandle, role string) (side, error) {
 	if !ns.IsOpen() {
 		return side{}, fmt.Errorf("vethlink: %s namespace handle is closed", role)
 	}
-	h, err := netlink.NewHandleAt(ns)
+	var h *netlink.Handle
+	err := nsthread.Discarded(func() (err error) {
+		h, err = netlink.NewHandleAt(ns)
+		return err
+	})
 	if err != nil {
 		return side{}, fmt.Errorf("vethlink: netlink handle in %s: %w", label, err)
 	}
