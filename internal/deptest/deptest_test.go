@@ -35,8 +35,16 @@ var rules = []struct {
 		sees:      "github.com/elazarl/goproxy",
 	},
 	{
-		name:       "the net/ packages need the standard library only",
-		roots:      []string{mod + "/net/..."},
+		// The sidecar runs unprivileged: namespaces, links and firewall tables are the
+		// controller's to write.
+		name:      "the sidecar does not link the namespace, link and firewall code",
+		roots:     []string{mod + "/cmd/compass-proxy", mod + "/proxy/..."},
+		forbidden: []string{"github.com/vishvananda/netlink", "github.com/vishvananda/netns", "github.com/google/nftables", mod + "/net/nftredirect", mod + "/net/vethlink", mod + "/net/nsthread", mod + "/net/nssysctl"},
+		sees:      "github.com/miekg/dns",
+	},
+	{
+		name:       "the address packages both sides link need the standard library only",
+		roots:      []string{mod + "/net/addrguard", mod + "/net/dnsaddr"},
 		stdlibOnly: true,
 		sees:       "net/netip",
 	},
