@@ -49,7 +49,7 @@ func (s *Server) Apply(p policy.Policy, task, phase *string, source string) Appl
 	}
 	s.current.Store(rs)
 	if s.ownResolver != nil {
-		s.ownResolver.startAfresh()
+		s.ownResolver.StartAfresh()
 	}
 
 	closed := 0

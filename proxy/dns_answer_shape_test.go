@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/compass-egress/compass-egress/proxy/dnsserver"
+	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
 )
 
 func isUDP(w dns.ResponseWriter) bool { _, ok := w.RemoteAddr().(*net.UDPAddr); return ok }
@@ -117,7 +120,7 @@ func TestDNSDenylistFiltersEverySection(t *testing.T) {
 	resp := h.query("ok.test", dns.TypeA, "udp")
 	for _, sec := range [][]dns.RR{resp.Answer, resp.Ns, resp.Extra} {
 		for _, rr := range sec {
-			if a, ok := rrAddr(rr); ok && (netip.MustParsePrefix("10.0.0.0/8").Contains(a) || netip.MustParsePrefix("fd00::/8").Contains(a)) {
+			if a, ok := dnsupstream.RRAddr(rr); ok && (netip.MustParsePrefix("10.0.0.0/8").Contains(a) || netip.MustParsePrefix("fd00::/8").Contains(a)) {
 				t.Errorf("denied address reached the sandbox: %v", rr)
 			}
 		}
@@ -251,7 +254,7 @@ func TestDNSUDPQueryOver512Bytes(t *testing.T) {
 }
 
 // For a name allowed only through a CIDR rule, the upstream chooses which addresses of
-// the rule come back: the answer keeps at most maxAddressRuleAnswers of them, sorted, so
+// the rule come back: the answer keeps at most dnsserver.MaxAddressRuleAnswers of them, sorted, so
 // neither their number nor their order is the upstream's.
 func TestDNSAddressRuleAnswerIsBounded(t *testing.T) {
 	upstream := tcpAnswerUpstream(t, func(name string) (rrs []dns.RR) {
@@ -265,11 +268,11 @@ func TestDNSAddressRuleAnswerIsBounded(t *testing.T) {
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["10.9.0.0/16"]}`)
 	resp := h.query("leak.test", dns.TypeA, "tcp")
 	t.Logf("rcode %s, %d addresses, first %v", dns.RcodeToString[resp.Rcode], len(resp.Answer), resp.Answer[:min(2, len(resp.Answer))])
-	if len(resp.Answer) != maxAddressRuleAnswers {
-		t.Fatalf("%d addresses in one answer to a name allowed by a CIDR rule, want %d", len(resp.Answer), maxAddressRuleAnswers)
+	if len(resp.Answer) != dnsserver.MaxAddressRuleAnswers {
+		t.Fatalf("%d addresses in one answer to a name allowed by a CIDR rule, want %d", len(resp.Answer), dnsserver.MaxAddressRuleAnswers)
 	}
 	for i, rr := range resp.Answer {
-		if a, _ := rrAddr(rr); a != netip.AddrFrom4([4]byte{10, 9, 0, byte(i)}) {
+		if a, _ := dnsupstream.RRAddr(rr); a != netip.AddrFrom4([4]byte{10, 9, 0, byte(i)}) {
 			t.Fatalf("address %d is %v: not the sorted lowest", i, rr)
 		}
 	}
@@ -302,7 +305,7 @@ func TestDNSSwapToAddressRuleMidFlight(t *testing.T) {
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["10.9.9.0/24"]}`)
 	close(release)
 	r := <-answer
-	if r == nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 || len(r.Extra) != 0 || r.Answer[0].Header().Name != "leak.test." || r.Answer[0].Header().Ttl != addressRuleTTL {
+	if r == nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 || len(r.Extra) != 0 || r.Answer[0].Header().Name != "leak.test." || r.Answer[0].Header().Ttl != dnsserver.AddressRuleTTL {
 		t.Fatalf("answer after the swap:\n%v", r)
 	}
 }

@@ -11,21 +11,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy/dnsserver"
+	"github.com/compass-egress/compass-egress/proxy/internal/dnstest"
 )
-
-// manyAddrs is an answer of n A records of name, too long for 512 bytes when n > 30.
-func manyAddrs(name string, n int) (rrs []dns.RR) {
-	for i := range n {
-		rrs = append(rrs, &dns.A{Hdr: dns.RR_Header{Name: name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(127, 1, 0, byte(i))})
-	}
-	return rrs
-}
 
 // A UDP answer is truncated to the size the client can take: its EDNS UDP size, 512
 // bytes without EDNS (RFC 6891). Neither a cut answer to a client that said it takes
 // more nor an oversize datagram to one that did not.
 func TestUDPAnswerFitsTheClientsSize(t *testing.T) {
-	upstream := tcpAnswerUpstream(t, func(name string) []dns.RR { return manyAddrs(name, 60) })
+	upstream := tcpAnswerUpstream(t, func(name string) []dns.RR { return dnstest.AddrRecords(name, 60) })
 	h := newHarness(t, func(c *Config) { c.DNSUpstreams = []string{upstream} })
 	h.apply(`"public"`)
 	for _, tc := range []struct {
@@ -50,31 +44,6 @@ func TestUDPAnswerFitsTheClientsSize(t *testing.T) {
 				t.Fatalf("TC %v with %d of 60 records, want TC %v", resp.Truncated, len(resp.Answer), tc.truncated)
 			}
 		})
-	}
-}
-
-// A message that is itself a response is dropped (answering one could start a loop);
-// every query, whatever its opcode, is served, so that serveDNS refuses what it does not
-// serve instead of the library's FORMERR or NOTIMP.
-func TestAcceptDNS(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		msg  *dns.Msg
-		want dns.MsgAcceptAction
-	}{
-		{"query", new(dns.Msg).SetQuestion("a.test.", dns.TypeA), dns.MsgAccept},
-		{"notify", new(dns.Msg).SetNotify("a.test."), dns.MsgAccept},
-		{"update", new(dns.Msg).SetUpdate("test."), dns.MsgAccept},
-		{"response", new(dns.Msg).SetReply(new(dns.Msg).SetQuestion("a.test.", dns.TypeA)), dns.MsgIgnore},
-	} {
-		data, err := tc.msg.Pack()
-		if err != nil {
-			t.Fatal(err)
-		}
-		h := dns.Header{Id: uint16(data[0])<<8 | uint16(data[1]), Bits: uint16(data[2])<<8 | uint16(data[3])}
-		if got := acceptDNS(h); got != tc.want {
-			t.Errorf("%s: acceptDNS %v, want %v", tc.name, got, tc.want)
-		}
 	}
 }
 
@@ -128,7 +97,7 @@ func TestAnswerTooLargeForTCPIsServfail(t *testing.T) {
 		t.Fatalf("rcode %s EDE %d (%v), want SERVFAIL with EDE 23", dns.RcodeToString[resp.Rcode], code, ok)
 	}
 	// Counted and logged once the answer is written.
-	waitFor(t, func() bool { return strings.Contains(h.logs.String(), `"reason":"`+ReasonUpstreamFailed+`"`) })
+	waitFor(t, func() bool { return strings.Contains(h.logs.String(), `"reason":"`+dnsserver.ReasonUpstreamFailed+`"`) })
 	waitFor(t, func() bool { return testutil.ToFloat64(h.srv.metrics.dnsQueries.WithLabelValues("denied", "A")) == 1 })
 	if got := testutil.ToFloat64(h.srv.metrics.dnsQueries.WithLabelValues("allowed", "A")); got != 0 {
 		t.Errorf("counted allowed %v times, want 0", got)
@@ -162,7 +131,7 @@ func TestRefusalReasons(t *testing.T) {
 		{"0x7f.0.0.1.", dns.TypeA, dns.ClassINET, ReasonNonCanonicalIP},
 		{"2130706433.", dns.TypeAAAA, dns.ClassINET, ReasonNonCanonicalIP},
 		{"*.a.test.", dns.TypeA, dns.ClassINET, ReasonInvalidHost},
-		{"version.bind.", dns.TypeTXT, dns.ClassCHAOS, ReasonDNSUnsupported},
+		{"version.bind.", dns.TypeTXT, dns.ClassCHAOS, dnsserver.ReasonDNSUnsupported},
 	} {
 		m := new(dns.Msg)
 		m.SetQuestion(tc.name, tc.qtype)
@@ -222,8 +191,8 @@ func TestUpstreamFailureIsDenied(t *testing.T) {
 	}
 	var lines []map[string]any
 	waitFor(t, func() bool { lines = logLines(h.logs.String(), "decision"); return len(lines) == 1 })
-	if lines[0]["decision"] != "denied" || lines[0]["reason"] != ReasonUpstreamFailed {
-		t.Errorf("decision line %v, want denied, %s", lines[0], ReasonUpstreamFailed)
+	if lines[0]["decision"] != "denied" || lines[0]["reason"] != dnsserver.ReasonUpstreamFailed {
+		t.Errorf("decision line %v, want denied, %s", lines[0], dnsserver.ReasonUpstreamFailed)
 	}
 	if got := testutil.ToFloat64(h.srv.metrics.dnsQueries.WithLabelValues("denied", "A")); got != 1 {
 		t.Errorf("counted denied %v times, want 1", got)
@@ -302,7 +271,7 @@ func TestLargeUDPAnswerFromUpstream(t *testing.T) {
 		m := new(dns.Msg)
 		m.SetReply(r)
 		m.Compress = true
-		m.Answer = manyAddrs(r.Question[0].Name, 60) // about 1000 bytes compressed
+		m.Answer = dnstest.AddrRecords(r.Question[0].Name, 60) // about 1000 bytes compressed
 		_ = w.WriteMsg(m)
 	})
 	h := newHarness(t, func(c *Config) { c.DNSUpstreams = []string{upstream} })
@@ -328,7 +297,7 @@ func TestDNSAddressRuleAnswerWithNoAddressOfTheAskedTypeIsRefused(t *testing.T) 
 	h := newHarness(t, func(c *Config) { c.DNSUpstreams = []string{upstream} })
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["10.9.9.0/24"]}`)
 	resp := h.query("other.test", dns.TypeAAAA, "udp")
-	if resp.Rcode != dns.RcodeRefused || edeText(resp) != "compass-egress: "+ReasonNoAllowedAnswer {
+	if resp.Rcode != dns.RcodeRefused || edeText(resp) != "compass-egress: "+dnsserver.ReasonNoAllowedAnswer {
 		t.Fatalf("answer, want REFUSED no-allowed-answer:\n%v", resp)
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
 )
 
 // forgingUpstream answers every UDP query three times, in this order: from another
@@ -67,13 +69,13 @@ func TestDNSAdvisoryForgedUpstreamRepliesAreIgnored(t *testing.T) {
 		h := newHarness(t, func(c *Config) { c.DNSUpstreams = []string{upstream}; c.DNSTimeout = 5 * time.Second })
 		h.apply(`"public"`)
 		resp := h.query("poison.test", dns.TypeA, "udp")
-		if got := answerAddrs(resp); resp.Rcode != dns.RcodeSuccess || !slices.Equal(got, want) {
+		if got := dnsupstream.AnswerAddrs(resp); resp.Rcode != dns.RcodeSuccess || !slices.Equal(got, want) {
 			t.Errorf("answer %v, want only the real reply's %v:\n%v", got, want, resp)
 		}
 	})
 
 	t.Run("proxy's own lookup and its cache", func(t *testing.T) {
-		r := NewUpstreamResolver(NewUpstreams([]string{upstream}, 5*time.Second))
+		r := dnsupstream.NewUpstreamResolver(dnsupstream.NewUpstreams([]string{upstream}, 5*time.Second))
 		defer r.Close()
 		for i := range 2 { // the second answer comes from the cache
 			addrs, err := r.LookupNetIP(context.Background(), "poison.test")

@@ -3,10 +3,13 @@ package proxy
 import (
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/miekg/dns"
+
+	"github.com/compass-egress/compass-egress/proxy/dnsserver"
+	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
+	"github.com/compass-egress/compass-egress/proxy/internal/dnstest"
 )
 
 func TestDNS(t *testing.T) {
@@ -58,7 +61,7 @@ func TestDNS(t *testing.T) {
 					continue
 				}
 				var got []string
-				for _, a := range answerAddrs(resp) {
+				for _, a := range dnsupstream.AnswerAddrs(resp) {
 					got = append(got, a.String())
 				}
 				if resp.Rcode != dns.RcodeSuccess || strings.Join(got, ",") != strings.Join(tc.want, ",") {
@@ -113,7 +116,7 @@ func TestDNSUpstreamBehaviour(t *testing.T) {
 
 	t.Run("fail-over", func(t *testing.T) {
 		resp := h.query("a.test", dns.TypeA, "udp")
-		if len(answerAddrs(resp)) != 1 {
+		if len(dnsupstream.AnswerAddrs(resp)) != 1 {
 			t.Fatalf("answer %v", resp)
 		}
 	})
@@ -123,7 +126,7 @@ func TestDNSUpstreamBehaviour(t *testing.T) {
 		h.dns.truncate["big.test."] = true
 		h.dns.mu.Unlock()
 		resp := h.query("big.test", dns.TypeA, "udp")
-		if got := answerAddrs(resp); len(got) != 1 || got[0].String() != "127.0.0.9" {
+		if got := dnsupstream.AnswerAddrs(resp); len(got) != 1 || got[0].String() != "127.0.0.9" {
 			t.Fatalf("answer %v", resp)
 		}
 	})
@@ -172,31 +175,7 @@ func refusingAddr(t *testing.T) string {
 
 // serveDNSUpstream runs handle over UDP and TCP on one loopback port until the test
 // ends, and returns its address.
-func serveDNSUpstream(t *testing.T, handle dns.HandlerFunc) string {
-	t.Helper()
-	pc, ln, err := listenDNS("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var srvs []*dns.Server
-	for _, srv := range []*dns.Server{{PacketConn: pc, Net: "udp"}, {Listener: ln, Net: "tcp"}} {
-		srv.Handler = handle
-		started := make(chan struct{})
-		srv.NotifyStartedFunc = func() { close(started) }
-		srvs = append(srvs, srv)
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = srv.ActivateAndServe() }()
-		<-started
-	}
-	t.Cleanup(func() {
-		for _, s := range srvs {
-			_ = s.Shutdown()
-		}
-		wg.Wait()
-	})
-	return pc.LocalAddr().String()
-}
+func serveDNSUpstream(t *testing.T, handle dns.HandlerFunc) string { return dnstest.Serve(t, handle) }
 
 // A name the allowlist leaves out but that resolves into an allowed CIDR rule gets its
 // addresses only: not the CNAME chain, authority or additional records, TTLs,
@@ -211,8 +190,8 @@ func TestDNSAddressRuleAnswerCarriesOnlyAddresses(t *testing.T) {
 		t.Fatalf("answer, want NOERROR, no AA or Z bit, one A record and nothing else:\n%v", resp)
 	}
 	a, ok := resp.Answer[0].(*dns.A)
-	if !ok || a.Hdr.Name != "leak.test." || a.A.String() != "10.9.9.9" || a.Hdr.Ttl != addressRuleTTL {
-		t.Fatalf("answer %v, want leak.test. %d A 10.9.9.9", resp.Answer[0], addressRuleTTL)
+	if !ok || a.Hdr.Name != "leak.test." || a.A.String() != "10.9.9.9" || a.Hdr.Ttl != dnsserver.AddressRuleTTL {
+		t.Fatalf("answer %v, want leak.test. %d A 10.9.9.9", resp.Answer[0], dnsserver.AddressRuleTTL)
 	}
 	for _, rr := range resp.Extra {
 		if rr.Header().Rrtype != dns.TypeOPT {
