@@ -10,6 +10,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
+	"github.com/compass-egress/compass-egress/proxy/internal/dnstest"
 )
 
 // silentUDP is an upstream that reads queries and never answers.
@@ -55,7 +56,7 @@ func TestDNSFailoverPastSilentUpstream(t *testing.T) {
 func TestFailoverPastServerRcodes(t *testing.T) {
 	for _, rcode := range []int{dns.RcodeServerFailure, dns.RcodeRefused, dns.RcodeFormatError, dns.RcodeNotImplemented} {
 		t.Run(dns.RcodeToString[rcode], func(t *testing.T) {
-			broken := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+			broken := dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
 				m := new(dns.Msg)
 				m.SetRcode(r, rcode)
 				_ = w.WriteMsg(m)

@@ -1,6 +1,6 @@
 package proxy
 
-// Advisory-driven DNS tests: forged replies on the proxy's side of the upstream
+// Forged replies on the proxy's side of the upstream
 // exchange. dnsmasq accepted a reply without matching it to the query's ID and
 // address/port (DNSpooq, CVE-2020-25684, https://kb.cert.org/vuls/id/434904), and
 // miekg/dns once made predictable IDs (CVE-2019-19794, GHSA-44r7-7p62-q3fr): a reply
@@ -18,6 +18,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
+	"github.com/compass-egress/compass-egress/proxy/internal/dnstest"
 )
 
 // forgingUpstream answers every UDP query three times, in this order: from another
@@ -40,7 +41,7 @@ func forgingUpstream(t *testing.T) string {
 		}
 		return m
 	}
-	return serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+	return dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
 		if isUDP(w) {
 			if b, err := reply(r, "10.6.6.6").Pack(); err == nil {
 				_, _ = forger.WriteTo(b, w.RemoteAddr())
@@ -61,7 +62,7 @@ func forgingUpstream(t *testing.T) string {
 
 // Only the real reply counts, for a sandbox query and for the proxy's own lookup, whose
 // answer is then cached.
-func TestDNSAdvisoryForgedUpstreamRepliesAreIgnored(t *testing.T) {
+func TestDNSForgedUpstreamRepliesAreIgnored(t *testing.T) {
 	upstream := forgingUpstream(t)
 	want := []netip.Addr{netip.MustParseAddr("127.0.0.2")}
 

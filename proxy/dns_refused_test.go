@@ -1,6 +1,6 @@
 package proxy
 
-// Advisory-driven DNS tests: queries that carry data out in their name (DNS tunnels
+// Queries that carry data out in their name (DNS tunnels
 // such as iodine and dnscat2 use TXT, NULL, CNAME, MX and more, not only A) and record
 // types that carry addresses past an A/AAAA-only filter (HTTPS/SVCB ipv4hint and
 // ipv6hint: celzero/rethink-app issue 3072, a wildcard block
@@ -15,12 +15,15 @@ import (
 	"testing"
 
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/compass-egress/compass-egress/proxy/dnsserver"
 )
 
 // Every type a tunnel or an address hint could use, over UDP and TCP with EDNS options,
 // under no-network, an allowlist (also one with an address rule, whose A/AAAA lookups
 // are the documented exception) and a denylist; then the other classes and opcodes.
-func TestDNSAdvisoryRefusedQueriesNeverLeave(t *testing.T) {
+func TestDNSRefusedQueriesNeverLeave(t *testing.T) {
 	h := newHarness(t)
 	tunnelTypes := []uint16{
 		dns.TypeTXT, dns.TypeNULL, dns.TypeANY, dns.TypeHTTPS, dns.TypeSVCB, dns.TypeRRSIG,
@@ -97,6 +100,146 @@ func TestDNSAdvisoryRefusedQueriesNeverLeave(t *testing.T) {
 	for _, m := range h.dns.seenMsgs() {
 		if strings.HasSuffix(strings.ToLower(m.Question[0].Name), "exfil.test.") {
 			t.Errorf("a refused query reached the upstream: %s", m.Question[0].String())
+		}
+	}
+}
+
+// TestDNSRefusedNamesAreNotForwarded: a query the policy refuses never reaches an
+// upstream resolver (its name would carry data out): only a name an IP or CIDR rule
+// could allow is looked up, and only for A and AAAA.
+func TestDNSRefusedNamesAreNotForwarded(t *testing.T) {
+	h := newHarness(t)
+	cases := []struct {
+		policy string
+		name   string
+		qtype  uint16
+	}{
+		{`"no-network"`, "c2VjcmV0.exfil.test", dns.TypeA},
+		{`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`, "c2VjcmV0.exfil.test", dns.TypeA},
+		{`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`, "c2VjcmV0.exfil.test", dns.TypeAAAA},
+		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.3"]}`, "c2VjcmV0.exfil.test", dns.TypeTXT},
+		{`{"network_mode":"allowlist","allowed_hosts":["127.0.0.3"]}`, "c2VjcmV0.exfil.test", dns.TypeMX},
+		{`{"network_mode":"denylist","denied_hosts":["exfil.test"]}`, "exfil.test", dns.TypeA},
+		{`{"network_mode":"denylist","denied_hosts":["*.exfil.test"]}`, "c2VjcmV0.exfil.test", dns.TypeA},
+		// One wire label holding a dot: a name of the zone test, not under exfil.test,
+		// though its text unescaped would read as one the wildcard allows.
+		{`{"network_mode":"allowlist","allowed_hosts":["*.exfil.test"]}`, `c2VjcmV0\.exfil.test`, dns.TypeA},
+		{`{"network_mode":"allowlist","allowed_hosts":["*.exfil.test"]}`, `x\000.exfil.test`, dns.TypeA},
+	}
+	for _, tc := range cases {
+		t.Run(tc.policy+" "+dns.TypeToString[tc.qtype], func(t *testing.T) {
+			h.apply(tc.policy)
+			if resp := h.query(tc.name, tc.qtype, "udp"); resp.Rcode != dns.RcodeRefused {
+				t.Errorf("rcode %s, want REFUSED", dns.RcodeToString[resp.Rcode])
+			}
+		})
+	}
+	for _, m := range h.dns.seenMsgs() {
+		if strings.HasSuffix(strings.ToLower(m.Question[0].Name), "exfil.test.") {
+			t.Errorf("a refused query reached the upstream: %s", m.Question[0].String())
+		}
+	}
+}
+
+// A refusal says why in its EDE text and is counted under the query's qtype, even for
+// a query the server does not serve: a name that reads as an IPv4 address in another
+// form is a non-canonical address (a classic bypass), not merely an invalid host.
+func TestRefusalReasons(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	for _, tc := range []struct {
+		name   string
+		qtype  uint16
+		qclass uint16
+		reason string
+	}{
+		{"0x7f.0.0.1.", dns.TypeA, dns.ClassINET, ReasonNonCanonicalIP},
+		{"2130706433.", dns.TypeAAAA, dns.ClassINET, ReasonNonCanonicalIP},
+		{"*.a.test.", dns.TypeA, dns.ClassINET, ReasonInvalidHost},
+		{"version.bind.", dns.TypeTXT, dns.ClassCHAOS, dnsserver.ReasonDNSUnsupported},
+	} {
+		m := new(dns.Msg)
+		m.SetQuestion(tc.name, tc.qtype)
+		m.Question[0].Qclass = tc.qclass
+		m.SetEdns0(1232, false)
+		resp, _, err := (&dns.Client{Net: "udp", Timeout: hangGuard}).Exchange(m, h.srv.DNSAddr().String())
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if resp.Rcode != dns.RcodeRefused || !resp.RecursionAvailable || edeText(resp) != "compass-egress: "+tc.reason {
+			t.Errorf("%s: %s (RA %v) with EDE text %q, want REFUSED, RA, reason %s", tc.name, dns.RcodeToString[resp.Rcode], resp.RecursionAvailable, edeText(resp), tc.reason)
+		}
+	}
+	// Counted once the answers are written.
+	waitFor(t, func() bool {
+		return testutil.ToFloat64(h.srv.metrics.dnsQueries.WithLabelValues("denied", "A")) == 2 &&
+			testutil.ToFloat64(h.srv.metrics.dnsQueries.WithLabelValues("denied", "AAAA")) == 1 &&
+			testutil.ToFloat64(h.srv.metrics.dnsQueries.WithLabelValues("denied", "TXT")) == 1
+	})
+}
+
+// edeText is the text of m's Extended DNS Error, "" without one.
+func edeText(m *dns.Msg) string {
+	if opt := m.IsEdns0(); opt != nil {
+		for _, o := range opt.Option {
+			if e, ok := o.(*dns.EDNS0_EDE); ok {
+				return e.ExtraText
+			}
+		}
+	}
+	return ""
+}
+
+// One question per query, class IN, opcode QUERY; anything else is REFUSED with EDE 15
+// for an EDNS client, as docs/proxy.md says. miekg/dns's default accept function once
+// answered some of these itself: FORMERR for none or two questions, NOTIMP for UPDATE.
+// Under public too, where every other query is forwarded.
+func TestDNSUnsupportedQueriesAreRefused(t *testing.T) {
+	h := newHarness(t)
+	cases := map[string]func() *dns.Msg{
+		"two questions": func() *dns.Msg {
+			m := new(dns.Msg)
+			m.SetQuestion("a.test.", dns.TypeA)
+			m.Question = append(m.Question, dns.Question{Name: "b.test.", Qtype: dns.TypeA, Qclass: dns.ClassINET})
+			return m
+		},
+		"no question": func() *dns.Msg {
+			m := new(dns.Msg)
+			m.Id = dns.Id()
+			m.RecursionDesired = true
+			return m
+		},
+		"update": func() *dns.Msg {
+			m := new(dns.Msg)
+			m.SetUpdate("a.test.")
+			return m
+		},
+		"class CHAOS": func() *dns.Msg {
+			m := new(dns.Msg)
+			m.SetQuestion("version.bind.", dns.TypeTXT)
+			m.Question[0].Qclass = dns.ClassCHAOS
+			return m
+		},
+	}
+	for _, pol := range []string{`{"network_mode":"allowlist","allowed_hosts":["a.test","b.test"]}`, `"public"`} {
+		h.apply(pol)
+		for name, mk := range cases {
+			m := mk()
+			m.SetEdns0(1232, false)
+			resp, _, err := (&dns.Client{Net: "udp", Timeout: hangGuard}).Exchange(m, h.srv.DNSAddr().String())
+			if err != nil {
+				t.Errorf("%s %s: %v", pol, name, err)
+				continue
+			}
+			code, ok := ede(resp)
+			if resp.Rcode != dns.RcodeRefused || !ok || code != dns.ExtendedErrorCodeBlocked {
+				t.Errorf("%s %s: rcode %s EDE %d/%v, want REFUSED with EDE 15", pol, name, dns.RcodeToString[resp.Rcode], code, ok)
+			}
+		}
+	}
+	for _, m := range h.dns.seenMsgs() {
+		if len(m.Question) != 1 || m.Question[0].Qclass != dns.ClassINET {
+			t.Errorf("an unsupported query reached the upstream: %v", m.Question)
 		}
 	}
 }

@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/compass-egress/compass-egress/proxy/dnsserver"
+	"github.com/compass-egress/compass-egress/proxy/internal/dnstest"
 )
 
 // gateDNS is an upstream that holds every query until the test releases it, then
@@ -183,5 +186,37 @@ func TestSwapStartsLookupsAfresh(t *testing.T) {
 	h.apply(allow)        // ... and the switch that repaired it puts the rules again
 	if code, header := h.connectStatus(target); code != http.StatusOK {
 		t.Fatalf("CONNECT after the repairing switch: %d %q, want 200", code, header)
+	}
+}
+
+// A query decided under public and held by the upstream while an allowlist with only a
+// CIDR rule comes into force gets the rebuilt, address-only answer of the new rule set,
+// not the upstream's chatty one.
+func TestDNSSwapToAddressRuleMidFlight(t *testing.T) {
+	got := make(chan struct{}, 4)
+	release := make(chan struct{})
+	upstream := dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
+		got <- struct{}{}
+		<-release
+		m := new(dns.Msg)
+		m.SetReply(r)
+		q := r.Question[0].Name
+		for _, s := range []string{q + " 60 IN CNAME secret.evil.test.", "secret.evil.test. 12345 IN A 10.9.9.9", "secret.evil.test. 60 IN A 192.0.2.1"} {
+			rr, _ := dns.NewRR(s)
+			m.Answer = append(m.Answer, rr)
+		}
+		txt, _ := dns.NewRR(`evil.test. 60 IN TXT "secret"`)
+		m.Extra = []dns.RR{txt}
+		_ = w.WriteMsg(m)
+	})
+	h := newHarness(t, func(c *Config) { c.DNSUpstreams = []string{upstream}; c.DNSTimeout = 5 * time.Second })
+	h.apply(`"public"`)
+	answer := h.queryLater(t, "leak.test")
+	<-got
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["10.9.9.0/24"]}`)
+	close(release)
+	r := <-answer
+	if r == nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 || len(r.Extra) != 0 || r.Answer[0].Header().Name != "leak.test." || r.Answer[0].Header().Ttl != dnsserver.AddressRuleTTL {
+		t.Fatalf("answer after the swap:\n%v", r)
 	}
 }
