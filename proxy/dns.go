@@ -50,5 +50,5 @@ func (s *Server) dnsDecided(o dnsserver.Outcome) {
 	if o.Decision == "denied" {
 		rs.blocked.add(o.Name, 0, typeDNS, o.Reason)
 	}
-	s.logDecision(rs, typeDNS, o.Decision, o.Reason, o.Rule, o.Name, 0, netip.Addr{}, o.Client, slog.String("qtype", dns.Type(o.Qtype).String()))
+	s.logDecision(rs, typeDNS, o.Decision, o.Reason, ruleString(o.Rule), o.Name, 0, netip.Addr{}, o.Client, slog.String("qtype", dns.Type(o.Qtype).String()))
 }

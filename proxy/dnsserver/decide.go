@@ -22,13 +22,15 @@ const (
 	ReasonMalformedQuery  = "malformed-query"   // the DNS library could not parse the message
 )
 
-// Outcome is what became of one query, with the rule set that decided it.
+// Outcome is what became of one query, with the rule set that decided it and its rule
+// (Kind zero: none).
 type Outcome struct {
-	RuleSet                      RuleSet
-	Decision, Reason, Rule, Name string
-	Qtype                        uint16
-	Client                       string
-	resp                         *dns.Msg
+	RuleSet                RuleSet
+	Decision, Reason, Name string
+	Rule                   policy.Target
+	Qtype                  uint16
+	Client                 string
+	resp                   *dns.Msg
 }
 
 // rules is what one rule set says about a query's name.
@@ -95,7 +97,7 @@ func (s *Server) answer(rs RuleSet, req *dns.Msg) Outcome {
 		if cur := s.cfg.Current(); cur != o.RuleSet {
 			o.RuleSet, r = cur, decide(cur.PolicyMatcher(), o.Name, o.Qtype)
 		}
-		o.Rule, o.Reason = ruleString(r.decision.Rule), string(r.decision.Reason)
+		o.Rule, o.Reason = r.decision.Rule, string(r.decision.Reason)
 		return !r.refused
 	}
 	if !redecide() {
@@ -166,12 +168,4 @@ func filter(up, req *dns.Msg, r rules) (_ *dns.Msg, why string) {
 	}
 	replaceOPT(up, req)
 	return up, ""
-}
-
-// ruleString is the rule that decided, as the decision line shows it ("" for none).
-func ruleString(t policy.Target) string {
-	if t.Kind == 0 {
-		return ""
-	}
-	return t.String()
 }
