@@ -303,6 +303,13 @@ const maxUnicodeName = 1024
 // idnaProfile maps and validates internationalised names the way resolvers see them.
 var idnaProfile = idna.New(idna.MapForLookup(), idna.Transitional(false), idna.BidiRule(), idna.StrictDomainName(false))
 
+// The reasons a requested host is refused before any rule is consulted, as the proxy
+// and its DNS server give them.
+const (
+	ReasonInvalidHost    Reason = "invalid-host"          // not a valid host name or address
+	ReasonNonCanonicalIP Reason = "non-canonical-address" // an address in decimal/octal/hex/short form
+)
+
 // CanonicalHostname returns the canonical form of a DNS name: lower-case, one trailing
 // dot removed, IDN labels in punycode. It refuses names that are not valid hostnames,
 // including names that an inet_aton-style parser would read as an IPv4 address in a

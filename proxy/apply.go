@@ -38,7 +38,7 @@ func (s *Server) Apply(p policy.Policy, task, phase *string, source string) admi
 	}
 	s.current.Store(rs)
 	if s.ownResolver != nil {
-		s.ownResolver.startAfresh()
+		s.ownResolver.StartAfresh()
 	}
 
 	closed := 0

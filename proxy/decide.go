@@ -15,8 +15,8 @@ import (
 // in logs, in the X-Compass-Egress header and as the reason metric label.
 const (
 	ReasonInternalAddress  = string(policy.ReasonInternalAddress) // resolves to or names an internal address (planning gives it too)
-	ReasonNonCanonicalIP   = "non-canonical-address"              // an address in decimal/octal/hex/short form
-	ReasonInvalidHost      = "invalid-host"                       // not a valid host name or address
+	ReasonNonCanonicalIP   = string(policy.ReasonNonCanonicalIP)  // an address in decimal/octal/hex/short form
+	ReasonInvalidHost      = string(policy.ReasonInvalidHost)     // not a valid host name or address
 	ReasonInvalidPort      = "invalid-port"                       // missing or out-of-range port
 	ReasonUserinfo         = "userinfo"                           // user@ in the authority
 	ReasonBadScheme        = "unsupported-scheme"                 // not http or https

@@ -4,7 +4,7 @@ import (
 	"runtime"
 
 	"github.com/compass-egress/compass-egress/internal/buildinfo"
-	"github.com/miekg/dns"
+	"github.com/compass-egress/compass-egress/proxy/dnsserver"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -32,16 +32,14 @@ type metrics struct {
 }
 
 func newMetrics() *metrics {
+	dnsm := dnsserver.NewMetrics()
 	m := &metrics{
 		registry: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "compass_proxy_requests_total",
 			Help: "Connection decisions (HTTP requests and CONNECT tunnels) by type, decision and reason code.",
 		}, []string{"type", "decision", "reason"}),
-		dnsQueries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "compass_proxy_dns_queries_total",
-			Help: "DNS queries answered by the sandbox resolver, by decision and query type (common types by name, others as \"other\").",
-		}, []string{"decision", "qtype"}),
+		dnsQueries: dnsm.Queries,
 		active: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "compass_proxy_active_connections",
 			Help: "Connections carrying traffic now: CONNECT tunnels and HTTP requests in flight.",
@@ -75,10 +73,7 @@ func newMetrics() *metrics {
 			Name: "compass_proxy_max_connections",
 			Help: "The configured bound on concurrent client connections (0: unbounded).",
 		}),
-		dnsOverloaded: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "compass_proxy_dns_overloaded_total",
-			Help: "DNS queries answered SERVFAIL at once because --dns-max-inflight queries were being answered, by protocol (udp or tcp).",
-		}, []string{"protocol"}),
+		dnsOverloaded: dnsm.Overloaded,
 		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "compass_proxy_panics_total",
 			Help: "Panics recovered while serving one connection or query, which was closed (or answered SERVFAIL), by component: front, tunnel, dns or resolver.",
@@ -94,9 +89,6 @@ func newMetrics() *metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.activeHTTP, m.activeConnect = m.active.WithLabelValues(typeHTTP), m.active.WithLabelValues(typeConnect)
 	m.bytesUp, m.bytesDown = m.bytes.WithLabelValues("upstream"), m.bytes.WithLabelValues("downstream")
-	for _, p := range []string{"udp", "tcp"} {
-		m.dnsOverloaded.WithLabelValues(p)
-	}
 	for _, c := range panicComponents {
 		m.panics.WithLabelValues(c)
 	}
@@ -104,16 +96,6 @@ func newMetrics() *metrics {
 		m.reloads.WithLabelValues(r)
 	}
 	return m
-}
-
-// dnsTypeLabel keeps the qtype label bounded.
-func dnsTypeLabel(qtype uint16) string {
-	switch qtype {
-	case dns.TypeA, dns.TypeAAAA, dns.TypeCNAME, dns.TypeMX, dns.TypeTXT, dns.TypeNS,
-		dns.TypeSOA, dns.TypePTR, dns.TypeSRV, dns.TypeHTTPS, dns.TypeSVCB, dns.TypeCAA, dns.TypeANY:
-		return dns.TypeToString[qtype]
-	}
-	return "other"
 }
 
 func decisionLabel(allowed bool) string {

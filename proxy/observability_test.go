@@ -340,9 +340,4 @@ func TestMetricsInitialSeries(t *testing.T) {
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
 		}
 	}
-	for qtype, want := range map[uint16]string{dns.TypeA: "A", dns.TypeAAAA: "AAAA", dns.TypeHTTPS: "HTTPS", dns.TypeSVCB: "SVCB", dns.TypeNULL: "other"} {
-		if got := dnsTypeLabel(qtype); got != want {
-			t.Errorf("dnsTypeLabel(%d) = %q, want %q", qtype, got, want)
-		}
-	}
 }

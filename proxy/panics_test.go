@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/compass-egress/compass-egress/proxy/dnsserver"
 )
 
 // panicConn is a client connection whose Read panics once a read returns onRead, and
@@ -375,7 +377,7 @@ func TestDNSRecoversPanic(t *testing.T) {
 			for range 2 {
 				q := new(dns.Msg).SetQuestion("b.test.", dns.TypeA)
 				q.SetEdns0(1232, false)
-				h.srv.serveDNS(w, q)
+				h.srv.dns.ServeDNS(w, q)
 			}
 			var rcodes []int
 			for _, m := range w.got {
@@ -386,12 +388,12 @@ func TestDNSRecoversPanic(t *testing.T) {
 			}
 			if len(w.got) > 0 && w.got[0].Rcode == dns.RcodeServerFailure {
 				if opt := w.got[0].IsEdns0(); opt == nil || len(opt.Option) != 1 ||
-					opt.Option[0].(*dns.EDNS0_EDE).ExtraText != "compass-egress: "+ReasonInternalError {
+					opt.Option[0].(*dns.EDNS0_EDE).ExtraText != "compass-egress: "+dnsserver.ReasonInternalError {
 					t.Errorf("SERVFAIL without the reason: %v", w.got[0])
 				}
 			}
-			if len(h.srv.dnsSlots) != 0 {
-				t.Errorf("%d query slots still held", len(h.srv.dnsSlots))
+			if n := h.srv.dns.Inflight(); n != 0 {
+				t.Errorf("%d query slots still held", n)
 			}
 			line := ""
 			for _, l := range strings.Split(h.logs.String(), "\n") {
@@ -409,45 +411,6 @@ func TestDNSRecoversPanic(t *testing.T) {
 			}
 			if resp := h.query("b.test", dns.TypeA, "udp"); resp.Rcode != dns.RcodeRefused {
 				t.Errorf("the server's next answer: %v", resp)
-			}
-		})
-	}
-}
-
-// TestResolverRecoversPanic: a panic in the proxy's own lookup of a name (in the
-// lookup, or in one of its two queries) fails that lookup and is counted; a later
-// lookup of the name does not wait on the one that panicked.
-func TestResolverRecoversPanic(t *testing.T) {
-	fake := startFakeDNS(t, map[string][]netip.Addr{"a.test": {netip.MustParseAddr("127.0.0.2")}})
-	for _, tc := range []struct {
-		name     string
-		resolver func() *UpstreamResolver
-	}{
-		{name: "the lookup", resolver: func() *UpstreamResolver { return NewUpstreamResolver(nil) }},
-		{name: "a query", resolver: func() *UpstreamResolver {
-			r := NewUpstreamResolver(NewUpstreams([]string{fake.addr}, time.Second))
-			r.admit = func(string) bool { panic("test: admit panics") }
-			return r
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r := tc.resolver()
-			var mu sync.Mutex
-			var panics []any
-			r.panicked = func(p any) { mu.Lock(); panics = append(panics, p); mu.Unlock() }
-			for i := range 2 {
-				ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
-				_, err := r.LookupNetIP(ctx, "a.test")
-				cancel()
-				if !errors.Is(err, errLookupPanicked) {
-					t.Errorf("lookup %d: %v, want %v", i, err, errLookupPanicked)
-				}
-			}
-			r.Close()
-			mu.Lock()
-			defer mu.Unlock()
-			if len(panics) < 2 {
-				t.Errorf("panics seen: %v, want one per lookup at least", panics)
 			}
 		})
 	}

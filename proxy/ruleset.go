@@ -39,3 +39,6 @@ func (rs *RuleSet) closeIdle() {
 
 // Mode is the policy's network mode.
 func (rs *RuleSet) Mode() policy.Mode { return rs.Policy.Mode }
+
+// PolicyMatcher is the matcher, as the DNS server asks for it.
+func (rs *RuleSet) PolicyMatcher() *policy.Matcher { return rs.Matcher }

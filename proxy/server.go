@@ -26,6 +26,8 @@ import (
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/net/addrguard"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy/dnsserver"
+	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
 )
 
 // Config is everything the sidecar needs; cmd/compass-proxy fills it from flags.
@@ -104,10 +106,10 @@ type Server struct {
 	cfg       Config
 	log       *slog.Logger
 	metrics   *metrics
-	upstreams *Upstreams
+	upstreams *dnsupstream.Upstreams
 	decider   *Decider
 	// ownResolver is the resolver New made (no Config.Resolver): Shutdown closes it.
-	ownResolver *UpstreamResolver
+	ownResolver *dnsupstream.UpstreamResolver
 	tracker     *tracker
 	held        sync.Map // upstream net.Conn → the *requestClient whose request sends on it (see hold)
 
@@ -124,7 +126,7 @@ type Server struct {
 	metricsSrv *http.Server
 	metricsLn  net.Listener
 	dnsAddr    net.Addr
-	dnsSlots   chan struct{} // one per DNS query being answered
+	dns        *dnsserver.Server
 
 	tunnelMu sync.Mutex // orders tunnels.Add against the drain's Wait
 	tunnels  sync.WaitGroup
@@ -196,14 +198,14 @@ func New(cfg Config) (*Server, error) {
 			*c.n = c.def
 		}
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), tracker: newTracker(),
-		dnsSlots: make(chan struct{}, cfg.DNSMaxInflight)}
-	s.upstreams = NewUpstreams(cfg.DNSUpstreams, cfg.DNSTimeout)
+	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), tracker: newTracker()}
+	s.upstreams = dnsupstream.NewUpstreams(cfg.DNSUpstreams, cfg.DNSTimeout)
+	s.dns = s.newDNSServer()
 	resolver := cfg.Resolver
 	if resolver == nil {
-		s.ownResolver = NewUpstreamResolver(s.upstreams)
-		s.ownResolver.admit = s.resolvable
-		s.ownResolver.panicked = func(p any) { s.recovered(componentResolver, "", "", p) }
+		s.ownResolver = dnsupstream.NewUpstreamResolver(s.upstreams)
+		s.ownResolver.Admit = s.dns.Resolvable
+		s.ownResolver.Panicked = func(p any) { s.recovered(componentResolver, "", "", p) }
 		resolver = s.ownResolver
 	}
 	s.decider = &Decider{Resolver: resolver}
@@ -419,10 +421,8 @@ func (s *Server) serve(dnsConns []any) {
 	s.front = newFront(s)
 	s.goServe(s.front.serve)
 
-	handler := dns.HandlerFunc(s.serveDNS)
 	for _, c := range dnsConns {
-		srv := &dns.Server{Handler: handler, ReadTimeout: s.cfg.DNSTimeout, WriteTimeout: s.cfg.DNSTimeout,
-			MsgAcceptFunc: acceptDNS, MsgInvalidFunc: s.invalidDNS, UDPSize: maxUDPQuery}
+		srv := s.dns.DNSServer()
 		switch x := c.(type) {
 		case net.PacketConn:
 			srv.PacketConn, srv.Net = x, "udp"

@@ -1,6 +1,6 @@
 package proxy
 
-// Advisory-driven DNS tests: forged replies on the proxy's side of the upstream
+// Forged replies on the proxy's side of the upstream
 // exchange. dnsmasq accepted a reply without matching it to the query's ID and
 // address/port (DNSpooq, CVE-2020-25684, https://kb.cert.org/vuls/id/434904), and
 // miekg/dns once made predictable IDs (CVE-2019-19794, GHSA-44r7-7p62-q3fr): a reply
@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
+	"github.com/compass-egress/compass-egress/proxy/internal/dnstest"
 )
 
 // forgingUpstream answers every UDP query three times, in this order: from another
@@ -38,7 +41,7 @@ func forgingUpstream(t *testing.T) string {
 		}
 		return m
 	}
-	return serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+	return dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
 		if isUDP(w) {
 			if b, err := reply(r, "10.6.6.6").Pack(); err == nil {
 				_, _ = forger.WriteTo(b, w.RemoteAddr())
@@ -59,7 +62,7 @@ func forgingUpstream(t *testing.T) string {
 
 // Only the real reply counts, for a sandbox query and for the proxy's own lookup, whose
 // answer is then cached.
-func TestDNSAdvisoryForgedUpstreamRepliesAreIgnored(t *testing.T) {
+func TestDNSForgedUpstreamRepliesAreIgnored(t *testing.T) {
 	upstream := forgingUpstream(t)
 	want := []netip.Addr{netip.MustParseAddr("127.0.0.2")}
 
@@ -67,13 +70,13 @@ func TestDNSAdvisoryForgedUpstreamRepliesAreIgnored(t *testing.T) {
 		h := newHarness(t, func(c *Config) { c.DNSUpstreams = []string{upstream}; c.DNSTimeout = 5 * time.Second })
 		h.apply(`"public"`)
 		resp := h.query("poison.test", dns.TypeA, "udp")
-		if got := answerAddrs(resp); resp.Rcode != dns.RcodeSuccess || !slices.Equal(got, want) {
+		if got := dnsupstream.AnswerAddrs(resp); resp.Rcode != dns.RcodeSuccess || !slices.Equal(got, want) {
 			t.Errorf("answer %v, want only the real reply's %v:\n%v", got, want, resp)
 		}
 	})
 
 	t.Run("proxy's own lookup and its cache", func(t *testing.T) {
-		r := NewUpstreamResolver(NewUpstreams([]string{upstream}, 5*time.Second))
+		r := dnsupstream.NewUpstreamResolver(dnsupstream.NewUpstreams([]string{upstream}, 5*time.Second))
 		defer r.Close()
 		for i := range 2 { // the second answer comes from the cache
 			addrs, err := r.LookupNetIP(context.Background(), "poison.test")

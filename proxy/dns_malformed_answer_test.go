@@ -1,6 +1,6 @@
 package proxy
 
-// Advisory-driven DNS tests: malformed answers from an upstream. Parsers of DNS
+// Malformed answers from an upstream. Parsers of DNS
 // responses have looped on compression pointers or read past the message (RFC 9267 §2;
 // miekg/dns issue 834 on the library's pointer limit; DNSpooq,
 // CVE-2020-25681..25683, https://kb.cert.org/vuls/id/434904, for crafted replies).
@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/compass-egress/compass-egress/proxy/internal/dnstest"
 )
 
 // malformedReply packs a valid reply to r (one A record 127.0.0.9 of the asked name,
@@ -35,7 +37,7 @@ func malformedReply(r *dns.Msg, mangle func(wire []byte, answer int) []byte) []b
 
 // A malformed upstream answer is a failure of that upstream: the client gets SERVFAIL,
 // not the records read before the error, and the server goes on answering.
-func TestDNSAdvisoryMalformedUpstreamAnswerIsNotRelayed(t *testing.T) {
+func TestDNSMalformedUpstreamAnswerIsNotRelayed(t *testing.T) {
 	cases := map[string]func(wire []byte, answer int) []byte{
 		// The answer's owner name is a pointer to itself.
 		"compression pointer loop": func(w []byte, an int) []byte {
@@ -66,7 +68,7 @@ func TestDNSAdvisoryMalformedUpstreamAnswerIsNotRelayed(t *testing.T) {
 	}
 	for name, mangle := range cases {
 		t.Run(name, func(t *testing.T) {
-			upstream := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+			upstream := dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
 				if r.Question[0].Name == "good.test." {
 					m := new(dns.Msg)
 					m.SetReply(r)

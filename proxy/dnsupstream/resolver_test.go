@@ -1,17 +1,27 @@
-package proxy
+package dnsupstream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
+	"go.uber.org/goleak"
+
+	"github.com/compass-egress/compass-egress/proxy/internal/dnstest"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// hangGuard bounds a test's wait for a lookup to end: reaching it means a hang.
+const hangGuard = 30 * time.Second
 
 // TestResolverDoesNotCacheAHalfAnswer: when one of a lookup's two queries fails (its
 // upstream answered SERVFAIL, or it was lost) and the other answered, the lookup
@@ -19,7 +29,7 @@ import (
 // only one address family for up to five minutes.
 func TestResolverDoesNotCacheAHalfAnswer(t *testing.T) {
 	var aQueries atomic.Int32
-	addr := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+	addr := dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
 		q := r.Question[0]
@@ -62,7 +72,7 @@ func TestResolverDoesNotCacheAHalfAnswer(t *testing.T) {
 // hundreds of MiB of the sidecar's memory.
 func TestResolverMemoryIsBounded(t *testing.T) {
 	const perAnswer, names = 2000, 512
-	addr := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+	addr := dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
 		q := r.Question[0]
@@ -94,5 +104,48 @@ func TestResolverMemoryIsBounded(t *testing.T) {
 	// Scaled to the cache's 4096 names:
 	if full := grew * resolverCacheSize / names; full > 32<<20 {
 		t.Fatalf("%d cached names of %d addresses each hold %d KiB: a full cache would hold %d MiB", names, perAnswer, grew>>10, full>>20)
+	}
+}
+
+// TestResolverRecoversPanic: a panic in the proxy's own lookup of a name (in the
+// lookup, or in one of its two queries) fails that lookup and is counted; a later
+// lookup of the name does not wait on the one that panicked.
+func TestResolverRecoversPanic(t *testing.T) {
+	fake := dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		_ = w.WriteMsg(m)
+	})
+	for _, tc := range []struct {
+		name     string
+		resolver func() *UpstreamResolver
+	}{
+		{name: "the lookup", resolver: func() *UpstreamResolver { return NewUpstreamResolver(nil) }},
+		{name: "a query", resolver: func() *UpstreamResolver {
+			r := NewUpstreamResolver(NewUpstreams([]string{fake}, time.Second))
+			r.Admit = func(string) bool { panic("test: admit panics") }
+			return r
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := tc.resolver()
+			var mu sync.Mutex
+			var panics []any
+			r.Panicked = func(p any) { mu.Lock(); panics = append(panics, p); mu.Unlock() }
+			for i := range 2 {
+				ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+				_, err := r.LookupNetIP(ctx, "a.test")
+				cancel()
+				if !errors.Is(err, ErrLookupPanicked) {
+					t.Errorf("lookup %d: %v, want %v", i, err, ErrLookupPanicked)
+				}
+			}
+			r.Close()
+			mu.Lock()
+			defer mu.Unlock()
+			if len(panics) < 2 {
+				t.Errorf("panics seen: %v, want one per lookup at least", panics)
+			}
+		})
 	}
 }

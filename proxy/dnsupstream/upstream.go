@@ -1,4 +1,7 @@
-package proxy
+// Package dnsupstream talks to the operator's upstream resolvers: Upstreams sends one
+// query with fail-over, UpstreamResolver looks names up for the proxy's own decisions
+// (cached, one query per name in flight).
+package dnsupstream
 
 import (
 	"context"
@@ -85,7 +88,7 @@ func (u *Upstreams) Exchange(ctx context.Context, q *dns.Msg, proceed func() err
 			resp, err = send(u.tcp)
 		}
 		cancel()
-		if errors.Is(err, errPolicyChanged) {
+		if errors.Is(err, ErrPolicyChanged) {
 			return nil, err
 		}
 		if err != nil {
@@ -166,11 +169,9 @@ func isTimeout(err error) bool {
 	return errors.As(err, &te) && te.Timeout()
 }
 
-// Resolver turns a canonical host name into candidate addresses. The proxy resolves a
-// name once per decision and dials only an address it checked.
-type Resolver interface {
-	LookupNetIP(ctx context.Context, name string) ([]netip.Addr, error)
-}
+// ErrPolicyChanged stops what a newer rule set refuses: an upstream exchange (or a
+// shared lookup) of a name, or a dial whose every address is refused.
+var ErrPolicyChanged = errors.New("proxy: the policy changed and refuses the name")
 
 // UpstreamResolver resolves through Upstreams: the same resolvers the sandbox's DNS
 // answers come from, so a name means the same thing to both. Answers are cached for
@@ -178,12 +179,12 @@ type Resolver interface {
 // CONNECTs to one host costs one lookup, not one each.
 type UpstreamResolver struct {
 	upstreams *Upstreams
-	// admit, when set, is asked before every query a lookup sends: a lookup shared by
+	// Admit, when set, is asked before every query a lookup sends: a lookup shared by
 	// decisions made under an earlier rule set sends nothing more once the rule set in
-	// force refuses the name.
-	admit func(name string) bool
-	// panicked, when set, logs and counts a panic a lookup recovered from.
-	panicked func(p any)
+	// force refuses the name. Set it, and Panicked, before the first lookup.
+	Admit func(name string) bool
+	// Panicked, when set, logs and counts a panic a lookup recovered from.
+	Panicked func(p any)
 	ctx      context.Context // cancelled by Close: ends the lookups in flight
 	cancel   context.CancelFunc
 	lookups  sync.WaitGroup
@@ -247,20 +248,28 @@ func (r *UpstreamResolver) LookupNetIP(ctx context.Context, name string) ([]neti
 	}
 }
 
-// startAfresh makes the lookups that follow send queries of their own instead of waiting
+// StartAfresh makes the lookups that follow send queries of their own instead of waiting
 // on those already in flight, which still answer the decisions waiting on them. A swap
 // calls it: the switch that puts a rule set may come with a repaired way out (the
 // sidecar reconnected to its egress network), and a decision under the new rule set
 // must not inherit the failure of a lookup sent while that way was cut.
-func (r *UpstreamResolver) startAfresh() {
+func (r *UpstreamResolver) StartAfresh() {
 	r.mu.Lock()
 	r.inflight = map[string]*lookup{}
 	r.mu.Unlock()
 }
 
-// lookupBudget bounds a decision's lookup: two tries of timeout per upstream, so that
+// Inflight is how many names are being looked up now (StartAfresh forgets the
+// lookups it leaves to the decisions already waiting on them).
+func (r *UpstreamResolver) Inflight() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.inflight)
+}
+
+// LookupBudget bounds a decision's lookup: two tries of timeout per upstream, so that
 // one lost datagram (Exchange asks a silent upstream once more) does not fail it.
-func lookupBudget(timeout time.Duration, upstreams int) time.Duration {
+func LookupBudget(timeout time.Duration, upstreams int) time.Duration {
 	return timeout * time.Duration(2*max(1, upstreams))
 }
 
@@ -276,7 +285,7 @@ func (r *UpstreamResolver) resolve(name string, l *lookup) {
 		// A panic fails the lookup, not the process; and the decisions waiting on it,
 		// or on a later lookup of the name, must not wait for it forever.
 		r.recovered(recover())
-		l.addrs, l.err = nil, errLookupPanicked
+		l.addrs, l.err = nil, ErrLookupPanicked
 		r.mu.Lock()
 		if r.inflight[name] == l {
 			delete(r.inflight, name)
@@ -284,12 +293,12 @@ func (r *UpstreamResolver) resolve(name string, l *lookup) {
 		r.mu.Unlock()
 		close(l.done)
 	}()
-	ctx, cancel := context.WithTimeout(r.ctx, lookupBudget(r.upstreams.udp.Timeout, len(r.upstreams.servers)))
+	ctx, cancel := context.WithTimeout(r.ctx, LookupBudget(r.upstreams.udp.Timeout, len(r.upstreams.servers)))
 	defer cancel()
 	addrs, ttl, err := r.query(ctx, name)
 	l.addrs, l.err = addrs, err
 	r.mu.Lock()
-	if r.inflight[name] == l { // else startAfresh let a later lookup take its place
+	if r.inflight[name] == l { // else StartAfresh let a later lookup take its place
 		delete(r.inflight, name)
 	}
 	if err == nil && ttl > 0 && len(addrs) <= resolverMaxCachedAddrs {
@@ -306,12 +315,12 @@ func (r *UpstreamResolver) resolve(name string, l *lookup) {
 	finished = true
 }
 
-// errLookupPanicked fails a lookup that panicked.
-var errLookupPanicked = errors.New("proxy: the lookup panicked")
+// ErrLookupPanicked fails a lookup that panicked.
+var ErrLookupPanicked = errors.New("proxy: the lookup panicked")
 
 func (r *UpstreamResolver) recovered(p any) {
-	if r.panicked != nil {
-		r.panicked(p)
+	if r.Panicked != nil {
+		r.Panicked(p)
 	}
 }
 
@@ -331,7 +340,7 @@ func (r *UpstreamResolver) query(ctx context.Context, name string) ([]netip.Addr
 			defer func() {
 				if p := recover(); p != nil {
 					r.recovered(p)
-					errs[i] = errLookupPanicked
+					errs[i] = ErrLookupPanicked
 				}
 			}()
 			q := new(dns.Msg)
@@ -346,7 +355,7 @@ func (r *UpstreamResolver) query(ctx context.Context, name string) ([]netip.Addr
 				errs[i] = fmt.Errorf("proxy: resolve %s: %s", name, dns.RcodeToString[resp.Rcode])
 				return
 			}
-			results[i] = answerAddrs(resp)
+			results[i] = AnswerAddrs(resp)
 			ttls[i] = resolverMaxTTL
 			for _, rr := range resp.Answer {
 				ttls[i] = min(ttls[i], time.Duration(rr.Header().Ttl)*time.Second)
@@ -375,29 +384,30 @@ func (r *UpstreamResolver) query(ctx context.Context, name string) ([]netip.Addr
 
 // proceed is Exchange's check before each send of a lookup of name (nil: none).
 func (r *UpstreamResolver) proceed(name string) func() error {
-	if r.admit == nil {
+	if r.Admit == nil {
 		return nil
 	}
 	return func() error {
-		if !r.admit(name) {
-			return errPolicyChanged
+		if !r.Admit(name) {
+			return ErrPolicyChanged
 		}
 		return nil
 	}
 }
 
-// answerAddrs collects the A and AAAA records of an answer section.
-func answerAddrs(m *dns.Msg) []netip.Addr {
+// AnswerAddrs collects the A and AAAA records of an answer section.
+func AnswerAddrs(m *dns.Msg) []netip.Addr {
 	var out []netip.Addr
 	for _, rr := range m.Answer {
-		if a, ok := rrAddr(rr); ok {
+		if a, ok := RRAddr(rr); ok {
 			out = append(out, a)
 		}
 	}
 	return out
 }
 
-func rrAddr(rr dns.RR) (netip.Addr, bool) {
+// RRAddr is the address of an A or AAAA record.
+func RRAddr(rr dns.RR) (netip.Addr, bool) {
 	switch v := rr.(type) {
 	case *dns.A:
 		a, ok := netip.AddrFromSlice(v.A.To4())

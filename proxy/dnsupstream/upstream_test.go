@@ -1,4 +1,4 @@
-package proxy
+package dnsupstream
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/compass-egress/compass-egress/proxy/internal/dnstest"
 )
 
 // Every query that leaves gets an ID of its own, a fail-over to the next upstream
@@ -18,13 +20,13 @@ func TestFailoverQueryHasAFreshID(t *testing.T) {
 	var mu sync.Mutex
 	var ids []uint16
 	record := func(id uint16) { mu.Lock(); ids = append(ids, id); mu.Unlock() }
-	first := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+	first := dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
 		record(r.Id)
 		m := new(dns.Msg)
 		m.SetRcode(r, dns.RcodeServerFailure)
 		_ = w.WriteMsg(m)
 	})
-	second := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+	second := dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
 		record(r.Id)
 		m := new(dns.Msg)
 		m.SetReply(r)
@@ -56,8 +58,19 @@ func TestFailoverQueryHasAFreshID(t *testing.T) {
 
 // A cached answer serves lookups until it expires, and not after.
 func TestResolverCacheExpires(t *testing.T) {
-	f := startFakeDNS(t, map[string][]netip.Addr{"ttl.test": {netip.MustParseAddr("127.0.0.2")}})
-	r := NewUpstreamResolver(NewUpstreams([]string{f.addr}, time.Second))
+	var answer atomic.Pointer[string]
+	set := func(a string) { answer.Store(&a) }
+	set("127.0.0.2")
+	addr := dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		if r.Question[0].Qtype == dns.TypeA {
+			rr, _ := dns.NewRR(r.Question[0].Name + " 60 IN A " + *answer.Load())
+			m.Answer = []dns.RR{rr}
+		}
+		_ = w.WriteMsg(m)
+	})
+	r := NewUpstreamResolver(NewUpstreams([]string{addr}, time.Second))
 	defer r.Close()
 	lookup := func() netip.Addr {
 		t.Helper()
@@ -68,7 +81,7 @@ func TestResolverCacheExpires(t *testing.T) {
 		return addrs[0]
 	}
 	lookup()
-	f.set("ttl.test", netip.MustParseAddr("127.0.0.3"))
+	set("127.0.0.3")
 	if a := lookup(); a != netip.MustParseAddr("127.0.0.2") {
 		t.Fatalf("within its TTL the lookup got %s, want the cached 127.0.0.2", a)
 	}
@@ -88,7 +101,7 @@ func TestConcurrentLookupsShareOneQuery(t *testing.T) {
 	var queries atomic.Int64
 	release := make(chan struct{})
 	got := make(chan struct{}, 16)
-	addr := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+	addr := dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
 		queries.Add(1)
 		got <- struct{}{}
 		<-release
@@ -123,13 +136,13 @@ func TestConcurrentLookupsShareOneQuery(t *testing.T) {
 // resolverCacheSize names: at the bound, a new name takes an old one's place.
 func TestResolverCacheBounds(t *testing.T) {
 	var queries atomic.Int64
-	addr := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+	addr := dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
 		queries.Add(1)
 		m := new(dns.Msg)
 		m.SetReply(r)
 		m.Compress = true
 		if r.Question[0].Name == "wide.test." && r.Question[0].Qtype == dns.TypeA {
-			m.Answer = manyAddrs(r.Question[0].Name, resolverMaxCachedAddrs)
+			m.Answer = dnstest.AddrRecords(r.Question[0].Name, resolverMaxCachedAddrs)
 		} else if r.Question[0].Qtype == dns.TypeA {
 			rr, _ := dns.NewRR(r.Question[0].Name + " 60 IN A 127.0.0.2")
 			m.Answer = []dns.RR{rr}
@@ -162,7 +175,7 @@ func TestResolverCacheBounds(t *testing.T) {
 // answer to it (RFC 5452 §9.1), whatever it holds: the next upstream is asked.
 func TestMessageThatIsNoResponseIsNotAnAnswer(t *testing.T) {
 	answer := func(change func(*dns.Msg), a string) string {
-		return serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+		return dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
 			m := new(dns.Msg)
 			m.SetReply(r)
 			rr, _ := dns.NewRR(r.Question[0].Name + " 60 IN A " + a)
@@ -187,7 +200,7 @@ func TestMessageThatIsNoResponseIsNotAnAnswer(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if got := answerAddrs(resp); len(got) != 1 || got[0] != netip.MustParseAddr("127.0.0.2") {
+		if got := AnswerAddrs(resp); len(got) != 1 || got[0] != netip.MustParseAddr("127.0.0.2") {
 			t.Fatalf("%s: answer %v, want the second upstream's 127.0.0.2", tc.name, got)
 		}
 	}
@@ -196,7 +209,7 @@ func TestMessageThatIsNoResponseIsNotAnAnswer(t *testing.T) {
 // A lookup returns IPv4 first and is cached for the shortest TTL of its records, and
 // for at most resolverMaxTTL.
 func TestResolverOrderAndTTL(t *testing.T) {
-	addr := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+	addr := dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
 		q := r.Question[0]
@@ -235,7 +248,7 @@ func TestResolverOrderAndTTL(t *testing.T) {
 // differs from the query's in case only (DNS 0x20) is the answer.
 func TestQueryRDAndAnswerCase(t *testing.T) {
 	var rd atomic.Bool
-	addr := serveDNSUpstream(t, func(w dns.ResponseWriter, r *dns.Msg) {
+	addr := dnstest.Serve(t, func(w dns.ResponseWriter, r *dns.Msg) {
 		rd.Store(r.RecursionDesired)
 		m := new(dns.Msg)
 		m.SetReply(r)
