@@ -20,6 +20,8 @@ import (
 
 	"github.com/elazarl/goproxy"
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
 // requestState travels with one request through goproxy's handler chain.
@@ -34,15 +36,15 @@ type requestState struct {
 	ctx context.Context
 	// relay is set when goproxy took the connection over (a websocket), at
 	// relayStart; relayIdle stops the watch that ends the relay once it idles.
-	relay      *idleConn
+	relay      *connio.IdleConn
 	relayStart time.Time
 	relayIdle  func()
 	up, down   atomic.Int64
 	// answerErr is the error that broke off the upstream's answer body: goproxy
 	// ignores it, and the front must not end that answer as if it were whole.
 	answerErr error
-	answer    answerBody // the answer's body, held here to save an allocation
-	head      headWatch  // the Transport's wait for the answer head
+	answer    answerBody       // the answer's body, held here to save an allocation
+	head      connio.HeadWatch // the Transport's wait for the answer head
 	// refusedConn is set when a swap came between the decision and the upstream
 	// connection and the new policy refuses the connection's address.
 	refusedConn atomic.Bool
@@ -62,12 +64,12 @@ type requestState struct {
 type answerBody struct {
 	io.ReadCloser
 	st    *requestState
-	watch readWatch
+	watch connio.ReadWatch
 }
 
 func (b *answerBody) Read(p []byte) (n int, err error) {
-	if b.watch.timeout > 0 {
-		n, err = b.watch.read(b.ReadCloser, p, b.st.client)
+	if b.watch.Timeout() > 0 {
+		n, err = b.watch.Read(b.ReadCloser, p, b.st.client)
 	} else {
 		n, err = b.ReadCloser.Read(p)
 	}
@@ -78,8 +80,8 @@ func (b *answerBody) Read(p []byte) (n int, err error) {
 }
 
 func (b *answerBody) Close() error {
-	if b.watch.timeout > 0 {
-		b.watch.stop()
+	if b.watch.Timeout() > 0 {
+		b.watch.Stop()
 	}
 	return b.ReadCloser.Close()
 }
@@ -111,17 +113,17 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 			s.record(cur, typeHTTP, refused, req.RemoteAddr)
 			return refusalResponse(req, cur, typeHTTP, refused), nil
 		}
-		if errors.Is(err, errClientBodyIdle) {
+		if errors.Is(err, connio.ErrClientBodyIdle) {
 			// Never written: the front sees the body idle and closes the connection.
 			return &http.Response{StatusCode: http.StatusRequestTimeout, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
 		}
 		// A request whose context ended was cut by a swap or the drain, not by the
 		// upstream, unless the head watch ended it.
-		if req.Context().Err() == nil || st.head.fired.Load() {
+		if req.Context().Err() == nil || st.head.Fired() {
 			switch {
-			case errors.Is(err, errUpstreamHeadIdle):
+			case errors.Is(err, connio.ErrUpstreamHeadIdle):
 				s.logIdle(st, "answer idle", req.RemoteAddr, "upstream")
-			case errors.Is(err, errUpstreamBodyIdle):
+			case errors.Is(err, connio.ErrUpstreamBodyIdle):
 				s.logIdle(st, "request body idle", req.RemoteAddr, "upstream")
 			}
 		}
@@ -179,9 +181,9 @@ func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Re
 		reason, text = "client-gone", " was not sent the whole request: the client closed its connection before the body's end"
 	case isDialError(err):
 		reason = "dial-failed"
-	case errors.Is(err, errUpstreamHeadIdle):
+	case errors.Is(err, connio.ErrUpstreamHeadIdle):
 		status, reason, text = http.StatusGatewayTimeout, "upstream-timeout", " sent no answer"
-	case errors.Is(err, errUpstreamBodyIdle):
+	case errors.Is(err, connio.ErrUpstreamBodyIdle):
 		status, reason, text = http.StatusGatewayTimeout, "upstream-timeout", " took none of the request"
 	case st != nil && st.clientLeft.Load():
 		// A half-closed client may still read: the answer says whose end it was.
@@ -292,11 +294,14 @@ func (c *requestClient) cut() {
 	c.cancel()
 }
 
-// recovered reports a panic the request's watches (goneWatch, headWatch, readWatch,
+// Cancel cancels the request, for the watches that bound it (connio.Request).
+func (c *requestClient) Cancel() { c.cancel() }
+
+// Recovered reports a panic the request's watches (GoneWatch, HeadWatch, ReadWatch,
 // its websocket relay's idle watch and copies) recovered on goroutines of their own,
 // and cuts the request: its connection, its upstream exchange or relay, end with it,
 // as a panic ends the connection it happens on.
-func (c *requestClient) recovered(p any) {
+func (c *requestClient) Recovered(p any) {
 	c.s.recovered(componentFront, typeHTTP, c.conn.RemoteAddr().String(), p)
 	c.cut()
 }
@@ -387,8 +392,8 @@ func (s *Server) settle(st *requestState) {
 		// closed and quiet, its counts are final.
 		st.relayIdle()
 		st.relay.Conn.Close()
-		st.relay.quiesce()
-		s.proxyLn.release()
+		st.relay.Quiesce()
+		s.proxyLn.Release()
 	}
 	if st.entry != nil {
 		s.tracker.remove(st.entry)
@@ -526,7 +531,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		})
 		return r, nil
 	}
-	st.head.timeout = s.cfg.TunnelIdleTimeout
+	st.head.SetTimeout(s.cfg.TunnelIdleTimeout)
 	// Interim answers are bounded as the upstream client bounds them. With this hook the
 	// Transport bounds each head by itself, no longer all of them together, so their
 	// size is counted here. It reads a request's heads on one goroutine.
@@ -552,11 +557,11 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 				st.refusedConn.Store(true)
 			}
 			st.logAllowed()
-			st.head.gotConn(info.Conn)
+			st.head.GotConn(info.Conn)
 		},
 		WroteRequest: func(info httptrace.WroteRequestInfo) {
 			if info.Err == nil {
-				st.head.wrote(st.client)
+				st.head.Wrote(st.client)
 			}
 		},
 	}
@@ -565,14 +570,14 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
 		resp, err := rs.transport.RoundTrip(req)
 		st.logAllowed()
-		st.head.stop()
-		if st.head.fired.Load() {
+		st.head.Stop()
+		if st.head.Fired() {
 			if resp != nil { // the head came as the watch fired: its body's reads would fail
 				resp.Body.Close()
 			}
-			resp, err = nil, errUpstreamHeadIdle
+			resp, err = nil, connio.ErrUpstreamHeadIdle
 		}
-		st.answer.watch.timeout = s.cfg.TunnelIdleTimeout
+		st.answer.watch.SetTimeout(s.cfg.TunnelIdleTimeout)
 		return s.upstreamAnswer(req, st, &v, resp, err)
 	})
 	return r, nil
@@ -715,7 +720,7 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (_ net.Conn
 	if err != nil {
 		return nil, err
 	}
-	return &upstreamConn{idleWriter: newIdleWriter(c, s.cfg.TunnelIdleTimeout, errUpstreamBodyIdle)}, nil
+	return connio.NewUpstreamConn(c, s.cfg.TunnelIdleTimeout), nil
 }
 
 // dialVerdict tries each checked address in turn. keepAlive turns TCP keep-alive on at
@@ -726,10 +731,10 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (_ net.Conn
 // (see admitAddr), and when the rule set in force refused one and no other could be
 // dialled the error is errPolicyChanged. Each attempt runs under ctx, or, when stop is
 // not nil, under a context of stop's (see dialStop) instead.
-func (s *Server) dialVerdict(ctx context.Context, stop *dialStop, v *Verdict, keepAlive bool, rs *RuleSet, entry *liveConn) (*net.TCPConn, netip.Addr, error) {
+func (s *Server) dialVerdict(ctx context.Context, stop *connio.DialStop, v *Verdict, keepAlive bool, rs *RuleSet, entry *liveConn) (*net.TCPConn, netip.Addr, error) {
 	d := net.Dialer{Timeout: s.cfg.DialTimeout, KeepAlive: -1, Control: s.cfg.dialControl}
 	if keepAlive {
-		d.KeepAliveConfig = upstreamKeepAlive
+		d.KeepAliveConfig = connio.UpstreamKeepAlive
 	}
 	var lastErr error
 	refused := false
@@ -752,7 +757,7 @@ func (s *Server) dialVerdict(ctx context.Context, stop *dialStop, v *Verdict, ke
 		start := time.Now()
 		actx, done := ctx, context.CancelFunc(nil)
 		if stop != nil {
-			actx, done = stop.attempt(s.cfg.DialTimeout)
+			actx, done = stop.Attempt(s.cfg.DialTimeout)
 		}
 		c, err := d.DialContext(actx, "tcp", netip.AddrPortFrom(a, v.Port).String())
 		if done != nil {
@@ -878,16 +883,16 @@ func (w *proxyResponseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	// A websocket relay (goproxy's, through this connection both ways): every byte
 	// passes c, which stamps the clock; once the relay idles, a cut ends both sides
 	// (a copy blocked writing to an upstream that reads nothing never sees c's deadline).
-	clock := newIdleClock(w.idle)
+	clock := connio.NewIdleClock(w.idle)
 	cl := st.client
-	st.relayIdle = watchIdle(clock, func(p any) {
+	st.relayIdle = connio.WatchIdle(clock, func(p any) {
 		if p != nil {
-			cl.recovered(p)
+			cl.Recovered(p)
 			return
 		}
 		cl.cut()
 	})
-	st.relay = &idleConn{Conn: c, clock: clock, up: &st.up, down: &st.down, client: cl}
+	st.relay = connio.NewIdleConn(c, clock, &st.up, &st.down, cl)
 	return st.relay, rw, nil
 }
 

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
 // front serves the proxy's client connections: it reads each request head with
@@ -105,7 +107,7 @@ func (f *front) serve() error {
 		retry = 0
 		if !f.track(c) {
 			c.Close()
-			f.s.proxyLn.release()
+			f.s.proxyLn.Release()
 			continue
 		}
 		f.dispatch(c)
@@ -244,21 +246,26 @@ func (f *front) wait(ctx context.Context) {
 	<-done
 }
 
+// clientWatchDelay is how long a request without a body waits for the end of its answer
+// before the front starts watching its client: a request answered sooner never pays the
+// watch's system calls.
+const clientWatchDelay = time.Second
+
 // clientConn is one client connection's reading state, and the writer of its answers.
 type clientConn struct {
 	c      net.Conn
 	in     *clientReader // the socket, limited while a head is read, bounded while a body is
 	br     *bufio.Reader
 	remote string
-	out    idleWriter // c, for answers to forwarded requests
-	gone   goneWatch  // c, while a request without a body is served
-	typ    string     // the type of the request being served, for a panic's log line
+	out    connio.IdleWriter // c, for answers to forwarded requests
+	gone   connio.GoneWatch  // c, while a request without a body is served
+	typ    string            // the type of the request being served, for a panic's log line
 }
 
 func (f *front) serveConn(c net.Conn) {
 	defer f.untrack(c)
 	cc := &clientConn{c: c, in: &clientReader{c: c, N: math.MaxInt64}, remote: c.RemoteAddr().String(),
-		out: newIdleWriter(c, f.s.cfg.TunnelIdleTimeout, errClientIdle)}
+		out: connio.NewIdleWriter(c, f.s.cfg.TunnelIdleTimeout, connio.ErrClientIdle)}
 	cc.br = frontReaders.Get().(*bufio.Reader)
 	cc.br.Reset(cc.in)
 	owned := false // a tunnel or hijacker took the connection
@@ -488,12 +495,12 @@ const lingerTime = 500 * time.Millisecond
 // the answer before the client reads it; so it first ends its own side and reads what
 // the client still sends, for a bounded time and amount, as net/http's server does.
 func (f *front) closeAnswered(c net.Conn) {
-	if hc, ok := c.(halfCloser); ok && hc.CloseWrite() == nil {
+	if hc, ok := c.(connio.HalfCloser); ok && hc.CloseWrite() == nil {
 		_ = c.SetReadDeadline(time.Now().Add(lingerTime))
 		_, _ = io.CopyN(io.Discard, c, maxDrainBytes)
 	}
 	c.Close()
-	f.s.proxyLn.release()
+	f.s.proxyLn.Release()
 }
 
 // connect serves a CONNECT: decided, refused or tunnelled. ctx is the request's context
@@ -531,7 +538,7 @@ func (f *front) connect(ctx context.Context, cancel context.CancelFunc, cc *clie
 		return false
 	}
 	rearm := func(end context.CancelFunc) { f.waiting(cc.c, end) }
-	return s.openTunnel(ctx, cancel, rearm, req, cc.out.handOver(), buffered, rs, v)
+	return s.openTunnel(ctx, cancel, rearm, req, cc.out.HandOver(), buffered, rs, v)
 }
 
 // serveRequest runs goproxy on one request and finishes its response. keep says the
@@ -554,7 +561,7 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	}
 	st := &requestState{client: &requestClient{s: f.s, conn: cc.c, cancel: cancel}, ctx: ctx, body: body}
 	if body != nil {
-		st.head.onConnEnd = func() {
+		st.head.OnConnEnd = func() {
 			if !body.done() {
 				cc.in.stopBody(time.Now())
 			}
@@ -565,7 +572,7 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	// connection's end belongs to that request.
 	watch := body == nil && req.Header.Get("Upgrade") == "" && cc.br.Buffered() == 0
 	if watch {
-		cc.gone.arm(st.client, f.s.cfg.clientWatchDelay, &st.clientLeft)
+		cc.gone.Arm(cc.c, st.client, f.s.cfg.clientWatchDelay, &st.clientLeft)
 	}
 	if len(hosts) > 0 {
 		st.host = hostField{value: hosts[0], present: true}
@@ -582,7 +589,7 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 		panicked = false
 	}()
 	if watch {
-		cc.in.pre = cc.gone.stop()
+		cc.in.pre = cc.gone.Stop()
 	}
 	left := st.clientLeft.Load()
 	if left && st.entry != nil {
@@ -604,7 +611,7 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	// nothing, which is still the proxy's to answer rather than leave it a bare close.
 	if st.answerErr != nil {
 		status, reason := "502 Bad Gateway", "upstream-failed"
-		if errors.Is(st.answerErr, errUpstreamIdle) {
+		if errors.Is(st.answerErr, connio.ErrUpstreamIdle) {
 			status, reason = "504 Gateway Timeout", "upstream-timeout"
 		}
 		if w.replaceUnsent(errorAnswer(status, reason)) && reason == "upstream-failed" && st.entry != nil {
@@ -620,9 +627,9 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 		switch {
 		case bodyIdle:
 			f.s.logIdle(st, "request body idle", cc.remote, "client")
-		case errors.Is(st.answerErr, errUpstreamIdle):
+		case errors.Is(st.answerErr, connio.ErrUpstreamIdle):
 			f.s.logIdle(st, "answer idle", cc.remote, "upstream")
-		case errors.Is(w.writeErr(), errClientIdle):
+		case errors.Is(w.writeErr(), connio.ErrClientIdle):
 			f.s.logIdle(st, "answer idle", cc.remote, "client")
 		}
 	}

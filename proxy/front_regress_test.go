@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
 // rawUpstream listens on ip, and on each connection reads one request head, writes
@@ -227,7 +229,7 @@ func TestFrontAcceptsAgainAfterAcceptFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.proxyLn = newLimitListener(fl, 0)
+	s.proxyLn = connio.NewLimitListener(fl, 0)
 	f := newFront(s)
 	s.front = f
 	served := make(chan error, 1)

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -10,6 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
+
+	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
 // TestTunnelEndsWhenItsUpstreamResets: an upstream that resets its connection (here
@@ -79,29 +80,6 @@ func resetOnCue(t *testing.T, halfClose bool) (target *net.TCPAddr, reset chan s
 	return target, reset
 }
 
-// tcpPair returns the two ends of a loopback TCP connection, both closed when the
-// test ends, with no TCP keep-alive (as the proxy dials a tunnel's upstream; Go's
-// default would turn it on with the proxy's own settings).
-func tcpPair(t *testing.T) (local, peer *net.TCPConn) {
-	t.Helper()
-	ln, err := (&net.ListenConfig{KeepAlive: -1}).Listen(context.Background(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	p, err := (&net.Dialer{KeepAlive: -1}).Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	l, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	return l.(*net.TCPConn), p.(*net.TCPConn)
-}
-
 // TestFinishedTunnelReleasesItsSockets: a tunnel between two TCP sockets (as
 // openTunnel hands it over) that ends by a clean half-close each way, where neither
 // direction's end closes a socket, closes both of its sockets when it finishes, and
@@ -114,9 +92,6 @@ func TestFinishedTunnelReleasesItsSockets(t *testing.T) {
 	client, clientPeer := tcpPair(t)
 	up, upPeer := tcpPair(t)
 	tun := startHandedTunnel(t, h, up, client, client, nil)
-	if tun.idle.keepAlive != up {
-		t.Fatal("a tunnel to a TCP upstream got no keep-alive due on its upstream socket")
-	}
 	go h.srv.runTunnel(tun)
 	for _, peer := range []*net.TCPConn{clientPeer, upPeer} {
 		if _, err := io.WriteString(peer, "hi"); err != nil {
@@ -140,8 +115,8 @@ func TestFinishedTunnelReleasesItsSockets(t *testing.T) {
 			t.Errorf("the tunnel's %s socket after it finished: %v, want it closed", name, err)
 		}
 	}
-	if tun.idle.t.Stop() {
-		t.Error("the finished tunnel's watch timer was still pending")
+	if !tun.idle.Stopped() { // which releases its timer (connio's tests)
+		t.Error("the finished tunnel's watch was not stopped")
 	}
 }
 
@@ -152,7 +127,7 @@ func TestFinishedTunnelReleasesItsSockets(t *testing.T) {
 // flow. A tunnel idle from its start sends its first probe within the 4 minutes of the
 // least patient cloud NAT.
 func TestTunnelUpstreamKeepAliveSettings(t *testing.T) {
-	if first := tunnelKeepAliveAfter + upstreamKeepAlive.Idle; first >= 4*time.Minute {
+	if first := tunnelKeepAliveAfter + connio.UpstreamKeepAlive.Idle; first >= 4*time.Minute {
 		t.Errorf("an idle tunnel's first keep-alive probe goes out %v after it opened, want within 4m", first)
 	}
 	h := newHarness(t)
@@ -160,18 +135,18 @@ func TestTunnelUpstreamKeepAliveSettings(t *testing.T) {
 	up, _ := tcpPair(t)
 	saved := tunnelKeepAliveAfter
 	tunnelKeepAliveAfter = time.Millisecond // read here, by startTunnel
-	tun := &tunnel{upward: newDirection(up, client, nil), downward: newDirection(client, up, nil), clientAddr: "127.0.0.1:40000"}
+	tun := &tunnel{upward: connio.NewDirection(up, client, nil), downward: connio.NewDirection(client, up, nil), clientAddr: "127.0.0.1:40000"}
 	if tcpSockopt(t, up, unix.SOL_SOCKET, unix.SO_KEEPALIVE) != 0 {
 		t.Fatal("the upstream socket has keep-alive before the tunnel starts")
 	}
 	h.srv.startTunnel(tun) // no relay runs: nothing but the watch's timer touches the sockets
 	tunnelKeepAliveAfter = saved
-	defer tun.idle.stop()
+	defer tun.idle.Stop()
 	want := [][3]int{
 		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
-		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, keepAliveIdle},
-		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, keepAliveInterval},
-		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAliveCount},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 15},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, 15},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, 9},
 	}
 	waitFor(t, func() bool {
 		for _, o := range want {
@@ -181,16 +156,6 @@ func TestTunnelUpstreamKeepAliveSettings(t *testing.T) {
 		}
 		return true
 	})
-}
-
-// tcpSockopt reads an integer socket option of c.
-func tcpSockopt(t *testing.T, c *net.TCPConn, level, opt int) int {
-	t.Helper()
-	rc, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sockoptInt(t, rc, level, opt)
 }
 
 // writeReporter is an upstream socket that reports each write's error once the write has
@@ -237,7 +202,7 @@ func TestTunnelEndsWhenItsEarlyBytesCannotBeSent(t *testing.T) {
 	})
 	up := &writeReporter{TCPConn: upSock, written: make(chan error, 1)}
 	tun := startHandedTunnel(t, h, up, client, client, []byte("early"))
-	go h.srv.relayDirection(tun, &tun.upward)
+	go h.srv.relayDirection(tun, &tun.upward, &tun.upEnded)
 	select {
 	case err := <-up.written:
 		if err == nil {
@@ -246,7 +211,7 @@ func TestTunnelEndsWhenItsEarlyBytesCannotBeSent(t *testing.T) {
 	case <-time.After(hangGuard):
 		t.Fatal("the early bytes were never written")
 	}
-	go h.srv.relayDirection(tun, &tun.downward)
+	go h.srv.relayDirection(tun, &tun.downward, &tun.downEnded)
 	waitFor(t, func() bool {
 		return testutil.ToFloat64(h.srv.metrics.activeConnect) == gauge && h.srv.tracker.len() == 0
 	})

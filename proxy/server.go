@@ -24,6 +24,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
 // Config is everything the sidecar needs; cmd/compass-proxy fills it from flags.
@@ -114,7 +115,7 @@ type Server struct {
 
 	goproxy    *goproxy.ProxyHttpServer
 	relay      http.Handler // goproxy, as serveProxy calls it
-	proxyLn    *limitListener
+	proxyLn    *connio.LimitListener
 	front      *front
 	dnsServers []*dns.Server
 	adminSrv   *http.Server
@@ -264,12 +265,12 @@ func (s *Server) Start() (err error) {
 			}
 		}
 	}()
-	ln, err := listenProxy(s.cfg.Listen)
+	ln, err := connio.ListenProxy(s.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("proxy: listen %s: %w", s.cfg.Listen, err)
 	}
 	closers = append(closers, func() { ln.Close() })
-	s.proxyLn = newLimitListener(ln, s.cfg.MaxConnections)
+	s.proxyLn = connio.NewLimitListener(ln, s.cfg.MaxConnections)
 
 	var dnsConns []any
 	if s.cfg.DNSListen != "" {
@@ -288,7 +289,7 @@ func (s *Server) Start() (err error) {
 	if err := removeStaleSocket(s.cfg.AdminSocket); err != nil {
 		return err
 	}
-	adminLn, err := listenAdmin(s.cfg.AdminSocket)
+	adminLn, err := connio.ListenAdmin(s.cfg.AdminSocket)
 	if err != nil {
 		return fmt.Errorf("proxy: admin listen %s: %w", s.cfg.AdminSocket, err)
 	}
@@ -296,7 +297,7 @@ func (s *Server) Start() (err error) {
 	s.adminLn = adminLn
 
 	if s.cfg.MetricsListen != "" {
-		ml, err := listenTCP(s.cfg.MetricsListen, net.ListenConfig{})
+		ml, err := connio.ListenTCP(s.cfg.MetricsListen, net.ListenConfig{})
 		if err != nil {
 			return fmt.Errorf("proxy: metrics listen %s: %w", s.cfg.MetricsListen, err)
 		}
@@ -362,7 +363,7 @@ func listenDNS(addr string) (net.PacketConn, net.Listener, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("proxy: dns listen udp %s: %w", addr, err)
 		}
-		tl, err := listenTCP(pc.LocalAddr().String(), net.ListenConfig{})
+		tl, err := connio.ListenTCP(pc.LocalAddr().String(), net.ListenConfig{})
 		if err == nil {
 			return pc, tl, nil
 		}
@@ -426,7 +427,7 @@ func (s *Server) serve(dnsConns []any) {
 		case net.PacketConn:
 			srv.PacketConn, srv.Net = x, "udp"
 		case net.Listener:
-			srv.Listener, srv.Net = newCapListener(x, s.cfg.DNSMaxTCPConns), "tcp"
+			srv.Listener, srv.Net = connio.NewCapListener(x, s.cfg.DNSMaxTCPConns), "tcp"
 		}
 		started := make(chan struct{})
 		srv.NotifyStartedFunc = func() { close(started) }

@@ -25,10 +25,10 @@ type helloGate struct {
 // errServerNameRefused ends a tunnel whose ClientHello its gate refused.
 var errServerNameRefused = errors.New("proxy: TLS server name refused")
 
-// feed takes the next bytes the client sent and returns those that may go upstream now
+// Feed takes the next bytes the client sent and returns those that may go upstream now
 // (none while a hello is incomplete) and whether the gate has decided.
-func (g *helloGate) feed(p []byte) (out []byte, done bool, err error) {
-	if g.notTLS(p) {
+func (g *helloGate) Feed(p []byte) (out []byte, done bool, err error) {
+	if g.Skips(p) {
 		return p, true, nil
 	}
 	g.held = append(g.held, p...)
@@ -45,11 +45,11 @@ func (g *helloGate) feed(p []byte) (out []byte, done bool, err error) {
 	return g.held, true, nil
 }
 
-// notTLS reports whether p, the first bytes of the stream, start no TLS record. Any
+// Skips reports whether p, the first bytes of the stream, start no TLS record. Any
 // record type is read as TLS, not only a handshake: servers read records of other types
 // before a ClientHello (Go's crypto/tls and BoringSSL skip a warning alert), and then the
 // hello after them; helloParser refuses such a stream.
-func (g *helloGate) notTLS(p []byte) bool {
+func (g *helloGate) Skips(p []byte) bool {
 	return len(g.held) == 0 && (p[0] < tlsRecordFirstType || p[0] > tlsRecordLastType)
 }
 
@@ -93,7 +93,7 @@ func (s *Server) decideServerName(t *tunnel, name string, ech bool, err error) b
 	if v.Allowed {
 		return true
 	}
-	client := t.upward.src
+	client := t.upward.Src()
 	_ = client.SetWriteDeadline(time.Now().Add(lingerTime))
 	_, _ = client.Write(tlsUnrecognizedName)
 	return false

@@ -125,7 +125,7 @@ func TestTLSGateReviewHeldHelloReadOnce(t *testing.T) {
 	var before, after runtimeAlloc
 	before.read()
 	for off := 0; off < len(stream)-1; off += 16 {
-		out, done, err := g.feed(stream[off:min(off+16, len(stream)-1)])
+		out, done, err := g.Feed(stream[off:min(off+16, len(stream)-1)])
 		if out != nil || done || err != nil {
 			t.Fatalf("at %d: %d bytes out, done=%v, %v", off, len(out), done, err)
 		}

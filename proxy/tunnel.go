@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
 // decideTunnel decides a CONNECT target under rs and records a refusal; openTunnel
@@ -76,14 +78,14 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, rear
 		confirmed = make(chan struct{})
 		counted   bool // for the drain (addTunnel), not yet given back
 		handed    bool // the relay owns the tunnel
-		dial      dialStop
+		dial      connio.DialStop
 	)
-	end := func() { cancel(); dial.stop() }
+	end := func() { cancel(); dial.Stop() }
 	if rearm != nil {
 		rearm(end)
 	}
 	if ctx.Err() != nil { // the drain ended the request before rearm
-		dial.stop()
+		dial.Stop()
 	}
 	entry := &liveConn{typ: typeConnect, name: v.Name, addr: v.Addrs[0], port: v.Port}
 	entry.close = func() func() {
@@ -207,13 +209,13 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, rear
 	_ = client.SetWriteDeadline(time.Time{})
 	// The tunnel keeps only what it logs: not the request, whose memory would otherwise
 	// live as long as the tunnel.
-	t := &tunnel{upward: newDirection(up, client, buffered), downward: newDirection(client, up, nil),
+	t := &tunnel{upward: connio.NewDirection(up, client, buffered), downward: connio.NewDirection(client, up, nil),
 		entry: entry, host: blockedHost(v), port: v.Port, addr: addr, clientAddr: r.RemoteAddr,
 		gen: rs.Generation, task: rs.Task, phase: rs.Phase}
 	// A target by name gets its TLS server name checked (an address literal is what an
 	// IP/CIDR rule allowed). Both sides of a tunnel are TCP, the gate's relay.
-	if v.Name != "" && t.upward.tcpDst != nil {
-		t.upward.hello = &helloGate{s: s, t: t}
+	if v.Name != "" && t.upward.TCP() {
+		t.upward.SetGate(&helloGate{s: s, t: t})
 	}
 	s.startTunnel(t)
 	s.metrics.activeConnect.Inc()
@@ -226,14 +228,17 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, rear
 // reports when it closes. It lives behind one pointer so that the goroutines' frames
 // stay small (see direction).
 type tunnel struct {
-	upward, downward direction // client to upstream, and back
-	clock            *idleClock
+	upward, downward connio.Direction // client to upstream, and back
+	clock            *connio.IdleClock
 	ended            atomic.Int32 // directions that have ended
 	finishing        bool         // finishTunnel has begun (on the last direction's goroutine)
+	// upEnded and downEnded are relayRunning, relayEndedFirst or relayEndedLast
+	// (recoverRelay): what each direction has done of its ending.
+	upEnded, downEnded uint8
 	// idle cuts an idle tunnel whose directions are blocked in writes to peers that
 	// read nothing, which no read deadline ends, and shows the copies the progress of
 	// writes to peers that read slowly (see idleWatch).
-	idle idleWatch
+	idle connio.IdleWatch
 
 	entry       *liveConn
 	host        string
@@ -249,43 +254,40 @@ type tunnel struct {
 // tunnel, and the upstream's back on a second one. Whichever direction ends last
 // closes the tunnel.
 func (s *Server) runTunnel(t *tunnel) {
-	go s.relayDirection(t, &t.downward)
-	s.relayDirection(t, &t.upward)
+	go s.relayDirection(t, &t.downward, &t.downEnded)
+	s.relayDirection(t, &t.upward, &t.upEnded)
 }
 
 // startTunnel starts t's clocks. It runs before the relay's goroutines, under
 // openTunnel's release of what a panic would leave.
 func (s *Server) startTunnel(t *tunnel) {
 	t.start = time.Now()
-	t.clock = newIdleClock(s.cfg.TunnelIdleTimeout)
-	if tc, ok := t.upward.dst.(*net.TCPConn); ok {
-		t.idle.keepAlive = tc
+	t.clock = connio.NewIdleClock(s.cfg.TunnelIdleTimeout)
+	keepAlive, _ := t.upward.Dst().(*net.TCPConn)
+	if t.upward.TCP() {
+		t.clock.WatchSockets(keepAlive, t.upward.Src().(*net.TCPConn))
 	}
-	if t.upward.tcpDst != nil {
-		t.clock.socks = [2]*net.TCPConn{t.upward.tcpDst, t.upward.tcpSrc}
-	}
-	t.idle.start(t.clock, func(panicked any) {
+	t.idle.Start(t.clock, keepAlive, tunnelKeepAliveAfter, func(panicked any) {
 		if panicked != nil {
 			s.recovered(componentTunnel, typeConnect, t.clientAddr, panicked)
 		}
 		// Both sides close, which ends both directions: the last one finishes the tunnel.
-		t.upward.src.Close()
-		t.upward.dst.Close()
+		t.upward.Close()
 	})
 }
 
-// relayDirection runs direction d of t and, if it is the last to end, closes the
-// tunnel. A panic is recovered at the top, by a deferred call: not in the copy loop,
+// relayDirection runs direction d of t, whose ending it records in ended, and, if it is
+// the last to end, closes the tunnel. A panic is recovered at the top, by a deferred call: not in the copy loop,
 // whose frames must stay small (see direction) and whose reads cheap.
-func (s *Server) relayDirection(t *tunnel, d *direction) {
-	defer s.recoverRelay(t, d)
-	err := d.copy(t.clock)
+func (s *Server) relayDirection(t *tunnel, d *connio.Direction, ended *uint8) {
+	defer s.recoverRelay(t, ended)
+	err := d.Copy(t.clock)
 	last := t.ended.Add(1) == 2 // after d's count is final: the closing one reads it
-	d.ended = relayEndedFirst
+	*ended = relayEndedFirst
 	if last {
-		d.ended = relayEndedLast
+		*ended = relayEndedLast
 	}
-	d.end(err, last)
+	d.End(err, last)
 	if last {
 		s.finishTunnel(t)
 	}
@@ -298,20 +300,19 @@ const (
 	relayEndedLast         // counted; this one finishes the tunnel
 )
 
-// recoverRelay ends the tunnel whose direction d panicked, and that tunnel alone: both
+// recoverRelay ends the tunnel whose direction (its ending in ended) panicked, and that tunnel alone: both
 // sides close, which ends the other direction, the tunnel leaves the tracker at once,
 // and it is finished once, by whichever direction is the last to end (finishTunnel's
 // own releases are deferred, so one that panicked has given them back).
-func (s *Server) recoverRelay(t *tunnel, d *direction) {
+func (s *Server) recoverRelay(t *tunnel, ended *uint8) {
 	p := recover()
 	if p == nil {
 		return
 	}
 	s.recovered(componentTunnel, typeConnect, t.clientAddr, p)
-	t.upward.src.Close()
-	t.upward.dst.Close()
+	t.upward.Close()
 	s.tracker.remove(t.entry)
-	switch d.ended {
+	switch *ended {
 	case relayRunning:
 		if t.ended.Add(1) == 2 {
 			s.finishTunnel(t)
@@ -328,7 +329,7 @@ func (s *Server) recoverRelay(t *tunnel, d *direction) {
 // the destination alive while the tunnel idles (cloud NATs drop idle flows after 4 to
 // 6 minutes, well within --tunnel-idle-timeout); the client's own probes end at the
 // proxy. A variable for tests.
-var tunnelKeepAliveAfter = keepAliveIdle * time.Second
+var tunnelKeepAliveAfter = connio.KeepAliveIdle * time.Second
 
 //go:noinline
 func (s *Server) finishTunnel(t *tunnel) {
@@ -336,17 +337,16 @@ func (s *Server) finishTunnel(t *tunnel) {
 	// Deferred, as they are counts that must be given back once, a panic or not.
 	defer s.tunnels.Done()
 	defer s.metrics.activeConnect.Dec()
-	defer s.proxyLn.release()
-	t.idle.stop()
-	t.upward.src.Close()
-	t.upward.dst.Close()
+	defer s.proxyLn.Release()
+	t.idle.Stop()
+	t.upward.Close()
 	s.tracker.remove(t.entry)
-	s.metrics.bytesUp.Add(float64(t.upward.n))
-	s.metrics.bytesDown.Add(float64(t.downward.n))
+	s.metrics.bytesUp.Add(float64(t.upward.Moved()))
+	s.metrics.bytesDown.Add(float64(t.downward.Moved()))
 	if s.log.Enabled(context.Background(), slog.LevelInfo) {
 		s.logLine(slog.LevelInfo, "tunnel closed", slog.String("type", typeConnect),
 			slog.String("host", t.host), slog.Int("port", int(t.port)), slog.String("addr", t.addr.String()),
-			slog.String("client", t.clientAddr), slog.Int64("bytes_up", t.upward.n), slog.Int64("bytes_down", t.downward.n),
+			slog.String("client", t.clientAddr), slog.Int64("bytes_up", t.upward.Moved()), slog.Int64("bytes_down", t.downward.Moved()),
 			slog.Float64("duration_seconds", time.Since(t.start).Seconds()), slog.Uint64("generation", t.gen),
 			slog.String("task", t.task), slog.String("phase", t.phase))
 	}
