@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/compass-egress/compass-egress/internal/testutil"
+	"github.com/compass-egress/compass-egress/proxy/tlshello"
+	"github.com/compass-egress/compass-egress/proxy/tlshello/hellotest"
 )
 
 // A record of another type before the ClientHello must not open the gate: Go's
@@ -22,7 +24,7 @@ import (
 // (ssl_process_alert: warning alerts discarded, up to four, before a version is known)
 // read the hello that follows, and route or pick a certificate by its name.
 func TestTLSGateReviewRecordBeforeHello(t *testing.T) {
-	helloB := clientHello(t, "b.test")
+	helloB := hellotest.ClientHello(t, "b.test")
 	const allow = `{"network_mode":"allowlist","allowed_hosts":["a.test"]}`
 	for _, tc := range []struct {
 		name   string
@@ -45,7 +47,7 @@ func TestTLSGateReviewRecordBeforeHello(t *testing.T) {
 				t.Fatal(err)
 			}
 			got, err := io.ReadAll(c)
-			if (err != nil && !errors.Is(err, syscall.ECONNRESET)) || !bytes.Equal(got, tlsUnrecognizedName) {
+			if (err != nil && !errors.Is(err, syscall.ECONNRESET)) || !bytes.Equal(got, tlshello.UnrecognizedNameAlert) {
 				t.Fatalf("want the alert and the end of the tunnel, got %d bytes (%x…), %v", len(got), got[:min(len(got), 16)], err)
 			}
 			var reasons []any
@@ -115,10 +117,10 @@ func TestTLSGateReviewAlertBeforeHelloGoServer(t *testing.T) {
 // records a bound on held bytes lets through) fed a few bytes at a time costs memory in
 // proportion to its length, not to its length times the number of reads.
 func TestTLSGateReviewHeldHelloReadOnce(t *testing.T) {
-	host := string([]byte{tlsServerNameHost})
-	// 9 KiB of padding: about 57 KiB of one-byte records, under maxHelloStream.
-	stream := refragment(helloWith(append(sniExt(host, "a.test"), append([]byte{0, 21, 0x24, 0}, make([]byte, 0x2400)...)...)), 1)
-	if len(stream) > maxHelloStream {
+	host := hellotest.Host
+	// 9 KiB of padding: about 57 KiB of one-byte records, under tlshello.MaxStream.
+	stream := hellotest.Refragment(hellotest.With(append(hellotest.SNIExt(host, "a.test"), append([]byte{0, 21, 0x24, 0}, make([]byte, 0x2400)...)...)), 1)
+	if len(stream) > tlshello.MaxStream {
 		t.Fatalf("stream of %d bytes is over the bound", len(stream))
 	}
 	g := &helloGate{} // never decides below: the last byte is not fed
@@ -145,30 +147,4 @@ func (a *runtimeAlloc) read() {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	a.bytes = m.TotalAlloc
-}
-
-// Read as it grows, a stream gives what it gives read whole: each prefix asks for more,
-// and the whole hello names its server, whatever the records and the reads' sizes.
-func TestTLSGateReviewParserReadsAsItGrows(t *testing.T) {
-	hello := clientHello(t, "b.test")
-	for _, records := range []int{1, 5, 100, tlsMaxRecordLen} {
-		stream := refragment(hello, records)
-		for _, step := range []int{1, 3, 7, 64} {
-			var p helloParser
-			for end := step; ; end += step {
-				end = min(end, len(stream))
-				name, more, err := p.read(stream[:end])
-				if end < len(stream) {
-					if !more || name != "" || err != nil {
-						t.Fatalf("records of %d, reads of %d, at %d of %d: %q more=%v %v", records, step, end, len(stream), name, more, err)
-					}
-					continue
-				}
-				if name != "b.test" || more || err != nil {
-					t.Fatalf("records of %d, reads of %d: %q more=%v %v", records, step, name, more, err)
-				}
-				break
-			}
-		}
-	}
 }

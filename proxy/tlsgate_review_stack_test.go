@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"runtime/debug"
 	"testing"
+
+	"github.com/compass-egress/compass-egress/proxy/tlshello/hellotest"
 )
 
 // The gate must not grow the relay's goroutine stacks, which stay at Go's 2 KiB start
@@ -23,8 +25,8 @@ func TestTLSGateReviewRelayStackStaysSmall(t *testing.T) {
 		first []byte
 	}{
 		{"not TLS", plain},
-		{"the target's own name", clientHello(t, "a.test")},
-		{"another allowed name", clientHello(t, "x.svc.test")},
+		{"the target's own name", hellotest.ClientHello(t, "a.test")},
+		{"another allowed name", hellotest.ClientHello(t, "x.svc.test")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)

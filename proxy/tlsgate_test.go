@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/internal/testutil"
+	"github.com/compass-egress/compass-egress/proxy/tlshello"
+	"github.com/compass-egress/compass-egress/proxy/tlshello/hellotest"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -25,15 +27,15 @@ import (
 // given sizes, or with the CONNECT when early), and either reads it echoed back or the
 // unrecognized_name alert and the end of the tunnel.
 func TestTunnelServerName(t *testing.T) {
-	helloA, helloB, helloSvc := clientHello(t, "a.test"), clientHello(t, "b.test"), clientHello(t, "x.svc.test")
-	host := string([]byte{tlsServerNameHost})
+	helloA, helloB, helloSvc := hellotest.ClientHello(t, "a.test"), hellotest.ClientHello(t, "b.test"), hellotest.ClientHello(t, "x.svc.test")
+	host := hellotest.Host
 	// Padded (extension 21) so that its one-byte records fill more than one read.
-	bigHelloB := helloWith(append(sniExt(host, "b.test"), append([]byte{0, 21, 0x10, 0}, make([]byte, 0x1000)...)...))
-	// In one-byte records, more bytes than a gate holds (maxHelloStream, which one read
+	bigHelloB := hellotest.With(append(hellotest.SNIExt(host, "b.test"), append([]byte{0, 21, 0x10, 0}, make([]byte, 0x1000)...)...))
+	// In one-byte records, more bytes than a gate holds (tlshello.MaxStream, which one read
 	// of the relay's buffer may overshoot) before the hello ends.
-	hugeHelloA := helloWith(append(sniExt(host, "a.test"), append([]byte{0, 21, 0x38, 0}, make([]byte, 0x3800)...)...))
+	hugeHelloA := hellotest.With(append(hellotest.SNIExt(host, "a.test"), append([]byte{0, 21, 0x38, 0}, make([]byte, 0x3800)...)...))
 	// An encrypted_client_hello extension (its payload is opaque to the proxy).
-	echHelloA := helloWith(append(sniExt(host, "a.test"), 0xfe, 0x0d, 0, 4, 1, 2, 3, 4))
+	echHelloA := hellotest.With(append(hellotest.SNIExt(host, "a.test"), 0xfe, 0x0d, 0, 4, 1, 2, 3, 4))
 	const allow = `{"network_mode":"allowlist","allowed_hosts":["a.test","*.svc.test"]}`
 	for _, tc := range []struct {
 		name    string
@@ -46,13 +48,13 @@ func TestTunnelServerName(t *testing.T) {
 		line    bool   // a tls decision line is written
 	}{
 		{name: "the target's own name", policy: allow, stream: helloA},
-		{name: "no server name", policy: allow, stream: clientHello(t, "")},
+		{name: "no server name", policy: allow, stream: hellotest.ClientHello(t, "")},
 		{name: "not TLS", policy: allow, stream: []byte("SSH-2.0-x\r\n")},
 		{name: "another allowed name", policy: allow, stream: helloSvc, line: true},
 		{name: "a name the allowlist leaves out", policy: allow, stream: helloB, refused: "not-allowlisted", line: true},
-		{name: "left out, in one-byte records", policy: allow, stream: refragment(helloB, 1), refused: "not-allowlisted", line: true},
-		{name: "left out, in one-byte records past the relay's buffer", policy: allow, stream: refragment(bigHelloB, 1), refused: "not-allowlisted", line: true},
-		{name: "records past the bound on held bytes", policy: allow, stream: refragment(hugeHelloA, 1), refused: "malformed-tls-hello", line: true},
+		{name: "left out, in one-byte records", policy: allow, stream: hellotest.Refragment(helloB, 1), refused: "not-allowlisted", line: true},
+		{name: "left out, in one-byte records past the relay's buffer", policy: allow, stream: hellotest.Refragment(bigHelloB, 1), refused: "not-allowlisted", line: true},
+		{name: "records past the bound on held bytes", policy: allow, stream: hellotest.Refragment(hugeHelloA, 1), refused: "malformed-tls-hello", line: true},
 		{name: "left out, in three writes", policy: allow, stream: helloB, writes: []int{1, 40}, refused: "not-allowlisted", line: true},
 		{name: "allowed, in three writes", policy: allow, stream: helloSvc, writes: []int{3, 100}, line: true},
 		{name: "left out, sent with the CONNECT", policy: allow, stream: helloB, early: true, refused: "not-allowlisted", line: true},
@@ -61,8 +63,8 @@ func TestTunnelServerName(t *testing.T) {
 		{name: "denylisted", policy: `{"network_mode":"denylist","denied_hosts":["b.test"]}`, stream: helloB, refused: "denylisted", line: true},
 		{name: "not denylisted", policy: `{"network_mode":"denylist","denied_hosts":["b.test"]}`, stream: helloSvc, line: true},
 		{name: "public", policy: `"public"`, stream: helloB, line: true},
-		{name: "an address for a name", policy: allow, stream: helloWith(sniExt(host, "127.0.0.3")), refused: "invalid-host", line: true},
-		{name: "unreadable hello", policy: allow, stream: helloWith(sniExt(host, "a.test", host, "b.test")), refused: "malformed-tls-hello", line: true},
+		{name: "an address for a name", policy: allow, stream: hellotest.With(hellotest.SNIExt(host, "127.0.0.3")), refused: "invalid-host", line: true},
+		{name: "unreadable hello", policy: allow, stream: hellotest.With(hellotest.SNIExt(host, "a.test", host, "b.test")), refused: "malformed-tls-hello", line: true},
 		{name: "encrypted, the target's name outside", policy: allow, stream: echHelloA, refused: "encrypted-client-hello", line: true},
 		{name: "encrypted, under public", policy: `"public"`, stream: echHelloA, line: true},
 		{name: "an address target is not checked", policy: `{"network_mode":"allowlist","allowed_hosts":["127.0.0.2/32"]}`, target: "127.0.0.2", stream: helloB},
@@ -103,7 +105,7 @@ func TestTunnelServerName(t *testing.T) {
 			} else {
 				// A reset, not a FIN, when the proxy closed with bytes of the client's unread.
 				got, err := io.ReadAll(c)
-				if (err != nil && !errors.Is(err, syscall.ECONNRESET)) || !bytes.Equal(got, tlsUnrecognizedName) {
+				if (err != nil && !errors.Is(err, syscall.ECONNRESET)) || !bytes.Equal(got, tlshello.UnrecognizedNameAlert) {
 					t.Fatalf("want the alert and the end of the tunnel, got %d bytes (%x…), %v", len(got), got[:min(len(got), 16)], err)
 				}
 			}
@@ -165,8 +167,8 @@ func TestSwapCutsTunnelByServerName(t *testing.T) {
 		}
 		return c
 	}
-	ech := helloWith(append(sniExt(string([]byte{tlsServerNameHost}), "a.test"), 0xfe, 0x0d, 0, 1, 0))
-	kept, cut, cutECH := open(clientHello(t, "a.test")), open(clientHello(t, "b.test")), open(ech)
+	ech := hellotest.With(append(hellotest.SNIExt(hellotest.Host, "a.test"), 0xfe, 0x0d, 0, 1, 0))
+	kept, cut, cutECH := open(hellotest.ClientHello(t, "a.test")), open(hellotest.ClientHello(t, "b.test")), open(ech)
 	if res := h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`); res.ClosedConnections != 2 {
 		t.Fatalf("swap closed %d connections, want 2", res.ClosedConnections)
 	}
