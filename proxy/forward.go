@@ -31,6 +31,9 @@ type requestState struct {
 	host   hostField // the request's raw Host field
 	// entry is the tracked in-flight HTTP request, if one was allowed.
 	entry *liveConn
+	// verdict is the allowed request's, which its dial (dialChecked, or the upstream
+	// client's) tries address by address and records the address dialled in.
+	verdict Verdict
 	// ctx is the request's own context, which a swap's cut and the drain end; the
 	// Transport dials under one detached from it (see dialChecked).
 	ctx context.Context
@@ -425,14 +428,42 @@ func (s *Server) logIdle(st *requestState, msg, client, side string) {
 		"side", side, "idle_seconds", s.cfg.TunnelIdleTimeout.Seconds())
 }
 
-// decideHTTP decides an absolute-URI request. The destination is the URI's authority,
-// and the upstream is sent that authority as Host (RFC 9112 §3.2.2). A Host field that
-// names another destination is refused all the same: a client that says two things
-// is not one to guess for.
+// decideHTTP decides an absolute-URI request and, if it is allowed, readies its
+// forwarding: the upstream client's round trip, or net/http's Transport's.
 func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
 	st := stateIn(r.Context())
 	rs := s.current.Load()
 	st.rs = rs
+	v := s.verdictHTTP(r, st, rs)
+	if v.Allowed {
+		rs, v = s.trackHTTP(st, rs, v)
+	}
+	rs = s.decidedBy(rs, v)
+	if !v.Allowed {
+		if v.Host == "" {
+			// A target net/http read no host from ("connect b.test:443" is a URI of
+			// scheme b.test, "http:b.test/" one without an authority) is logged and
+			// listed as written, not as a refusal of nothing.
+			v.Host = asWritten(r.RequestURI)
+		}
+		s.record(rs, typeHTTP, v, r.RemoteAddr)
+		return r, refusalResponse(r, rs, typeHTTP, v)
+	}
+	st.verdict = v
+	s.readyForward(r, st, rs)
+	if rs.upstream.handles(r) {
+		ctx.RoundTripper = s.viaUpstreamClient(st, rs)
+		return r, nil
+	}
+	r, ctx.RoundTripper = s.viaTransport(r, st, rs)
+	return r, nil
+}
+
+// verdictHTTP is rs's verdict on r. The destination is the URI's authority, and the
+// upstream is sent that authority as Host (RFC 9112 §3.2.2). A Host field that names
+// another destination is refused all the same: a client that says two things is not
+// one to guess for.
+func (s *Server) verdictHTTP(r *http.Request, st *requestState, rs *RuleSet) Verdict {
 	v := Verdict{Host: r.URL.Host}
 	var defaultPort uint16
 	switch {
@@ -449,64 +480,66 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	if v.Reason == "" && len(r.Header.Values("Upgrade")) > 0 && !upgradesToWebsocket(r.Header) {
 		v.Reason = ReasonUnsupported
 	}
-	if v.Reason == "" {
-		host, port, reason := splitAuthority(r.URL.Host, defaultPort)
-		if reason != "" {
-			v.Reason = reason
-		} else {
-			v = s.decide(r.Context(), rs, host, port)
-			if v.Allowed && st.host.present && !sameAuthority(st.host.value, r.URL.Host, defaultPort) {
-				v.Allowed, v.Addrs, v.Reason, v.Rule = false, nil, ReasonHostMismatch, ""
-			}
+	if v.Reason != "" {
+		return v
+	}
+	host, port, reason := splitAuthority(r.URL.Host, defaultPort)
+	if reason != "" {
+		v.Reason = reason
+		return v
+	}
+	v = s.decide(r.Context(), rs, host, port)
+	if v.Allowed && st.host.present && !sameAuthority(st.host.value, r.URL.Host, defaultPort) {
+		v.Allowed, v.Addrs, v.Reason, v.Rule = false, nil, ReasonHostMismatch, ""
+	}
+	return v
+}
+
+// trackHTTP tracks the allowed request of st, which a swap then cuts, and re-decides
+// it if a swap came since rs decided it. It returns the verdict that stands and the
+// rule set it is logged, counted and explained under.
+func (s *Server) trackHTTP(st *requestState, rs *RuleSet, v Verdict) (*RuleSet, Verdict) {
+	entry := &liveConn{typ: typeHTTP, name: v.Name, addr: v.Addrs[0], port: v.Port}
+	entry.close = func() func() {
+		if st.client != nil {
+			st.client.cut()
+			s.closeHeld(st.client)
+		}
+		return nil
+	}
+	s.tracker.add(entry)
+	if cur := s.current.Load(); cur != rs {
+		if v = s.redecide(cur, v); !v.Allowed {
+			rs = cur // refused by the swap's set: logged, counted and explained under it
 		}
 	}
 	if v.Allowed {
-		entry := &liveConn{typ: typeHTTP, name: v.Name, addr: v.Addrs[0], port: v.Port}
-		entry.close = func() func() {
-			if st.client != nil {
-				st.client.cut()
-				s.closeHeld(st.client)
-			}
-			return nil
-		}
-		s.tracker.add(entry)
-		if cur := s.current.Load(); cur != rs {
-			if v = s.redecide(cur, v); !v.Allowed {
-				rs = cur // refused by the swap's set: logged, counted and explained under it
-			}
-		}
-		if v.Allowed {
-			st.entry = entry
-			s.metrics.activeHTTP.Inc()
-		} else {
-			s.tracker.remove(entry)
-		}
+		st.entry = entry
+		s.metrics.activeHTTP.Inc()
+	} else {
+		s.tracker.remove(entry)
 	}
-	rs = s.decidedBy(rs, v)
-	if !v.Allowed {
-		if v.Host == "" {
-			// A target net/http read no host from ("connect b.test:443" is a URI of
-			// scheme b.test, "http:b.test/" one without an authority) is logged and
-			// listed as written, not as a refusal of nothing.
-			v.Host = asWritten(r.RequestURI)
-		}
-		s.record(rs, typeHTTP, v, r.RemoteAddr)
-		return r, refusalResponse(r, rs, typeHTTP, v)
-	}
+	return rs, v
+}
+
+// readyForward readies the allowed request r, of state st decided under rs, to go
+// upstream: its decision line, written once its upstream connection is known, and the
+// fields it is sent with.
+func (s *Server) readyForward(r *http.Request, st *requestState, rs *RuleSet) {
 	var once sync.Once
-	allowed, client := v, r.RemoteAddr
+	allowed, client := st.verdict, r.RemoteAddr
 	st.logAllowed = func() {
 		once.Do(func() {
 			allowed.Addr = s.tracker.addrOf(st.entry)
 			s.record(rs, typeHTTP, allowed, client)
 		})
 	}
-	if v.Name != "" && hasNonASCII(r.URL.Host) {
+	if name := st.verdict.Name; name != "" && hasNonASCII(r.URL.Host) {
 		// The decision read the name through IDNA's mapping ("a。test" is a.test), but
 		// net/http would write the Host field as punycode alone (xn--atest-7t3d), another
 		// name, while it verifies TLS for the mapped one (golang/go#80417): the upstream
 		// is sent the name decided.
-		host := v.Name
+		host := name
 		if p := r.URL.Port(); p != "" {
 			host = net.JoinHostPort(host, p)
 		}
@@ -518,25 +551,51 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		// rather than their own: the upstream must not take the proxy for the client.
 		r.Header["User-Agent"] = []string{""}
 	}
-	if rs.upstream.handles(r) {
-		ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
-			resp, err := rs.upstream.roundTrip(req, &v, func(c net.Conn) bool {
-				s.hold(st.client, c)
-				ok := s.gotUpstreamConn(rs, st.entry, c)
-				st.logAllowed()
-				return ok
-			})
+}
+
+// viaUpstreamClient is the round trip of st's request through rs's upstream client.
+func (s *Server) viaUpstreamClient(st *requestState, rs *RuleSet) goproxy.RoundTripper {
+	return goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
+		resp, err := rs.upstream.roundTrip(req, &st.verdict, func(c net.Conn) bool {
+			s.hold(st.client, c)
+			ok := s.gotUpstreamConn(rs, st.entry, c)
 			st.logAllowed()
-			return s.upstreamAnswer(req, st, &v, resp, err)
+			return ok
 		})
-		return r, nil
-	}
+		st.logAllowed()
+		return s.upstreamAnswer(req, st, &st.verdict, resp, err)
+	})
+}
+
+// viaTransport is the round trip of r, st's request, through rs's net/http Transport,
+// which dials st's verdict (dialChecked), and r as that round trip sends it, with the
+// hooks that bound its answer's heads and report its connection.
+func (s *Server) viaTransport(r *http.Request, st *requestState, rs *RuleSet) (*http.Request, goproxy.RoundTripper) {
 	st.head.SetTimeout(s.cfg.TunnelIdleTimeout)
-	// Interim answers are bounded as the upstream client bounds them. With this hook the
-	// Transport bounds each head by itself, no longer all of them together, so their
-	// size is counted here. It reads a request's heads on one goroutine.
+	r = r.WithContext(httptrace.WithClientTrace(r.Context(), s.transportTrace(st, rs)))
+	return r, goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
+		resp, err := rs.transport.RoundTrip(req)
+		st.logAllowed()
+		st.head.Stop()
+		if st.head.Fired() {
+			if resp != nil { // the head came as the watch fired: its body's reads would fail
+				resp.Body.Close()
+			}
+			resp, err = nil, connio.ErrUpstreamHeadIdle
+		}
+		st.answer.watch.SetTimeout(s.cfg.TunnelIdleTimeout)
+		return s.upstreamAnswer(req, st, &st.verdict, resp, err)
+	})
+}
+
+// transportTrace is the Transport's report of st's round trip: its interim answers,
+// bounded as the upstream client bounds them (with this hook the Transport bounds each
+// head by itself, no longer all of them together, so their size is counted here; it
+// reads a request's heads on one goroutine), the connection it got, and the end of
+// the request's writing.
+func (s *Server) transportTrace(st *requestState, rs *RuleSet) *httptrace.ClientTrace {
 	interim, interimBytes := 0, 0
-	trace := &httptrace.ClientTrace{
+	return &httptrace.ClientTrace{
 		Got1xxResponse: func(_ int, h textproto.MIMEHeader) error {
 			if interim++; interim > maxInterimAnswers {
 				return errTooManyInterimAnswers
@@ -565,22 +624,6 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 			}
 		},
 	}
-	dctx := context.WithValue(r.Context(), verdictKey{}, &v)
-	r = r.WithContext(httptrace.WithClientTrace(dctx, trace))
-	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
-		resp, err := rs.transport.RoundTrip(req)
-		st.logAllowed()
-		st.head.Stop()
-		if st.head.Fired() {
-			if resp != nil { // the head came as the watch fired: its body's reads would fail
-				resp.Body.Close()
-			}
-			resp, err = nil, connio.ErrUpstreamHeadIdle
-		}
-		st.answer.watch.SetTimeout(s.cfg.TunnelIdleTimeout)
-		return s.upstreamAnswer(req, st, &v, resp, err)
-	})
-	return r, nil
 }
 
 // gotUpstreamConn records the address an HTTP request's upstream connection really
@@ -674,8 +717,6 @@ func (s *Server) decide(ctx context.Context, rs *RuleSet, host string, port uint
 	return s.decider.Decide(ctx, rs, host, port)
 }
 
-type verdictKey struct{}
-
 // errDialPanicked fails a dial that panicked.
 var errDialPanicked = errors.New("proxy: the dial panicked")
 
@@ -684,18 +725,17 @@ var errDialPanicked = errors.New("proxy: the dial panicked")
 // are bounded by the tunnel idle timeout (see idleWriter), its reads are the progress
 // of the wait for an answer head (see headWatch).
 func (s *Server) dialChecked(ctx context.Context, network, _ string) (_ net.Conn, err error) {
-	v, _ := ctx.Value(verdictKey{}).(*Verdict)
-	if v == nil || !v.Allowed {
+	st := stateIn(ctx)
+	if st == nil || !st.verdict.Allowed {
 		return nil, errors.New("proxy: dial without an allowed decision")
 	}
-	st := stateIn(ctx)
 	var c *net.TCPConn
 	// The Transport dials on a goroutine of its own, which nothing else recovers: a
 	// panic fails this dial (and with it the request), and closes what it dialled.
 	defer func() {
 		if p := recover(); p != nil {
 			client := ""
-			if st != nil && st.client != nil {
+			if st.client != nil {
 				client = st.client.conn.RemoteAddr().String()
 			}
 			s.recovered(componentFront, typeHTTP, client, p)
@@ -706,17 +746,14 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (_ net.Conn
 		}
 	}()
 	rs, entry := st.live()
-	if st != nil {
-		// The Transport dials under a context without the request's cancellation (a
-		// request that gives up leaves the connection to the pool): the end of the
-		// request, a swap's cut included, must end its dial too.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithCancel(ctx)
-		defer cancel()
-		stop := context.AfterFunc(st.ctx, cancel)
-		defer stop()
-	}
-	c, _, err = s.dialVerdict(ctx, nil, v, true, rs, entry)
+	// The Transport dials under a context without the request's cancellation (a
+	// request that gives up leaves the connection to the pool): the end of the
+	// request, a swap's cut included, must end its dial too.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(st.ctx, cancel)
+	defer stop()
+	c, _, err = s.dialVerdict(ctx, nil, &st.verdict, true, rs, entry)
 	if err != nil {
 		return nil, err
 	}

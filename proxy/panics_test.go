@@ -461,8 +461,9 @@ func TestDialRecoversPanic(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.dialControl = func(string, string, syscall.RawConn) error { panic("test: the dial panics") }
 	})
-	v := &Verdict{Allowed: true, Host: "a.test", Name: "a.test", Port: h.a.httpPort, Addrs: []netip.Addr{h.a.ip}}
-	ctx := context.WithValue(context.Background(), verdictKey{}, v)
+	st := &requestState{ctx: context.Background(),
+		verdict: Verdict{Allowed: true, Host: "a.test", Name: "a.test", Port: h.a.httpPort, Addrs: []netip.Addr{h.a.ip}}}
+	ctx := withState(context.Background(), st)
 	if c, err := h.srv.dialChecked(ctx, "tcp", ""); !errors.Is(err, errDialPanicked) {
 		if c != nil {
 			c.Close()
