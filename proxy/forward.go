@@ -52,7 +52,7 @@ type requestState struct {
 	// connection and the new policy refuses the connection's address.
 	refusedConn atomic.Bool
 	// clientLeft is set when the client's connection ended while the request was
-	// served (goneWatch), before the request is cancelled.
+	// served (connio.GoneWatch), before the request is cancelled.
 	clientLeft atomic.Bool
 	body       *requestBody // nil for a request without one
 	// logAllowed writes an allowed request's decision line, once: when its upstream
@@ -722,8 +722,8 @@ var errDialPanicked = errors.New("proxy: the dial panicked")
 
 // dialChecked is the upstream transport's dialer: it dials only the addresses the
 // request's verdict checked, ignoring the address the transport asks for. Its writes
-// are bounded by the tunnel idle timeout (see idleWriter), its reads are the progress
-// of the wait for an answer head (see headWatch).
+// are bounded by the tunnel idle timeout (see connio.IdleWriter), its reads are the progress
+// of the wait for an answer head (see connio.HeadWatch).
 func (s *Server) dialChecked(ctx context.Context, network, _ string) (_ net.Conn, err error) {
 	st := stateIn(ctx)
 	if st == nil || !st.verdict.Allowed {
@@ -761,13 +761,13 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (_ net.Conn
 }
 
 // dialVerdict tries each checked address in turn. keepAlive turns TCP keep-alive on at
-// once (upstreamKeepAlive); a tunnel's dial leaves it off and its idle watch turns it
+// once (connio.UpstreamKeepAlive); a tunnel's dial leaves it off and its idle watch turns it
 // on if the tunnel lives, since its four setsockopt calls were a tenth of the system
 // calls of a tunnel set-up and most tunnels end sooner. entry, when not nil, is the
 // live connection the dial is for, decided under rs: each address is admitted first
 // (see admitAddr), and when the rule set in force refused one and no other could be
 // dialled the error is errPolicyChanged. Each attempt runs under ctx, or, when stop is
-// not nil, under a context of stop's (see dialStop) instead.
+// not nil, under a context of stop's (see connio.DialStop) instead.
 func (s *Server) dialVerdict(ctx context.Context, stop *connio.DialStop, v *Verdict, keepAlive bool, rs *RuleSet, entry *liveConn) (*net.TCPConn, netip.Addr, error) {
 	d := net.Dialer{Timeout: s.cfg.DialTimeout, KeepAlive: -1, Control: s.cfg.dialControl}
 	if keepAlive {

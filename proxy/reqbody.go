@@ -205,7 +205,7 @@ func (r *clientReader) readBody(p []byte) (int, error) {
 
 // deadlinePassed moves the deadline that passed in a read begun at start, unless it
 // must be obeyed: then it returns the error that ends the read, err for the front's own
-// deadline, errClientBodyIdle once the timeout since start has passed.
+// deadline, connio.ErrClientBodyIdle once the timeout since start has passed.
 func (r *clientReader) deadlinePassed(start time.Time, err error) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()

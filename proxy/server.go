@@ -51,11 +51,11 @@ type Config struct {
 	DNSTimeout    time.Duration // 0: 2s
 	IdleTimeout   time.Duration // 0: 90s
 	// TunnelIdleTimeout closes a CONNECT tunnel or websocket relay that carried no byte in
-	// either direction for this long (see idleClock), and ends a forwarded HTTP request
+	// either direction for this long (see connio.IdleClock), and ends a forwarded HTTP request
 	// that moved no byte for this long: a request body the client stopped sending or the
 	// upstream stopped taking (504), an answer head (504) or body the upstream stopped
 	// sending, an answer the client stopped reading (see clientReader, headLimit,
-	// headWatch, readWatch, idleWriter). 0: 15m.
+	// connio.HeadWatch, ReadWatch, IdleWriter). 0: 15m.
 	TunnelIdleTimeout time.Duration
 	// DrainTimeout is the caller's drain budget (0: 10s), as Server.DrainTimeout reports
 	// it: Shutdown itself drains until its context ends.

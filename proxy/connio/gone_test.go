@@ -16,6 +16,13 @@ type pastDeadlineConn struct {
 	past chan struct{}
 }
 
+func (c *pastDeadlineConn) SetReadDeadline(t time.Time) error {
+	if !t.IsZero() && t.Before(time.Now()) {
+		c.once.Do(func() { close(c.past) })
+	}
+	return c.Conn.SetReadDeadline(t)
+}
+
 // A stop that comes as the watch's timer fires, before the watch has begun its read,
 // must keep that read from starting: the read would clear the stop's wake-up deadline
 // and wait for the client, and the stop (and so the end of the request's answer and the
@@ -52,11 +59,4 @@ func TestWatchStoppedBeforeItsReadDoesNotRead(t *testing.T) {
 	if left.Load() {
 		t.Error("a stopped watch took the client for gone")
 	}
-}
-
-func (c *pastDeadlineConn) SetReadDeadline(t time.Time) error {
-	if !t.IsZero() && t.Before(time.Now()) {
-		c.once.Do(func() { close(c.past) })
-	}
-	return c.Conn.SetReadDeadline(t)
 }

@@ -161,6 +161,12 @@ type heldWriteConn struct {
 	entered, release chan struct{}
 }
 
+func (c *heldWriteConn) Write(p []byte) (int, error) {
+	close(c.entered)
+	<-c.release
+	return len(p), nil
+}
+
 // Quiesce waits for a websocket relay's write in progress to return and be counted:
 // the counts a relay's end logs and adds to the byte metrics are final only then.
 func TestQuiesceWaitsForTheWriteInProgress(t *testing.T) {
@@ -340,10 +346,4 @@ func TestIdleWatchKeepAliveOrders(t *testing.T) {
 			}
 		})
 	}
-}
-
-func (c *heldWriteConn) Write(p []byte) (int, error) {
-	close(c.entered)
-	<-c.release
-	return len(p), nil
 }

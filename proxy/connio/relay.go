@@ -163,7 +163,7 @@ func (d *Direction) copyUntilBulk() (n int64, err error) {
 // direction has no gate, or when its gate skips them (a check that needs no stack). Otherwise the gate runs on a goroutine of its own, which ends with it:
 // reading a hello and deciding its name outgrows the relay's 2 KiB stack (stacks 4 KiB
 // larger per tunnel, 8 with a decision line, measured with Go 1.26), which the relay's
-// goroutine would otherwise keep until a collection (see direction). A panic there is
+// goroutine would otherwise keep until a collection (see Direction). A panic there is
 // raised again here, for recoverRelay.
 func (d *Direction) pass(p []byte) ([]byte, error) {
 	if d.hello == nil {
