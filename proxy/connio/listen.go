@@ -66,16 +66,16 @@ func controlProxyListener(_, _ string, rc syscall.RawConn) error {
 	return serr
 }
 
-// AdminSocketMode is the admin socket's mode: the controller's user and group only.
-const AdminSocketMode = 0o660
+// adminSocketMode is the admin socket's mode: the controller's user and group only.
+const adminSocketMode = 0o660
 
-// ListenAdmin binds the admin API's unix socket with AdminSocketMode from the start.
+// ListenAdmin binds the admin API's unix socket with adminSocketMode from the start.
 // A chmod after the bind would leave a window in which anyone who can reach the path
 // could connect, and a connection queued then is served later. The umask is the
 // process's, so it is restored at once; nothing else creates files while the proxy
 // starts.
 func ListenAdmin(path string) (net.Listener, error) {
-	old := unix.Umask(0o777 &^ AdminSocketMode)
+	old := unix.Umask(0o777 &^ adminSocketMode)
 	defer unix.Umask(old)
 	return net.Listen("unix", path)
 }

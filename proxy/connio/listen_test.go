@@ -69,8 +69,8 @@ func TestAdminSocketBoundWithItsMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fi.Mode().Perm() != AdminSocketMode {
-		t.Errorf("socket mode %v, want %v", fi.Mode().Perm(), os.FileMode(AdminSocketMode))
+	if fi.Mode().Perm() != adminSocketMode {
+		t.Errorf("socket mode %v, want %v", fi.Mode().Perm(), os.FileMode(adminSocketMode))
 	}
 	if now := unix.Umask(0); now != 0 {
 		t.Errorf("umask %#o after the bind, want it restored to 0", now)
