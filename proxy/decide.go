@@ -125,43 +125,9 @@ func (d *Decider) Decide(ctx context.Context, rs *RuleSet, host string, port uin
 		}
 		candidates = []netip.Addr{a.Unmap()}
 	} else {
-		if policy.IsNonCanonicalIPv4(host) {
-			return refuse(ReasonNonCanonicalIP)
-		}
-		name, err := policy.CanonicalHostname(host)
-		if err != nil {
-			return refuse(ReasonInvalidHost)
-		}
-		v.Name = name
-		// Refuse before resolving whatever no address could make allowed, so a refused
-		// name never reaches a resolver (no lookups to exfiltrate through): in an
-		// allowlist, a name no host rule allows resolves only when an address rule
-		// covers the requested port.
-		pre := m.Decide(name, netip.Addr{}, port)
-		switch m.Mode() {
-		case policy.ModeNoNetwork:
-			return refuse(string(pre.Reason))
-		case policy.ModeAllowlist:
-			if !pre.Allowed && !rs.addrPorts.covers(port) {
-				v.Rule = ruleString(pre.Rule)
-				return refuse(string(pre.Reason))
-			}
-		case policy.ModeDenylist:
-			if !pre.Allowed {
-				v.Rule = ruleString(pre.Rule)
-				return refuse(string(pre.Reason))
-			}
-		}
-		addrs, err := d.Resolver.LookupNetIP(ctx, name)
-		if errors.Is(err, errPolicyChanged) { // a swap stopped the lookup
-			return refuse(ReasonPolicyChanged)
-		}
-		if err != nil || len(addrs) == 0 {
-			return refuse(ReasonResolveFailed)
-		}
-		candidates = make([]netip.Addr, len(addrs))
-		for i, a := range addrs {
-			candidates[i] = a.Unmap()
+		var reason string
+		if candidates, reason = d.lookUp(ctx, rs, &v); reason != "" {
+			return refuse(reason)
 		}
 	}
 	// Candidates are unmapped: ::ffff:127.0.0.1 is 127.0.0.1 to rules, guard and dialler.
@@ -192,6 +158,52 @@ func (d *Decider) Decide(ctx context.Context, rs *RuleSet, host string, port uin
 		v.Reason, v.Rule, v.Addr = refusal.Reason, refusal.Rule, refusal.Addr
 	}
 	return v
+}
+
+// lookUp resolves v.Host, a name, once rs could allow it, and returns its addresses,
+// unmapped, or the reason it is refused; v gets the canonical name, and the rule of a
+// refusal by name.
+func (d *Decider) lookUp(ctx context.Context, rs *RuleSet, v *Verdict) ([]netip.Addr, string) {
+	host, port, m := v.Host, v.Port, rs.Matcher
+	if policy.IsNonCanonicalIPv4(host) {
+		return nil, ReasonNonCanonicalIP
+	}
+	name, err := policy.CanonicalHostname(host)
+	if err != nil {
+		return nil, ReasonInvalidHost
+	}
+	v.Name = name
+	// Refuse before resolving whatever no address could make allowed, so a refused
+	// name never reaches a resolver (no lookups to exfiltrate through): in an
+	// allowlist, a name no host rule allows resolves only when an address rule
+	// covers the requested port.
+	pre := m.Decide(name, netip.Addr{}, port)
+	switch m.Mode() {
+	case policy.ModeNoNetwork:
+		return nil, string(pre.Reason)
+	case policy.ModeAllowlist:
+		if !pre.Allowed && !rs.addrPorts.covers(port) {
+			v.Rule = ruleString(pre.Rule)
+			return nil, string(pre.Reason)
+		}
+	case policy.ModeDenylist:
+		if !pre.Allowed {
+			v.Rule = ruleString(pre.Rule)
+			return nil, string(pre.Reason)
+		}
+	}
+	addrs, err := d.Resolver.LookupNetIP(ctx, name)
+	if errors.Is(err, errPolicyChanged) { // a swap stopped the lookup
+		return nil, ReasonPolicyChanged
+	}
+	if err != nil || len(addrs) == 0 {
+		return nil, ReasonResolveFailed
+	}
+	candidates := make([]netip.Addr, len(addrs))
+	for i, a := range addrs {
+		candidates[i] = a.Unmap()
+	}
+	return candidates, ""
 }
 
 // Recheck re-decides an established connection to (name, addr, port) under rs, with no

@@ -20,6 +20,8 @@ import (
 
 	"github.com/elazarl/goproxy"
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
 // requestState travels with one request through goproxy's handler chain.
@@ -29,25 +31,28 @@ type requestState struct {
 	host   hostField // the request's raw Host field
 	// entry is the tracked in-flight HTTP request, if one was allowed.
 	entry *liveConn
+	// verdict is the allowed request's, which its dial (dialChecked, or the upstream
+	// client's) tries address by address and records the address dialled in.
+	verdict Verdict
 	// ctx is the request's own context, which a swap's cut and the drain end; the
 	// Transport dials under one detached from it (see dialChecked).
 	ctx context.Context
 	// relay is set when goproxy took the connection over (a websocket), at
 	// relayStart; relayIdle stops the watch that ends the relay once it idles.
-	relay      *idleConn
+	relay      *connio.IdleConn
 	relayStart time.Time
 	relayIdle  func()
 	up, down   atomic.Int64
 	// answerErr is the error that broke off the upstream's answer body: goproxy
 	// ignores it, and the front must not end that answer as if it were whole.
 	answerErr error
-	answer    answerBody // the answer's body, held here to save an allocation
-	head      headWatch  // the Transport's wait for the answer head
+	answer    answerBody       // the answer's body, held here to save an allocation
+	head      connio.HeadWatch // the Transport's wait for the answer head
 	// refusedConn is set when a swap came between the decision and the upstream
 	// connection and the new policy refuses the connection's address.
 	refusedConn atomic.Bool
 	// clientLeft is set when the client's connection ended while the request was
-	// served (goneWatch), before the request is cancelled.
+	// served (connio.GoneWatch), before the request is cancelled.
 	clientLeft atomic.Bool
 	body       *requestBody // nil for a request without one
 	// logAllowed writes an allowed request's decision line, once: when its upstream
@@ -62,12 +67,12 @@ type requestState struct {
 type answerBody struct {
 	io.ReadCloser
 	st    *requestState
-	watch readWatch
+	watch connio.ReadWatch
 }
 
 func (b *answerBody) Read(p []byte) (n int, err error) {
-	if b.watch.timeout > 0 {
-		n, err = b.watch.read(b.ReadCloser, p, b.st.client)
+	if b.watch.Timeout() > 0 {
+		n, err = b.watch.Read(b.ReadCloser, p, b.st.client)
 	} else {
 		n, err = b.ReadCloser.Read(p)
 	}
@@ -78,8 +83,8 @@ func (b *answerBody) Read(p []byte) (n int, err error) {
 }
 
 func (b *answerBody) Close() error {
-	if b.watch.timeout > 0 {
-		b.watch.stop()
+	if b.watch.Timeout() > 0 {
+		b.watch.Stop()
 	}
 	return b.ReadCloser.Close()
 }
@@ -111,17 +116,17 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 			s.record(cur, typeHTTP, refused, req.RemoteAddr)
 			return refusalResponse(req, cur, typeHTTP, refused), nil
 		}
-		if errors.Is(err, errClientBodyIdle) {
+		if errors.Is(err, connio.ErrClientBodyIdle) {
 			// Never written: the front sees the body idle and closes the connection.
 			return &http.Response{StatusCode: http.StatusRequestTimeout, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
 		}
 		// A request whose context ended was cut by a swap or the drain, not by the
 		// upstream, unless the head watch ended it.
-		if req.Context().Err() == nil || st.head.fired.Load() {
+		if req.Context().Err() == nil || st.head.Fired() {
 			switch {
-			case errors.Is(err, errUpstreamHeadIdle):
+			case errors.Is(err, connio.ErrUpstreamHeadIdle):
 				s.logIdle(st, "answer idle", req.RemoteAddr, "upstream")
-			case errors.Is(err, errUpstreamBodyIdle):
+			case errors.Is(err, connio.ErrUpstreamBodyIdle):
 				s.logIdle(st, "request body idle", req.RemoteAddr, "upstream")
 			}
 		}
@@ -179,9 +184,9 @@ func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Re
 		reason, text = "client-gone", " was not sent the whole request: the client closed its connection before the body's end"
 	case isDialError(err):
 		reason = "dial-failed"
-	case errors.Is(err, errUpstreamHeadIdle):
+	case errors.Is(err, connio.ErrUpstreamHeadIdle):
 		status, reason, text = http.StatusGatewayTimeout, "upstream-timeout", " sent no answer"
-	case errors.Is(err, errUpstreamBodyIdle):
+	case errors.Is(err, connio.ErrUpstreamBodyIdle):
 		status, reason, text = http.StatusGatewayTimeout, "upstream-timeout", " took none of the request"
 	case st != nil && st.clientLeft.Load():
 		// A half-closed client may still read: the answer says whose end it was.
@@ -292,11 +297,14 @@ func (c *requestClient) cut() {
 	c.cancel()
 }
 
-// recovered reports a panic the request's watches (goneWatch, headWatch, readWatch,
+// Cancel cancels the request, for the watches that bound it (connio.Request).
+func (c *requestClient) Cancel() { c.cancel() }
+
+// Recovered reports a panic the request's watches (GoneWatch, HeadWatch, ReadWatch,
 // its websocket relay's idle watch and copies) recovered on goroutines of their own,
 // and cuts the request: its connection, its upstream exchange or relay, end with it,
 // as a panic ends the connection it happens on.
-func (c *requestClient) recovered(p any) {
+func (c *requestClient) Recovered(p any) {
 	c.s.recovered(componentFront, typeHTTP, c.conn.RemoteAddr().String(), p)
 	c.cut()
 }
@@ -387,8 +395,8 @@ func (s *Server) settle(st *requestState) {
 		// closed and quiet, its counts are final.
 		st.relayIdle()
 		st.relay.Conn.Close()
-		st.relay.quiesce()
-		s.proxyLn.release()
+		st.relay.Quiesce()
+		s.proxyLn.Release()
 	}
 	if st.entry != nil {
 		s.tracker.remove(st.entry)
@@ -420,14 +428,42 @@ func (s *Server) logIdle(st *requestState, msg, client, side string) {
 		"side", side, "idle_seconds", s.cfg.TunnelIdleTimeout.Seconds())
 }
 
-// decideHTTP decides an absolute-URI request. The destination is the URI's authority,
-// and the upstream is sent that authority as Host (RFC 9112 §3.2.2). A Host field that
-// names another destination is refused all the same: a client that says two things
-// is not one to guess for.
+// decideHTTP decides an absolute-URI request and, if it is allowed, readies its
+// forwarding: the upstream client's round trip, or net/http's Transport's.
 func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
 	st := stateIn(r.Context())
 	rs := s.current.Load()
 	st.rs = rs
+	v := s.verdictHTTP(r, st, rs)
+	if v.Allowed {
+		rs, v = s.trackHTTP(st, rs, v)
+	}
+	rs = s.decidedBy(rs, v)
+	if !v.Allowed {
+		if v.Host == "" {
+			// A target net/http read no host from ("connect b.test:443" is a URI of
+			// scheme b.test, "http:b.test/" one without an authority) is logged and
+			// listed as written, not as a refusal of nothing.
+			v.Host = asWritten(r.RequestURI)
+		}
+		s.record(rs, typeHTTP, v, r.RemoteAddr)
+		return r, refusalResponse(r, rs, typeHTTP, v)
+	}
+	st.verdict = v
+	s.readyForward(r, st, rs)
+	if rs.upstream.handles(r) {
+		ctx.RoundTripper = s.viaUpstreamClient(st, rs)
+		return r, nil
+	}
+	r, ctx.RoundTripper = s.viaTransport(r, st, rs)
+	return r, nil
+}
+
+// verdictHTTP is rs's verdict on r. The destination is the URI's authority, and the
+// upstream is sent that authority as Host (RFC 9112 §3.2.2). A Host field that names
+// another destination is refused all the same: a client that says two things is not
+// one to guess for.
+func (s *Server) verdictHTTP(r *http.Request, st *requestState, rs *RuleSet) Verdict {
 	v := Verdict{Host: r.URL.Host}
 	var defaultPort uint16
 	switch {
@@ -444,64 +480,66 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	if v.Reason == "" && len(r.Header.Values("Upgrade")) > 0 && !upgradesToWebsocket(r.Header) {
 		v.Reason = ReasonUnsupported
 	}
-	if v.Reason == "" {
-		host, port, reason := splitAuthority(r.URL.Host, defaultPort)
-		if reason != "" {
-			v.Reason = reason
-		} else {
-			v = s.decide(r.Context(), rs, host, port)
-			if v.Allowed && st.host.present && !sameAuthority(st.host.value, r.URL.Host, defaultPort) {
-				v.Allowed, v.Addrs, v.Reason, v.Rule = false, nil, ReasonHostMismatch, ""
-			}
+	if v.Reason != "" {
+		return v
+	}
+	host, port, reason := splitAuthority(r.URL.Host, defaultPort)
+	if reason != "" {
+		v.Reason = reason
+		return v
+	}
+	v = s.decide(r.Context(), rs, host, port)
+	if v.Allowed && st.host.present && !sameAuthority(st.host.value, r.URL.Host, defaultPort) {
+		v.Allowed, v.Addrs, v.Reason, v.Rule = false, nil, ReasonHostMismatch, ""
+	}
+	return v
+}
+
+// trackHTTP tracks the allowed request of st, which a swap then cuts, and re-decides
+// it if a swap came since rs decided it. It returns the verdict that stands and the
+// rule set it is logged, counted and explained under.
+func (s *Server) trackHTTP(st *requestState, rs *RuleSet, v Verdict) (*RuleSet, Verdict) {
+	entry := &liveConn{typ: typeHTTP, name: v.Name, addr: v.Addrs[0], port: v.Port}
+	entry.close = func() func() {
+		if st.client != nil {
+			st.client.cut()
+			s.closeHeld(st.client)
+		}
+		return nil
+	}
+	s.tracker.add(entry)
+	if cur := s.current.Load(); cur != rs {
+		if v = s.redecide(cur, v); !v.Allowed {
+			rs = cur // refused by the swap's set: logged, counted and explained under it
 		}
 	}
 	if v.Allowed {
-		entry := &liveConn{typ: typeHTTP, name: v.Name, addr: v.Addrs[0], port: v.Port}
-		entry.close = func() func() {
-			if st.client != nil {
-				st.client.cut()
-				s.closeHeld(st.client)
-			}
-			return nil
-		}
-		s.tracker.add(entry)
-		if cur := s.current.Load(); cur != rs {
-			if v = s.redecide(cur, v); !v.Allowed {
-				rs = cur // refused by the swap's set: logged, counted and explained under it
-			}
-		}
-		if v.Allowed {
-			st.entry = entry
-			s.metrics.activeHTTP.Inc()
-		} else {
-			s.tracker.remove(entry)
-		}
+		st.entry = entry
+		s.metrics.activeHTTP.Inc()
+	} else {
+		s.tracker.remove(entry)
 	}
-	rs = s.decidedBy(rs, v)
-	if !v.Allowed {
-		if v.Host == "" {
-			// A target net/http read no host from ("connect b.test:443" is a URI of
-			// scheme b.test, "http:b.test/" one without an authority) is logged and
-			// listed as written, not as a refusal of nothing.
-			v.Host = asWritten(r.RequestURI)
-		}
-		s.record(rs, typeHTTP, v, r.RemoteAddr)
-		return r, refusalResponse(r, rs, typeHTTP, v)
-	}
+	return rs, v
+}
+
+// readyForward readies the allowed request r, of state st decided under rs, to go
+// upstream: its decision line, written once its upstream connection is known, and the
+// fields it is sent with.
+func (s *Server) readyForward(r *http.Request, st *requestState, rs *RuleSet) {
 	var once sync.Once
-	allowed, client := v, r.RemoteAddr
+	allowed, client := st.verdict, r.RemoteAddr
 	st.logAllowed = func() {
 		once.Do(func() {
 			allowed.Addr = s.tracker.addrOf(st.entry)
 			s.record(rs, typeHTTP, allowed, client)
 		})
 	}
-	if v.Name != "" && hasNonASCII(r.URL.Host) {
+	if name := st.verdict.Name; name != "" && hasNonASCII(r.URL.Host) {
 		// The decision read the name through IDNA's mapping ("a。test" is a.test), but
 		// net/http would write the Host field as punycode alone (xn--atest-7t3d), another
 		// name, while it verifies TLS for the mapped one (golang/go#80417): the upstream
 		// is sent the name decided.
-		host := v.Name
+		host := name
 		if p := r.URL.Port(); p != "" {
 			host = net.JoinHostPort(host, p)
 		}
@@ -513,25 +551,51 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 		// rather than their own: the upstream must not take the proxy for the client.
 		r.Header["User-Agent"] = []string{""}
 	}
-	if rs.upstream.handles(r) {
-		ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
-			resp, err := rs.upstream.roundTrip(req, &v, func(c net.Conn) bool {
-				s.hold(st.client, c)
-				ok := s.gotUpstreamConn(rs, st.entry, c)
-				st.logAllowed()
-				return ok
-			})
+}
+
+// viaUpstreamClient is the round trip of st's request through rs's upstream client.
+func (s *Server) viaUpstreamClient(st *requestState, rs *RuleSet) goproxy.RoundTripper {
+	return goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
+		resp, err := rs.upstream.roundTrip(req, &st.verdict, func(c net.Conn) bool {
+			s.hold(st.client, c)
+			ok := s.gotUpstreamConn(rs, st.entry, c)
 			st.logAllowed()
-			return s.upstreamAnswer(req, st, &v, resp, err)
+			return ok
 		})
-		return r, nil
-	}
-	st.head.timeout = s.cfg.TunnelIdleTimeout
-	// Interim answers are bounded as the upstream client bounds them. With this hook the
-	// Transport bounds each head by itself, no longer all of them together, so their
-	// size is counted here. It reads a request's heads on one goroutine.
+		st.logAllowed()
+		return s.upstreamAnswer(req, st, &st.verdict, resp, err)
+	})
+}
+
+// viaTransport is the round trip of r, st's request, through rs's net/http Transport,
+// which dials st's verdict (dialChecked), and r as that round trip sends it, with the
+// hooks that bound its answer's heads and report its connection.
+func (s *Server) viaTransport(r *http.Request, st *requestState, rs *RuleSet) (*http.Request, goproxy.RoundTripper) {
+	st.head.SetTimeout(s.cfg.TunnelIdleTimeout)
+	r = r.WithContext(httptrace.WithClientTrace(r.Context(), s.transportTrace(st, rs)))
+	return r, goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
+		resp, err := rs.transport.RoundTrip(req)
+		st.logAllowed()
+		st.head.Stop()
+		if st.head.Fired() {
+			if resp != nil { // the head came as the watch fired: its body's reads would fail
+				resp.Body.Close()
+			}
+			resp, err = nil, connio.ErrUpstreamHeadIdle
+		}
+		st.answer.watch.SetTimeout(s.cfg.TunnelIdleTimeout)
+		return s.upstreamAnswer(req, st, &st.verdict, resp, err)
+	})
+}
+
+// transportTrace is the Transport's report of st's round trip: its interim answers,
+// bounded as the upstream client bounds them (with this hook the Transport bounds each
+// head by itself, no longer all of them together, so their size is counted here; it
+// reads a request's heads on one goroutine), the connection it got, and the end of
+// the request's writing.
+func (s *Server) transportTrace(st *requestState, rs *RuleSet) *httptrace.ClientTrace {
 	interim, interimBytes := 0, 0
-	trace := &httptrace.ClientTrace{
+	return &httptrace.ClientTrace{
 		Got1xxResponse: func(_ int, h textproto.MIMEHeader) error {
 			if interim++; interim > maxInterimAnswers {
 				return errTooManyInterimAnswers
@@ -552,30 +616,14 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 				st.refusedConn.Store(true)
 			}
 			st.logAllowed()
-			st.head.gotConn(info.Conn)
+			st.head.GotConn(info.Conn)
 		},
 		WroteRequest: func(info httptrace.WroteRequestInfo) {
 			if info.Err == nil {
-				st.head.wrote(st.client)
+				st.head.Wrote(st.client)
 			}
 		},
 	}
-	dctx := context.WithValue(r.Context(), verdictKey{}, &v)
-	r = r.WithContext(httptrace.WithClientTrace(dctx, trace))
-	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
-		resp, err := rs.transport.RoundTrip(req)
-		st.logAllowed()
-		st.head.stop()
-		if st.head.fired.Load() {
-			if resp != nil { // the head came as the watch fired: its body's reads would fail
-				resp.Body.Close()
-			}
-			resp, err = nil, errUpstreamHeadIdle
-		}
-		st.answer.watch.timeout = s.cfg.TunnelIdleTimeout
-		return s.upstreamAnswer(req, st, &v, resp, err)
-	})
-	return r, nil
 }
 
 // gotUpstreamConn records the address an HTTP request's upstream connection really
@@ -669,28 +717,25 @@ func (s *Server) decide(ctx context.Context, rs *RuleSet, host string, port uint
 	return s.decider.Decide(ctx, rs, host, port)
 }
 
-type verdictKey struct{}
-
 // errDialPanicked fails a dial that panicked.
 var errDialPanicked = errors.New("proxy: the dial panicked")
 
 // dialChecked is the upstream transport's dialer: it dials only the addresses the
 // request's verdict checked, ignoring the address the transport asks for. Its writes
-// are bounded by the tunnel idle timeout (see idleWriter), its reads are the progress
-// of the wait for an answer head (see headWatch).
+// are bounded by the tunnel idle timeout (see connio.IdleWriter), its reads are the progress
+// of the wait for an answer head (see connio.HeadWatch).
 func (s *Server) dialChecked(ctx context.Context, network, _ string) (_ net.Conn, err error) {
-	v, _ := ctx.Value(verdictKey{}).(*Verdict)
-	if v == nil || !v.Allowed {
+	st := stateIn(ctx)
+	if st == nil || !st.verdict.Allowed {
 		return nil, errors.New("proxy: dial without an allowed decision")
 	}
-	st := stateIn(ctx)
 	var c *net.TCPConn
 	// The Transport dials on a goroutine of its own, which nothing else recovers: a
 	// panic fails this dial (and with it the request), and closes what it dialled.
 	defer func() {
 		if p := recover(); p != nil {
 			client := ""
-			if st != nil && st.client != nil {
+			if st.client != nil {
 				client = st.client.conn.RemoteAddr().String()
 			}
 			s.recovered(componentFront, typeHTTP, client, p)
@@ -701,35 +746,32 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (_ net.Conn
 		}
 	}()
 	rs, entry := st.live()
-	if st != nil {
-		// The Transport dials under a context without the request's cancellation (a
-		// request that gives up leaves the connection to the pool): the end of the
-		// request, a swap's cut included, must end its dial too.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithCancel(ctx)
-		defer cancel()
-		stop := context.AfterFunc(st.ctx, cancel)
-		defer stop()
-	}
-	c, _, err = s.dialVerdict(ctx, nil, v, true, rs, entry)
+	// The Transport dials under a context without the request's cancellation (a
+	// request that gives up leaves the connection to the pool): the end of the
+	// request, a swap's cut included, must end its dial too.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(st.ctx, cancel)
+	defer stop()
+	c, _, err = s.dialVerdict(ctx, nil, &st.verdict, true, rs, entry)
 	if err != nil {
 		return nil, err
 	}
-	return &upstreamConn{idleWriter: newIdleWriter(c, s.cfg.TunnelIdleTimeout, errUpstreamBodyIdle)}, nil
+	return connio.NewUpstreamConn(c, s.cfg.TunnelIdleTimeout), nil
 }
 
 // dialVerdict tries each checked address in turn. keepAlive turns TCP keep-alive on at
-// once (upstreamKeepAlive); a tunnel's dial leaves it off and its idle watch turns it
+// once (connio.UpstreamKeepAlive); a tunnel's dial leaves it off and its idle watch turns it
 // on if the tunnel lives, since its four setsockopt calls were a tenth of the system
 // calls of a tunnel set-up and most tunnels end sooner. entry, when not nil, is the
 // live connection the dial is for, decided under rs: each address is admitted first
 // (see admitAddr), and when the rule set in force refused one and no other could be
 // dialled the error is errPolicyChanged. Each attempt runs under ctx, or, when stop is
-// not nil, under a context of stop's (see dialStop) instead.
-func (s *Server) dialVerdict(ctx context.Context, stop *dialStop, v *Verdict, keepAlive bool, rs *RuleSet, entry *liveConn) (*net.TCPConn, netip.Addr, error) {
+// not nil, under a context of stop's (see connio.DialStop) instead.
+func (s *Server) dialVerdict(ctx context.Context, stop *connio.DialStop, v *Verdict, keepAlive bool, rs *RuleSet, entry *liveConn) (*net.TCPConn, netip.Addr, error) {
 	d := net.Dialer{Timeout: s.cfg.DialTimeout, KeepAlive: -1, Control: s.cfg.dialControl}
 	if keepAlive {
-		d.KeepAliveConfig = upstreamKeepAlive
+		d.KeepAliveConfig = connio.UpstreamKeepAlive
 	}
 	var lastErr error
 	refused := false
@@ -752,7 +794,7 @@ func (s *Server) dialVerdict(ctx context.Context, stop *dialStop, v *Verdict, ke
 		start := time.Now()
 		actx, done := ctx, context.CancelFunc(nil)
 		if stop != nil {
-			actx, done = stop.attempt(s.cfg.DialTimeout)
+			actx, done = stop.Attempt(s.cfg.DialTimeout)
 		}
 		c, err := d.DialContext(actx, "tcp", netip.AddrPortFrom(a, v.Port).String())
 		if done != nil {
@@ -878,16 +920,16 @@ func (w *proxyResponseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	// A websocket relay (goproxy's, through this connection both ways): every byte
 	// passes c, which stamps the clock; once the relay idles, a cut ends both sides
 	// (a copy blocked writing to an upstream that reads nothing never sees c's deadline).
-	clock := newIdleClock(w.idle)
+	clock := connio.NewIdleClock(w.idle)
 	cl := st.client
-	st.relayIdle = watchIdle(clock, func(p any) {
+	st.relayIdle = connio.WatchIdle(clock, func(p any) {
 		if p != nil {
-			cl.recovered(p)
+			cl.Recovered(p)
 			return
 		}
 		cl.cut()
 	})
-	st.relay = &idleConn{Conn: c, clock: clock, up: &st.up, down: &st.down, client: cl}
+	st.relay = connio.NewIdleConn(c, clock, &st.up, &st.down, cl)
 	return st.relay, rw, nil
 }
 

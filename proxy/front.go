@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
 // front serves the proxy's client connections: it reads each request head with
@@ -105,7 +107,7 @@ func (f *front) serve() error {
 		retry = 0
 		if !f.track(c) {
 			c.Close()
-			f.s.proxyLn.release()
+			f.s.proxyLn.Release()
 			continue
 		}
 		f.dispatch(c)
@@ -244,127 +246,153 @@ func (f *front) wait(ctx context.Context) {
 	<-done
 }
 
+// clientWatchDelay is how long a request without a body waits for the end of its answer
+// before the front starts watching its client: a request answered sooner never pays the
+// watch's system calls.
+const clientWatchDelay = time.Second
+
 // clientConn is one client connection's reading state, and the writer of its answers.
 type clientConn struct {
 	c      net.Conn
 	in     *clientReader // the socket, limited while a head is read, bounded while a body is
 	br     *bufio.Reader
 	remote string
-	out    idleWriter // c, for answers to forwarded requests
-	gone   goneWatch  // c, while a request without a body is served
-	typ    string     // the type of the request being served, for a panic's log line
+	out    connio.IdleWriter // c, for answers to forwarded requests
+	gone   connio.GoneWatch  // c, while a request without a body is served
+	typ    string            // the type of the request being served, for a panic's log line
 }
 
 func (f *front) serveConn(c net.Conn) {
 	defer f.untrack(c)
 	cc := &clientConn{c: c, in: &clientReader{c: c, N: math.MaxInt64}, remote: c.RemoteAddr().String(),
-		out: newIdleWriter(c, f.s.cfg.TunnelIdleTimeout, errClientIdle)}
+		out: connio.NewIdleWriter(c, f.s.cfg.TunnelIdleTimeout, connio.ErrClientIdle)}
 	cc.br = frontReaders.Get().(*bufio.Reader)
 	cc.br.Reset(cc.in)
 	owned := false // a tunnel or hijacker took the connection
-	defer func() {
-		// A panic ends this connection alone (net/http's server does the same). It
-		// is closed, never answered: part of an answer, or a CONNECT's 200, may have
-		// gone out, after which any bytes of the proxy's own would read as the
-		// destination's. What it held is released as on any other end: the slot
-		// here, its tracked entries and counts by the deferred releases that
-		// panicked through them; its request's context is ended.
-		p := recover()
-		if p != nil {
-			f.s.recovered(componentFront, cc.typ, cc.remote, p)
-			f.cancelRequest(c)
-		}
-		if !owned {
-			f.closeAnswered(c)
-		}
-		// After a panic the reader may still be in use (a body a transport goroutine
-		// reads): it is left to the collector rather than shared.
-		if p == nil && cc.br != nil && cc.br.Size() == 4096 {
-			cc.br.Reset(nil)
-			frontReaders.Put(cc.br)
-		}
-	}()
+	defer f.endConn(cc, &owned)
 	for first := true; ; first = false {
-		cc.typ = "" // not known until a head is read
-		if cc.br.Size() > 4096 && cc.br.Buffered() == 0 {
-			// The long head that needed a reader of its own is served and nothing
-			// follows it yet: the connection waits with 4 KiB, not 68, so idle
-			// connections cannot pin 68 KiB each.
-			cc.br = frontReaders.Get().(*bufio.Reader)
-			cc.br.Reset(cc.in)
-		}
-		wait := f.s.cfg.IdleTimeout
-		if first {
-			wait = f.s.cfg.HeaderTimeout
-		}
-		// The deadline comes first: once marked waiting, the drain may move it to now.
-		_ = c.SetReadDeadline(time.Now().Add(wait))
-		err := net.ErrClosed // the drain has begun
-		if f.waiting(c, nil) {
-			_, err = cc.br.Peek(1)
-		}
-		if err != nil {
-			// Closed, idle too long, or stopped by the drain. A client that had
-			// sent the start of a request is told why it goes unserved.
-			if f.draining() && cc.sentInput() {
-				f.answer(c, drainingAnswer)
-			}
+		if !f.awaitHead(cc, first) {
 			return
 		}
-		if !first {
-			_ = c.SetReadDeadline(time.Now().Add(f.s.cfg.HeaderTimeout))
-		}
-		cc.in.N = maxHeadBytes - int64(cc.br.Buffered())
-		fields, err := cc.headFields()
-		var req *http.Request
-		if err == nil {
-			req, err = http.ReadRequest(cc.br)
-		}
-		// Each request has a context of its own, not one derived from the
-		// connection's: a child context costs a registration with its parent per
-		// request. The drain reaches it through the connection's state.
-		ctx, cancel := context.WithCancel(context.Background())
-		drain := !f.waiting(c, cancel)
-		tooLong := cc.in.N <= 0 || errors.Is(err, errHeadTooLong)
-		cc.in.N = math.MaxInt64
-		if err != nil {
-			cancel()
-			f.refuseHead(cc, err, drain, tooLong)
-			return
-		}
-		// The head's deadline stays while nothing reads the connection (the next
-		// wait sets its own); a tunnel or an upgrade reads it without one, a body
-		// under the idle bound (serveRequest).
-		if req.Method == http.MethodConnect || req.Header.Get("Upgrade") != "" {
-			_ = c.SetReadDeadline(time.Time{})
-		}
-		req.RemoteAddr = cc.remote
-		if answer := checkRequest(req, fields); answer != "" {
-			cancel()
-			typ := typeHTTP
-			if req.Method == http.MethodConnect {
-				typ = typeConnect
-			}
-			f.refuseMalformed(cc, typ, ReasonMalformedRequest, req.Host, answer)
-			return
-		}
-		if req.Method == http.MethodConnect {
-			cc.typ = typeConnect
-			owned = f.connect(ctx, cancel, cc, req)
-			cancel()
-			return
-		}
-		cc.typ = typeHTTP
-		keep, hijacked := f.serveRequest(ctx, cc, req, cancel, fields.hosts)
-		cancel()
-		if hijacked {
-			owned, cc.br = true, nil
+		keep, handedOver := f.serveHead(cc, first)
+		if handedOver {
+			owned = true
 			return
 		}
 		if !keep || f.draining() {
 			return
 		}
 	}
+}
+
+// endConn ends cc's connection, unless owned: a tunnel or hijacker took it. A panic
+// ends this connection alone (net/http's server does the same). It is closed, never
+// answered: part of an answer, or a CONNECT's 200, may have gone out, after which any
+// bytes of the proxy's own would read as the destination's. What it held is released
+// as on any other end: the slot here, its tracked entries and counts by the deferred
+// releases that panicked through them; its request's context is ended.
+func (f *front) endConn(cc *clientConn, owned *bool) {
+	p := recover()
+	if p != nil {
+		f.s.recovered(componentFront, cc.typ, cc.remote, p)
+		f.cancelRequest(cc.c)
+	}
+	if !*owned {
+		f.closeAnswered(cc.c)
+	}
+	// After a panic the reader may still be in use (a body a transport goroutine
+	// reads): it is left to the collector rather than shared.
+	if p == nil && cc.br != nil && cc.br.Size() == 4096 {
+		cc.br.Reset(nil)
+		frontReaders.Put(cc.br)
+	}
+}
+
+// awaitHead waits for the first byte of cc's next head (the first one, if first) and
+// reports whether one came.
+func (f *front) awaitHead(cc *clientConn, first bool) bool {
+	c := cc.c
+	cc.typ = "" // not known until a head is read
+	if cc.br.Size() > 4096 && cc.br.Buffered() == 0 {
+		// The long head that needed a reader of its own is served and nothing
+		// follows it yet: the connection waits with 4 KiB, not 68, so idle
+		// connections cannot pin 68 KiB each.
+		cc.br = frontReaders.Get().(*bufio.Reader)
+		cc.br.Reset(cc.in)
+	}
+	wait := f.s.cfg.IdleTimeout
+	if first {
+		wait = f.s.cfg.HeaderTimeout
+	}
+	// The deadline comes first: once marked waiting, the drain may move it to now.
+	_ = c.SetReadDeadline(time.Now().Add(wait))
+	err := net.ErrClosed // the drain has begun
+	if f.waiting(c, nil) {
+		_, err = cc.br.Peek(1)
+	}
+	if err != nil {
+		// Closed, idle too long, or stopped by the drain. A client that had
+		// sent the start of a request is told why it goes unserved.
+		if f.draining() && cc.sentInput() {
+			f.answer(c, drainingAnswer)
+		}
+		return false
+	}
+	return true
+}
+
+// serveHead reads the head that has begun on cc and serves its request. keep says the
+// connection may carry another request; handedOver that a tunnel or hijacker took it.
+func (f *front) serveHead(cc *clientConn, first bool) (keep, handedOver bool) {
+	c := cc.c
+	if !first {
+		_ = c.SetReadDeadline(time.Now().Add(f.s.cfg.HeaderTimeout))
+	}
+	cc.in.N = maxHeadBytes - int64(cc.br.Buffered())
+	fields, err := cc.headFields()
+	var req *http.Request
+	if err == nil {
+		req, err = http.ReadRequest(cc.br)
+	}
+	// Each request has a context of its own, not one derived from the
+	// connection's: a child context costs a registration with its parent per
+	// request. The drain reaches it through the connection's state.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	drain := !f.waiting(c, cancel)
+	tooLong := cc.in.N <= 0 || errors.Is(err, errHeadTooLong)
+	cc.in.N = math.MaxInt64
+	if err != nil {
+		cancel()
+		f.refuseHead(cc, err, drain, tooLong)
+		return false, false
+	}
+	// The head's deadline stays while nothing reads the connection (the next
+	// wait sets its own); a tunnel or an upgrade reads it without one, a body
+	// under the idle bound (serveRequest).
+	if req.Method == http.MethodConnect || req.Header.Get("Upgrade") != "" {
+		_ = c.SetReadDeadline(time.Time{})
+	}
+	req.RemoteAddr = cc.remote
+	if answer := checkRequest(req, fields); answer != "" {
+		cancel()
+		typ := typeHTTP
+		if req.Method == http.MethodConnect {
+			typ = typeConnect
+		}
+		f.refuseMalformed(cc, typ, ReasonMalformedRequest, req.Host, answer)
+		return false, false
+	}
+	if req.Method == http.MethodConnect {
+		cc.typ = typeConnect
+		return false, f.connect(ctx, cancel, cc, req)
+	}
+	cc.typ = typeHTTP
+	keep, hijacked := f.serveRequest(ctx, cc, req, cancel, fields.hosts)
+	if hijacked {
+		cc.br = nil
+	}
+	return keep, hijacked
 }
 
 // refuseHead answers a head that could not be read: 503 when the drain interrupted it,
@@ -488,12 +516,12 @@ const lingerTime = 500 * time.Millisecond
 // the answer before the client reads it; so it first ends its own side and reads what
 // the client still sends, for a bounded time and amount, as net/http's server does.
 func (f *front) closeAnswered(c net.Conn) {
-	if hc, ok := c.(halfCloser); ok && hc.CloseWrite() == nil {
+	if hc, ok := c.(connio.HalfCloser); ok && hc.CloseWrite() == nil {
 		_ = c.SetReadDeadline(time.Now().Add(lingerTime))
 		_, _ = io.CopyN(io.Discard, c, maxDrainBytes)
 	}
 	c.Close()
-	f.s.proxyLn.release()
+	f.s.proxyLn.Release()
 }
 
 // connect serves a CONNECT: decided, refused or tunnelled. ctx is the request's context
@@ -531,7 +559,7 @@ func (f *front) connect(ctx context.Context, cancel context.CancelFunc, cc *clie
 		return false
 	}
 	rearm := func(end context.CancelFunc) { f.waiting(cc.c, end) }
-	return s.openTunnel(ctx, cancel, rearm, req, cc.out.handOver(), buffered, rs, v)
+	return s.openTunnel(ctx, cancel, rearm, req, cc.out.HandOver(), buffered, rs, v)
 }
 
 // serveRequest runs goproxy on one request and finishes its response. keep says the
@@ -541,6 +569,40 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	// what the client sent after it may be meant for the upgraded protocol.
 	closeAfter := req.Close || !req.ProtoAtLeast(1, 1) || f.draining() || req.Header.Get("Upgrade") != ""
 	w := newResponseWriter(&cc.out, cc.br, req, closeAfter)
+	st := f.newRequestState(ctx, cc, req, w, cancel, hosts)
+	// The watch reads the connection, so not while a body or an upgrade may; nor
+	// behind a next request already read, which says the client is there and whose
+	// connection's end belongs to that request.
+	watch := st.body == nil && req.Header.Get("Upgrade") == "" && cc.br.Buffered() == 0
+	if watch {
+		cc.gone.Arm(cc.c, st.client, f.s.cfg.clientWatchDelay, &st.clientLeft)
+	}
+	req = req.WithContext(withState(ctx, st))
+	panicked := f.runProxy(w, req, st, cc.remote)
+	if watch {
+		cc.in.pre = cc.gone.Stop()
+	}
+	left := st.clientLeft.Load()
+	if left && st.entry != nil {
+		f.s.log.Info("client gone", "type", typeHTTP, "host", st.entry.name, "port", st.entry.port, "client", cc.remote)
+	}
+	// A connection handed over is the relay's, which settle closed if goproxy
+	// panicked; one a panic stopped between the hand-over and the relay is nobody's,
+	// and closes here.
+	if w.hijacked && (!panicked || st.relay != nil) {
+		return false, true
+	}
+	keep = f.finishAnswer(cc, w, st, panicked, left)
+	if st.body == nil {
+		return keep, false
+	}
+	return f.endBody(cc, st.body, keep), false
+}
+
+// newRequestState is the state of req, a request of cc's that w answers, which cancel
+// cuts; hosts are its Host fields as sent. A request with a body has it read under the
+// idle bound.
+func (f *front) newRequestState(ctx context.Context, cc *clientConn, req *http.Request, w *responseWriter, cancel context.CancelFunc, hosts []string) *requestState {
 	// A request without a body keeps http.NoBody: anything else makes the transport
 	// probe for a body on a goroutine of its own.
 	var body *requestBody
@@ -554,46 +616,34 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	}
 	st := &requestState{client: &requestClient{s: f.s, conn: cc.c, cancel: cancel}, ctx: ctx, body: body}
 	if body != nil {
-		st.head.onConnEnd = func() {
+		st.head.OnConnEnd = func() {
 			if !body.done() {
 				cc.in.stopBody(time.Now())
 			}
 		}
 	}
-	// The watch reads the connection, so not while a body or an upgrade may; nor
-	// behind a next request already read, which says the client is there and whose
-	// connection's end belongs to that request.
-	watch := body == nil && req.Header.Get("Upgrade") == "" && cc.br.Buffered() == 0
-	if watch {
-		cc.gone.arm(st.client, f.s.cfg.clientWatchDelay, &st.clientLeft)
-	}
 	if len(hosts) > 0 {
 		st.host = hostField{value: hosts[0], present: true}
 	}
-	req = req.WithContext(withState(ctx, st))
-	panicked := true
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				f.s.recovered(componentFront, typeHTTP, cc.remote, p)
-			}
-		}()
-		f.s.serveProxy(w, req, st)
-		panicked = false
+	return st
+}
+
+// runProxy runs goproxy on req and reports whether it panicked, which it recovers.
+func (f *front) runProxy(w *responseWriter, req *http.Request, st *requestState, client string) (panicked bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			f.s.recovered(componentFront, typeHTTP, client, p)
+			panicked = true
+		}
 	}()
-	if watch {
-		cc.in.pre = cc.gone.stop()
-	}
-	left := st.clientLeft.Load()
-	if left && st.entry != nil {
-		f.s.log.Info("client gone", "type", typeHTTP, "host", st.entry.name, "port", st.entry.port, "client", cc.remote)
-	}
-	// A connection handed over is the relay's, which settle closed if goproxy
-	// panicked; one a panic stopped between the hand-over and the relay is nobody's,
-	// and closes here.
-	if w.hijacked && (!panicked || st.relay != nil) {
-		return false, true
-	}
+	f.s.serveProxy(w, req, st)
+	return false
+}
+
+// finishAnswer ends the answer w wrote to st's request, which goproxy served (unless
+// it panicked) and whose client may have left, and reports whether the connection may
+// carry another request.
+func (f *front) finishAnswer(cc *clientConn, w *responseWriter, st *requestState, panicked, left bool) (keep bool) {
 	if panicked {
 		// Nothing of a response has gone out, not even part of a head: the client
 		// is told the proxy failed, in an answer no destination sends.
@@ -604,7 +654,7 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	// nothing, which is still the proxy's to answer rather than leave it a bare close.
 	if st.answerErr != nil {
 		status, reason := "502 Bad Gateway", "upstream-failed"
-		if errors.Is(st.answerErr, errUpstreamIdle) {
+		if errors.Is(st.answerErr, connio.ErrUpstreamIdle) {
 			status, reason = "504 Gateway Timeout", "upstream-timeout"
 		}
 		if w.replaceUnsent(errorAnswer(status, reason)) && reason == "upstream-failed" && st.entry != nil {
@@ -614,35 +664,37 @@ func (f *front) serveRequest(ctx context.Context, cc *clientConn, req *http.Requ
 	// An answer whose upstream body broke off ends with the connection, never with
 	// the framing of a whole one (a last chunk, a kept connection); so does a request
 	// whose client stopped sending its body, unanswered.
-	bodyIdle := body != nil && cc.in.bodyIdle()
+	bodyIdle := st.body != nil && cc.in.bodyIdle()
 	keep = !panicked && !left && st.answerErr == nil && !bodyIdle && w.finish()
 	if !keep {
 		switch {
 		case bodyIdle:
 			f.s.logIdle(st, "request body idle", cc.remote, "client")
-		case errors.Is(st.answerErr, errUpstreamIdle):
+		case errors.Is(st.answerErr, connio.ErrUpstreamIdle):
 			f.s.logIdle(st, "answer idle", cc.remote, "upstream")
-		case errors.Is(w.writeErr(), errClientIdle):
+		case errors.Is(w.writeErr(), connio.ErrClientIdle):
 			f.s.logIdle(st, "answer idle", cc.remote, "client")
 		}
 	}
-	if body == nil {
-		return keep, false
-	}
+	return keep
+}
+
+// endBody ends the request body of cc's request and reports whether the connection
+// may carry another request (keep, and the body read to its end). The body reads the
+// connection's reader, which the next request (or the pool) gets next: it is ended
+// first. A transport goroutine may be in a read of it; the deadline bounds that read,
+// and the discard of what nobody read.
+func (f *front) endBody(cc *clientConn, body *requestBody, keep bool) bool {
 	defer cc.in.endBody()
-	// The body reads the connection's reader, which the next request (or the pool)
-	// gets next: end it first. A transport goroutine may be in a read of it; the
-	// deadline bounds that read, and the discard of what nobody read.
 	if keep {
 		if !body.done() {
 			cc.in.stopBody(time.Now().Add(lingerTime))
 		}
-		keep = body.end(maxDrainBytes)
-	} else {
-		cc.in.stopBody(time.Now())
-		body.end(0)
+		return body.end(maxDrainBytes)
 	}
-	return keep, false
+	cc.in.stopBody(time.Now())
+	body.end(0)
+	return false
 }
 
 func hasToken(v, token string) bool {

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
 // TestRefusedConnectClosesItsConnection: after the answer to a refused CONNECT the
@@ -84,7 +86,7 @@ func TestConnectEarlyBytesAreTheTunnels(t *testing.T) {
 		t.Fatal(err)
 	}
 	req.RemoteAddr = client.RemoteAddr().String()
-	cc := &clientConn{c: client, br: br, remote: req.RemoteAddr, out: newIdleWriter(client, h.srv.cfg.TunnelIdleTimeout, errClientIdle)}
+	cc := &clientConn{c: client, br: br, remote: req.RemoteAddr, out: connio.NewIdleWriter(client, h.srv.cfg.TunnelIdleTimeout, connio.ErrClientIdle)}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if !h.srv.front.connect(ctx, cancel, cc, req) {

@@ -496,6 +496,18 @@ func (h *harness) waitLive(t *testing.T) {
 	})
 }
 
+// Loopback socket helpers, shared with connio's tests.
+var (
+	tcpPair    = testutil.TCPPair
+	tcpSockopt = testutil.TCPSockopt
+	sockoptInt = testutil.SockoptInt
+)
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	testutil.WaitFor(t, hangGuard, cond)
+}
+
 func discardLogger() *slog.Logger { return slog.New(slog.NewJSONHandler(io.Discard, nil)) }
 
 // serveTCP listens on ip and runs handle for each connection on a goroutine of its own,

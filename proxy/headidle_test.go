@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
@@ -158,24 +157,6 @@ func TestSwapCutOfHeadWaitIsNotIdle(t *testing.T) {
 		if strings.Contains(h.logs.String(), msg) {
 			t.Fatalf("a swap's cut logged %s:\n%s", msg, h.logs.String())
 		}
-	}
-}
-
-// The reads of an https:// request's connection are under the Transport's TLS client:
-// the watch finds ours beneath it, and lets go of it when it stops.
-func TestHeadWatchFindsTheConnectionUnderTLS(t *testing.T) {
-	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
-	uc := &upstreamConn{idleWriter: idleWriter{Conn: a}}
-	var w headWatch
-	w.gotConn(tls.Client(uc, &tls.Config{ServerName: "x.test"}))
-	if uc.head.Load() != &w {
-		t.Fatal("the watch did not find the connection under the TLS client")
-	}
-	w.stop()
-	if uc.head.Load() != nil {
-		t.Fatal("the connection still points at a stopped watch")
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/compass-egress/compass-egress/proxy/connio"
 	"github.com/compass-egress/compass-egress/proxy/dnsserver"
 )
 
@@ -70,7 +71,7 @@ func (h *harness) servePanicking(t *testing.T, onRead, onWrite string, beforePan
 		t.Fatal(err)
 	}
 	c := &panicConn{Conn: server, onRead: onRead, onWrite: onWrite, beforePanic: beforePanic}
-	h.srv.proxyLn.sem <- struct{}{}
+	h.srv.proxyLn.Hold()
 	if !h.srv.front.track(c) {
 		t.Fatal("the front is draining")
 	}
@@ -138,7 +139,7 @@ func (h *harness) checkRecovered(t *testing.T, component, value string) {
 		return len(h.srv.front.conns) == 0
 	})
 	// The accept loop holds a slot while it waits for the next connection.
-	waitFor(t, func() bool { return len(h.srv.proxyLn.sem) <= 1 })
+	waitFor(t, func() bool { return h.srv.proxyLn.Held() <= 1 })
 	tunnels := make(chan struct{})
 	go func() { h.srv.tunnels.Wait(); close(tunnels) }()
 	select {
@@ -422,8 +423,9 @@ func TestDialRecoversPanic(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.dialControl = func(string, string, syscall.RawConn) error { panic("test: the dial panics") }
 	})
-	v := &Verdict{Allowed: true, Host: "a.test", Name: "a.test", Port: h.a.httpPort, Addrs: []netip.Addr{h.a.ip}}
-	ctx := context.WithValue(context.Background(), verdictKey{}, v)
+	st := &requestState{ctx: context.Background(),
+		verdict: Verdict{Allowed: true, Host: "a.test", Name: "a.test", Port: h.a.httpPort, Addrs: []netip.Addr{h.a.ip}}}
+	ctx := withState(context.Background(), st)
 	if c, err := h.srv.dialChecked(ctx, "tcp", ""); !errors.Is(err, errDialPanicked) {
 		if c != nil {
 			c.Close()
@@ -480,7 +482,7 @@ func TestTrackerSweepPanicReleasesLock(t *testing.T) {
 
 // TestRequestWatchRecoversPanic: a panic on a goroutine of a request's own that no
 // handler's recover covers (the client watch's timer, goproxy's copies of a websocket
-// relay, which read and write the client's connection through the proxy's idleConn)
+// relay, which read and write the client's connection through connio.IdleConn)
 // cuts that request and its connection, as a panic on the connection's worker does,
 // instead of ending the process: counted, logged, nothing of the request held, its
 // upstream side closed.
@@ -568,7 +570,7 @@ func TestRequestWatchRecoversPanic(t *testing.T) {
 }
 
 // TestIdleTimerRecoversPanic: a panic in the timer of a request's wait for its answer
-// head (headWatch) or for its answer body's next bytes (readWatch), which runs on a
+// head (connio.HeadWatch) or for its answer body's next bytes (connio.ReadWatch), which runs on a
 // goroutine of its own, cuts that request (its connection closes, its context ends)
 // instead of ending the process, and is counted and logged.
 func TestIdleTimerRecoversPanic(t *testing.T) {
@@ -577,15 +579,15 @@ func TestIdleTimerRecoversPanic(t *testing.T) {
 		start func(cl *requestClient, cancelled <-chan struct{})
 	}{
 		{name: "the answer head's", start: func(cl *requestClient, _ <-chan struct{}) {
-			w := &headWatch{}
-			w.timeout = time.Millisecond
-			w.wrote(cl)
+			w := &connio.HeadWatch{}
+			w.SetTimeout(time.Millisecond)
+			w.Wrote(cl)
 		}},
 		{name: "the answer body's", start: func(cl *requestClient, cancelled <-chan struct{}) {
-			w := &readWatch{}
-			w.timeout = time.Millisecond
+			w := &connio.ReadWatch{}
+			w.SetTimeout(time.Millisecond)
 			go func() {
-				_, _ = w.read(readerFunc(func([]byte) (int, error) { <-cancelled; return 0, io.EOF }), nil, cl)
+				_, _ = w.Read(readerFunc(func([]byte) (int, error) { <-cancelled; return 0, io.EOF }), nil, cl)
 			}()
 		}},
 	} {
@@ -650,8 +652,8 @@ func TestClientWatchPanicReleasesLock(t *testing.T) {
 	cancelled := make(chan struct{})
 	var left atomic.Bool
 	cl := &requestClient{s: h.srv, conn: &clearPanicConn{Conn: server}, cancel: sync.OnceFunc(func() { close(cancelled) })}
-	var w goneWatch
-	w.arm(cl, time.Millisecond, &left)
+	var w connio.GoneWatch
+	w.Arm(cl.conn, cl, time.Millisecond, &left)
 	select {
 	case <-cancelled:
 	case <-time.After(hangGuard):
@@ -659,7 +661,7 @@ func TestClientWatchPanicReleasesLock(t *testing.T) {
 	}
 	stopped := make(chan struct{})
 	go func() {
-		w.stop()
+		w.Stop()
 		close(stopped)
 	}()
 	select {
@@ -696,10 +698,10 @@ func TestTunnelIdleWatchRecoversPanic(t *testing.T) {
 	upPeer, up := net.Pipe()
 	defer upPeer.Close()
 	// No relay runs: the watch alone ends the tunnel.
-	tun := &tunnel{upward: newDirection(up, &closePanicConn{Conn: client}, nil), downward: newDirection(client, up, nil),
+	tun := &tunnel{upward: connio.NewDirection(up, &closePanicConn{Conn: client}, nil), downward: connio.NewDirection(client, up, nil),
 		clientAddr: "127.0.0.1:40000"}
 	h.srv.startTunnel(tun)
-	defer tun.idle.stop()
+	defer tun.idle.Stop()
 	for name, peer := range map[string]net.Conn{"client": clientPeer, "upstream": upPeer} {
 		_ = peer.SetReadDeadline(time.Now().Add(hangGuard))
 		if _, err := peer.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {

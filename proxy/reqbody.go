@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
 // requestBody is the body of a request the front serves. The upstream transport copies
@@ -92,7 +94,7 @@ func bodyFramingError(err error) bool {
 	var opErr *net.OpError
 	return err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) &&
 		!errors.As(err, &opErr) && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, net.ErrClosed) &&
-		!errors.Is(err, errClientBodyIdle) && !errors.Is(err, http.ErrBodyReadAfterClose)
+		!errors.Is(err, connio.ErrClientBodyIdle) && !errors.Is(err, http.ErrBodyReadAfterClose)
 }
 
 // clientFault says why the body failed through the client's doing: it was malformed
@@ -143,18 +145,18 @@ func (b *requestBody) end(max int64) bool {
 // clientReader is a client connection as the front reads it: limited to the N bytes a
 // head may still take while a head is read, and, while a request body is read, bounded
 // by the tunnel idle timeout. A body the client stops sending for that long fails the
-// read with errClientBodyIdle: it must not hold the request's goroutine, connection
+// read with connio.ErrClientBodyIdle: it must not hold the request's goroutine, connection
 // slot and upstream connection for ever, and a client that keeps sending, however
-// slowly, is not cut (see idleDeadline), unless the front set a deadline to end the
+// slowly, is not cut (see connio.IdleDeadline), unless the front set a deadline to end the
 // body (stopBody). A request without a body costs nothing more than the limit.
 type clientReader struct {
 	c   net.Conn
 	N   int64  // bytes a head may still take; math.MaxInt64 while none is read
-	pre []byte // read from c by the front's watch (goneWatch): the next bytes
+	pre []byte // read from c by the front's watch (connio.GoneWatch): the next bytes
 	// body is the bound of the body being read, with a timeout of 0 while none is. The
 	// front sets it and the fields below before the body's first read and resets them
 	// after the body's end.
-	body    idleDeadline
+	body    connio.IdleDeadline
 	idled   atomic.Bool
 	mu      sync.Mutex // orders the body's deadline moves against stopBody
 	stopped bool       // the front set a deadline of its own: obeyed
@@ -172,7 +174,7 @@ func (r *clientReader) Read(p []byte) (int, error) {
 	if len(r.pre) > 0 {
 		n = copy(p, r.pre)
 		r.pre = r.pre[n:]
-	} else if r.body.timeout > 0 {
+	} else if r.body.Timeout() > 0 {
 		n, err = r.readBody(p)
 	} else {
 		n, err = r.c.Read(p)
@@ -183,10 +185,10 @@ func (r *clientReader) Read(p []byte) (int, error) {
 
 func (r *clientReader) readBody(p []byte) (int, error) {
 	start := time.Now()
-	if r.body.due(start) {
+	if r.body.Due(start) {
 		r.mu.Lock()
 		if !r.stopped {
-			r.body.begin(start)
+			r.body.Begin(start)
 		}
 		r.mu.Unlock()
 	}
@@ -203,24 +205,24 @@ func (r *clientReader) readBody(p []byte) (int, error) {
 
 // deadlinePassed moves the deadline that passed in a read begun at start, unless it
 // must be obeyed: then it returns the error that ends the read, err for the front's own
-// deadline, errClientBodyIdle once the timeout since start has passed.
+// deadline, connio.ErrClientBodyIdle once the timeout since start has passed.
 func (r *clientReader) deadlinePassed(start time.Time, err error) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.stopped {
 		return err
 	}
-	if r.body.passed(start) {
+	if r.body.Passed(start) {
 		r.idled.Store(true)
-		return errClientBodyIdle
+		return connio.ErrClientBodyIdle
 	}
 	return nil
 }
 
 // startBody bounds the reads of a request body by idle.
 func (r *clientReader) startBody(idle time.Duration) {
-	r.body = idleDeadline{conn: r.c, timeout: idle}
-	r.body.set(time.Now().Add(idle))
+	r.body = connio.NewIdleDeadline(r.c, false, idle)
+	r.body.Set(time.Now().Add(idle))
 }
 
 // stopBody sets a read deadline that the body's reads obey (one in progress may be on
@@ -232,11 +234,11 @@ func (r *clientReader) stopBody(deadline time.Time) {
 	r.mu.Unlock()
 }
 
-// bodyIdle reports whether a read of the body failed with errClientBodyIdle.
+// bodyIdle reports whether a read of the body failed with connio.ErrClientBodyIdle.
 func (r *clientReader) bodyIdle() bool { return r.idled.Load() }
 
 // endBody ends the bound once no read of the body can come any more.
 func (r *clientReader) endBody() {
-	r.body, r.stopped = idleDeadline{}, false
+	r.body, r.stopped = connio.IdleDeadline{}, false
 	r.idled.Store(false)
 }

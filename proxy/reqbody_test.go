@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
 // Which requests the upstream client carries: plain http, no body, no Upgrade, and a
@@ -64,7 +66,7 @@ func TestBodyFramingError(t *testing.T) {
 		{&net.OpError{Op: "read", Err: errors.New("connection reset")}, false},
 		{os.ErrDeadlineExceeded, false},
 		{net.ErrClosed, false},
-		{errClientBodyIdle, false},
+		{connio.ErrClientBodyIdle, false},
 		{http.ErrBodyReadAfterClose, false},
 	} {
 		if got := bodyFramingError(tc.err); got != tc.want {
@@ -210,7 +212,7 @@ func TestStopBodyIsObeyed(t *testing.T) {
 	defer c.Close()
 	// The idle bound is an hour and due: a read would set it, were the front's deadline
 	// not obeyed.
-	r := &clientReader{c: c, N: 1 << 20, body: idleDeadline{conn: c, timeout: time.Hour}}
+	r := &clientReader{c: c, N: 1 << 20, body: connio.NewIdleDeadline(c, false, time.Hour)}
 	r.stopBody(time.Now())
 	read := make(chan error, 1)
 	go func() { _, err := r.Read(make([]byte, 8)); read <- err }()
@@ -239,7 +241,7 @@ func TestEndBodyResets(t *testing.T) {
 	r.idled.Store(true)
 	r.stopBody(time.Now().Add(time.Hour))
 	r.endBody()
-	if r.bodyIdle() || r.stopped || r.body.timeout != 0 {
-		t.Fatalf("after endBody: idle %v, stopped %v, timeout %v", r.bodyIdle(), r.stopped, r.body.timeout)
+	if r.bodyIdle() || r.stopped || r.body.Timeout() != 0 {
+		t.Fatalf("after endBody: idle %v, stopped %v, timeout %v", r.bodyIdle(), r.stopped, r.body.Timeout())
 	}
 }

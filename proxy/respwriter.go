@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
 // responseWriter is the http.ResponseWriter of a request the front serves. It does what
@@ -232,8 +234,8 @@ func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	}
 	w.hijacked = true
 	conn := w.conn
-	if out, ok := conn.(*idleWriter); ok {
-		conn = out.handOver()
+	if out, ok := conn.(*connio.IdleWriter); ok {
+		conn = out.HandOver()
 	}
 	return conn, bufio.NewReadWriter(w.br, bufio.NewWriter(conn)), nil
 }

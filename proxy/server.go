@@ -26,6 +26,7 @@ import (
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/net/addrguard"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy/connio"
 	"github.com/compass-egress/compass-egress/proxy/dnsserver"
 	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
 )
@@ -54,11 +55,11 @@ type Config struct {
 	DNSTimeout    time.Duration // 0: 2s
 	IdleTimeout   time.Duration // 0: 90s
 	// TunnelIdleTimeout closes a CONNECT tunnel or websocket relay that carried no byte in
-	// either direction for this long (see idleClock), and ends a forwarded HTTP request
+	// either direction for this long (see connio.IdleClock), and ends a forwarded HTTP request
 	// that moved no byte for this long: a request body the client stopped sending or the
 	// upstream stopped taking (504), an answer head (504) or body the upstream stopped
 	// sending, an answer the client stopped reading (see clientReader, headLimit,
-	// headWatch, readWatch, idleWriter). 0: 15m.
+	// connio.HeadWatch, ReadWatch, IdleWriter). 0: 15m.
 	TunnelIdleTimeout time.Duration
 	// DrainTimeout is the caller's drain budget (0: 10s), as Server.DrainTimeout reports
 	// it: Shutdown itself drains until its context ends.
@@ -118,7 +119,7 @@ type Server struct {
 
 	goproxy    *goproxy.ProxyHttpServer
 	relay      http.Handler // goproxy, as serveProxy calls it
-	proxyLn    *limitListener
+	proxyLn    *connio.LimitListener
 	front      *front
 	dnsServers []*dns.Server
 	adminSrv   *http.Server
@@ -268,12 +269,12 @@ func (s *Server) Start() (err error) {
 			}
 		}
 	}()
-	ln, err := listenProxy(s.cfg.Listen)
+	ln, err := connio.ListenProxy(s.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("proxy: listen %s: %w", s.cfg.Listen, err)
 	}
 	closers = append(closers, func() { ln.Close() })
-	s.proxyLn = newLimitListener(ln, s.cfg.MaxConnections)
+	s.proxyLn = connio.NewLimitListener(ln, s.cfg.MaxConnections)
 
 	var dnsConns []any
 	if s.cfg.DNSListen != "" {
@@ -292,7 +293,7 @@ func (s *Server) Start() (err error) {
 	if err := removeStaleSocket(s.cfg.AdminSocket); err != nil {
 		return err
 	}
-	adminLn, err := listenAdmin(s.cfg.AdminSocket)
+	adminLn, err := connio.ListenAdmin(s.cfg.AdminSocket)
 	if err != nil {
 		return fmt.Errorf("proxy: admin listen %s: %w", s.cfg.AdminSocket, err)
 	}
@@ -300,7 +301,7 @@ func (s *Server) Start() (err error) {
 	s.adminLn = adminLn
 
 	if s.cfg.MetricsListen != "" {
-		ml, err := listenTCP(s.cfg.MetricsListen, net.ListenConfig{})
+		ml, err := connio.ListenTCP(s.cfg.MetricsListen, net.ListenConfig{})
 		if err != nil {
 			return fmt.Errorf("proxy: metrics listen %s: %w", s.cfg.MetricsListen, err)
 		}
@@ -365,7 +366,7 @@ func listenDNS(addr string) (net.PacketConn, net.Listener, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("proxy: dns listen udp %s: %w", addr, err)
 		}
-		tl, err := listenTCP(pc.LocalAddr().String(), net.ListenConfig{})
+		tl, err := connio.ListenTCP(pc.LocalAddr().String(), net.ListenConfig{})
 		if err == nil {
 			return pc, tl, nil
 		}
@@ -427,7 +428,7 @@ func (s *Server) serve(dnsConns []any) {
 		case net.PacketConn:
 			srv.PacketConn, srv.Net = x, "udp"
 		case net.Listener:
-			srv.Listener, srv.Net = newCapListener(x, s.cfg.DNSMaxTCPConns), "tcp"
+			srv.Listener, srv.Net = connio.NewCapListener(x, s.cfg.DNSMaxTCPConns), "tcp"
 		}
 		started := make(chan struct{})
 		srv.NotifyStartedFunc = func() { close(started) }

@@ -6,11 +6,12 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy/tlshello"
 )
 
 // helloGate holds the first bytes a client sends in a tunnel to a named target until
 // they show whether they open a TLS handshake and, if they do, which server its
-// ClientHello names (see tlshello.go). Bytes that do not start a TLS record pass at
+// ClientHello names (see tlshello). Bytes that do not start a TLS record pass at
 // once. A name other than the target's must be one the policy allows by name at the
 // tunnel's port; a hello that cannot be read is refused. Only the client's direction
 // has a gate, and only until it has decided: the upstream's direction never waits for
@@ -19,43 +20,37 @@ type helloGate struct {
 	s     *Server
 	t     *tunnel
 	held  []byte // a ClientHello's bytes so far
-	parse helloParser
+	parse tlshello.Parser
 }
 
 // errServerNameRefused ends a tunnel whose ClientHello its gate refused.
 var errServerNameRefused = errors.New("proxy: TLS server name refused")
 
-// feed takes the next bytes the client sent and returns those that may go upstream now
+// Feed takes the next bytes the client sent and returns those that may go upstream now
 // (none while a hello is incomplete) and whether the gate has decided.
-func (g *helloGate) feed(p []byte) (out []byte, done bool, err error) {
-	if g.notTLS(p) {
+func (g *helloGate) Feed(p []byte) (out []byte, done bool, err error) {
+	if g.Skips(p) {
 		return p, true, nil
 	}
 	g.held = append(g.held, p...)
-	name, more, err := g.parse.read(g.held)
+	name, more, err := g.parse.Read(g.held)
 	if err == nil && more {
-		if len(g.held) <= maxHelloStream {
+		if len(g.held) <= tlshello.MaxStream {
 			return nil, false, nil
 		}
-		err = errMalformedHello
+		err = tlshello.ErrMalformed
 	}
-	if !g.s.decideServerName(g.t, name, g.parse.ech, err) {
+	if !g.s.decideServerName(g.t, name, g.parse.ECH(), err) {
 		return nil, true, errServerNameRefused
 	}
 	return g.held, true, nil
 }
 
-// notTLS reports whether p, the first bytes of the stream, start no TLS record. Any
-// record type is read as TLS, not only a handshake: servers read records of other types
-// before a ClientHello (Go's crypto/tls and BoringSSL skip a warning alert), and then the
-// hello after them; helloParser refuses such a stream.
-func (g *helloGate) notTLS(p []byte) bool {
-	return len(g.held) == 0 && (p[0] < tlsRecordFirstType || p[0] > tlsRecordLastType)
+// Skips reports whether p, the first bytes of the stream, start no TLS record (see
+// tlshello.StartsRecord).
+func (g *helloGate) Skips(p []byte) bool {
+	return len(g.held) == 0 && !tlshello.StartsRecord(p[0])
 }
-
-// tlsUnrecognizedName is the fatal alert a refused hello gets: its client reports the
-// server name as unrecognised rather than a bare reset.
-var tlsUnrecognizedName = []byte{21, 3, 3, 0, 2, 2, tlsAlertUnrecognized}
 
 // decideServerName rules on t's ClientHello: its server name, whether it carries an
 // encrypted one (ech), or err: it could not be read. It records a decision of its own
@@ -93,9 +88,9 @@ func (s *Server) decideServerName(t *tunnel, name string, ech bool, err error) b
 	if v.Allowed {
 		return true
 	}
-	client := t.upward.src
+	client := t.upward.Src()
 	_ = client.SetWriteDeadline(time.Now().Add(lingerTime))
-	_, _ = client.Write(tlsUnrecognizedName)
+	_, _ = client.Write(tlshello.UnrecognizedNameAlert)
 	return false
 }
 

@@ -11,13 +11,18 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/compass-egress/compass-egress/internal/testutil"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/compass-egress/compass-egress/internal/testutil"
+	"github.com/compass-egress/compass-egress/proxy/tlshello"
+	"github.com/compass-egress/compass-egress/proxy/tlshello/hellotest"
 )
 
 // The server name of a tunnel's ClientHello, checked against the policy (helloGate):
@@ -25,15 +30,15 @@ import (
 // given sizes, or with the CONNECT when early), and either reads it echoed back or the
 // unrecognized_name alert and the end of the tunnel.
 func TestTunnelServerName(t *testing.T) {
-	helloA, helloB, helloSvc := clientHello(t, "a.test"), clientHello(t, "b.test"), clientHello(t, "x.svc.test")
-	host := string([]byte{tlsServerNameHost})
+	helloA, helloB, helloSvc := hellotest.ClientHello(t, "a.test"), hellotest.ClientHello(t, "b.test"), hellotest.ClientHello(t, "x.svc.test")
+	host := hellotest.Host
 	// Padded (extension 21) so that its one-byte records fill more than one read.
-	bigHelloB := helloWith(append(sniExt(host, "b.test"), append([]byte{0, 21, 0x10, 0}, make([]byte, 0x1000)...)...))
-	// In one-byte records, more bytes than a gate holds (maxHelloStream, which one read
+	bigHelloB := hellotest.With(append(hellotest.SNIExt(host, "b.test"), append([]byte{0, 21, 0x10, 0}, make([]byte, 0x1000)...)...))
+	// In one-byte records, more bytes than a gate holds (tlshello.MaxStream, which one read
 	// of the relay's buffer may overshoot) before the hello ends.
-	hugeHelloA := helloWith(append(sniExt(host, "a.test"), append([]byte{0, 21, 0x38, 0}, make([]byte, 0x3800)...)...))
+	hugeHelloA := hellotest.With(append(hellotest.SNIExt(host, "a.test"), append([]byte{0, 21, 0x38, 0}, make([]byte, 0x3800)...)...))
 	// An encrypted_client_hello extension (its payload is opaque to the proxy).
-	echHelloA := helloWith(append(sniExt(host, "a.test"), 0xfe, 0x0d, 0, 4, 1, 2, 3, 4))
+	echHelloA := hellotest.With(append(hellotest.SNIExt(host, "a.test"), 0xfe, 0x0d, 0, 4, 1, 2, 3, 4))
 	const allow = `{"network_mode":"allowlist","allowed_hosts":["a.test","*.svc.test"]}`
 	for _, tc := range []struct {
 		name    string
@@ -46,13 +51,13 @@ func TestTunnelServerName(t *testing.T) {
 		line    bool   // a tls decision line is written
 	}{
 		{name: "the target's own name", policy: allow, stream: helloA},
-		{name: "no server name", policy: allow, stream: clientHello(t, "")},
+		{name: "no server name", policy: allow, stream: hellotest.ClientHello(t, "")},
 		{name: "not TLS", policy: allow, stream: []byte("SSH-2.0-x\r\n")},
 		{name: "another allowed name", policy: allow, stream: helloSvc, line: true},
 		{name: "a name the allowlist leaves out", policy: allow, stream: helloB, refused: "not-allowlisted", line: true},
-		{name: "left out, in one-byte records", policy: allow, stream: refragment(helloB, 1), refused: "not-allowlisted", line: true},
-		{name: "left out, in one-byte records past the relay's buffer", policy: allow, stream: refragment(bigHelloB, 1), refused: "not-allowlisted", line: true},
-		{name: "records past the bound on held bytes", policy: allow, stream: refragment(hugeHelloA, 1), refused: "malformed-tls-hello", line: true},
+		{name: "left out, in one-byte records", policy: allow, stream: hellotest.Refragment(helloB, 1), refused: "not-allowlisted", line: true},
+		{name: "left out, in one-byte records past the relay's buffer", policy: allow, stream: hellotest.Refragment(bigHelloB, 1), refused: "not-allowlisted", line: true},
+		{name: "records past the bound on held bytes", policy: allow, stream: hellotest.Refragment(hugeHelloA, 1), refused: "malformed-tls-hello", line: true},
 		{name: "left out, in three writes", policy: allow, stream: helloB, writes: []int{1, 40}, refused: "not-allowlisted", line: true},
 		{name: "allowed, in three writes", policy: allow, stream: helloSvc, writes: []int{3, 100}, line: true},
 		{name: "left out, sent with the CONNECT", policy: allow, stream: helloB, early: true, refused: "not-allowlisted", line: true},
@@ -61,8 +66,8 @@ func TestTunnelServerName(t *testing.T) {
 		{name: "denylisted", policy: `{"network_mode":"denylist","denied_hosts":["b.test"]}`, stream: helloB, refused: "denylisted", line: true},
 		{name: "not denylisted", policy: `{"network_mode":"denylist","denied_hosts":["b.test"]}`, stream: helloSvc, line: true},
 		{name: "public", policy: `"public"`, stream: helloB, line: true},
-		{name: "an address for a name", policy: allow, stream: helloWith(sniExt(host, "127.0.0.3")), refused: "invalid-host", line: true},
-		{name: "unreadable hello", policy: allow, stream: helloWith(sniExt(host, "a.test", host, "b.test")), refused: "malformed-tls-hello", line: true},
+		{name: "an address for a name", policy: allow, stream: hellotest.With(hellotest.SNIExt(host, "127.0.0.3")), refused: "invalid-host", line: true},
+		{name: "unreadable hello", policy: allow, stream: hellotest.With(hellotest.SNIExt(host, "a.test", host, "b.test")), refused: "malformed-tls-hello", line: true},
 		{name: "encrypted, the target's name outside", policy: allow, stream: echHelloA, refused: "encrypted-client-hello", line: true},
 		{name: "encrypted, under public", policy: `"public"`, stream: echHelloA, line: true},
 		{name: "an address target is not checked", policy: `{"network_mode":"allowlist","allowed_hosts":["127.0.0.2/32"]}`, target: "127.0.0.2", stream: helloB},
@@ -103,7 +108,7 @@ func TestTunnelServerName(t *testing.T) {
 			} else {
 				// A reset, not a FIN, when the proxy closed with bytes of the client's unread.
 				got, err := io.ReadAll(c)
-				if (err != nil && !errors.Is(err, syscall.ECONNRESET)) || !bytes.Equal(got, tlsUnrecognizedName) {
+				if (err != nil && !errors.Is(err, syscall.ECONNRESET)) || !bytes.Equal(got, tlshello.UnrecognizedNameAlert) {
 					t.Fatalf("want the alert and the end of the tunnel, got %d bytes (%x…), %v", len(got), got[:min(len(got), 16)], err)
 				}
 			}
@@ -165,8 +170,8 @@ func TestSwapCutsTunnelByServerName(t *testing.T) {
 		}
 		return c
 	}
-	ech := helloWith(append(sniExt(string([]byte{tlsServerNameHost}), "a.test"), 0xfe, 0x0d, 0, 1, 0))
-	kept, cut, cutECH := open(clientHello(t, "a.test")), open(clientHello(t, "b.test")), open(ech)
+	ech := hellotest.With(append(hellotest.SNIExt(hellotest.Host, "a.test"), 0xfe, 0x0d, 0, 1, 0))
+	kept, cut, cutECH := open(hellotest.ClientHello(t, "a.test")), open(hellotest.ClientHello(t, "b.test")), open(ech)
 	if res := h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`); res.ClosedConnections != 2 {
 		t.Fatalf("swap closed %d connections, want 2", res.ClosedConnections)
 	}
@@ -304,6 +309,189 @@ func TestEncryptedClientHelloThroughTunnel(t *testing.T) {
 			}
 			if name := <-seen; name != "b.test" {
 				t.Fatalf("the front end served %q, want the inner b.test", name)
+			}
+		})
+	}
+}
+
+// A record of another type before the ClientHello must not open the gate: Go's
+// crypto/tls (conn.go: "first record does not look like a TLS handshake" lets an alert
+// through, and a warning alert is dropped and the next record read) and BoringSSL
+// (ssl_process_alert: warning alerts discarded, up to four, before a version is known)
+// read the hello that follows, and route or pick a certificate by its name.
+func TestTLSGateRecordBeforeHello(t *testing.T) {
+	helloB := hellotest.ClientHello(t, "b.test")
+	const allow = `{"network_mode":"allowlist","allowed_hosts":["a.test"]}`
+	for _, tc := range []struct {
+		name   string
+		prefix []byte
+	}{
+		{"warning alert", []byte{21, 3, 1, 0, 2, 1, 112}},
+		{"warning alert, record version 0.0", []byte{21, 0, 0, 0, 2, 1, 90}},
+		{"change_cipher_spec", []byte{20, 3, 3, 0, 1, 1}},
+		{"application data", []byte{23, 3, 3, 0, 1, 0}},
+		{"heartbeat", []byte{24, 3, 3, 0, 3, 1, 0, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.apply(allow)
+			resp, c := h.connect(h.a.echoHostPort("a.test"), "")
+			if c == nil {
+				t.Fatalf("CONNECT: %s", resp.Status)
+			}
+			if _, err := c.Write(append(append([]byte{}, tc.prefix...), helloB...)); err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(c)
+			if (err != nil && !errors.Is(err, syscall.ECONNRESET)) || !bytes.Equal(got, tlshello.UnrecognizedNameAlert) {
+				t.Fatalf("want the alert and the end of the tunnel, got %d bytes (%x…), %v", len(got), got[:min(len(got), 16)], err)
+			}
+			var reasons []any
+			for _, l := range logLines(h.logs.String(), "decision") {
+				if l["type"] == typeTLS {
+					reasons = append(reasons, l["reason"])
+				}
+			}
+			if len(reasons) != 1 || reasons[0] != ReasonMalformedHello {
+				t.Fatalf("tls decisions: %v, want one %s", reasons, ReasonMalformedHello)
+			}
+		})
+	}
+}
+
+// alertFirstConn sends a warning alert record in front of the first bytes written (a
+// client's ClientHello).
+type alertFirstConn struct {
+	net.Conn
+	sent bool
+}
+
+func (c *alertFirstConn) Write(p []byte) (int, error) {
+	if c.sent {
+		return c.Conn.Write(p)
+	}
+	c.sent = true
+	if _, err := c.Conn.Write(append([]byte{21, 3, 1, 0, 2, 1, 112}, p...)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// End to end with Go's own TLS server behind the tunnel: a warning alert in front of a
+// ClientHello for a name the policy leaves out must not let that handshake through.
+func TestTLSGateAlertBeforeHelloGoServer(t *testing.T) {
+	h := newHarness(t)
+	cert := testutil.SelfSigned(t, "tls.test")
+	h.dns.set("tls.test", netip.MustParseAddr("127.0.0.26"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["tls.test"]}`)
+	seen := make(chan string, 1)
+	port := serveTCP(t, "127.0.0.26", func(c net.Conn, _ <-chan struct{}) {
+		s := tls.Server(c, &tls.Config{Certificates: []tls.Certificate{cert},
+			GetConfigForClient: func(chi *tls.ClientHelloInfo) (*tls.Config, error) {
+				seen <- chi.ServerName
+				return nil, nil
+			}})
+		_, _ = io.Copy(s, s)
+	}).Port
+	_, c := h.connect(fmt.Sprintf("tls.test:%d", port), "")
+	if c == nil {
+		t.Fatal("CONNECT refused")
+	}
+	tc := tls.Client(&alertFirstConn{Conn: c}, &tls.Config{ServerName: "b.test", InsecureSkipVerify: true})
+	err := tc.Handshake()
+	select {
+	case name := <-seen:
+		t.Fatalf("the server read a ClientHello for %q (handshake: %v)", name, err)
+	default:
+	}
+	if err == nil || !strings.Contains(err.Error(), "unrecognized name") {
+		t.Fatalf("handshake: %v, want the unrecognized_name alert", err)
+	}
+}
+
+// A gate re-reads none of what it has read: a hello of one-byte records (the most
+// records a bound on held bytes lets through) fed a few bytes at a time costs memory in
+// proportion to its length, not to its length times the number of reads.
+func TestTLSGateHeldHelloReadOnce(t *testing.T) {
+	host := hellotest.Host
+	// 9 KiB of padding: about 57 KiB of one-byte records, under tlshello.MaxStream.
+	stream := hellotest.Refragment(hellotest.With(append(hellotest.SNIExt(host, "a.test"), append([]byte{0, 21, 0x24, 0}, make([]byte, 0x2400)...)...)), 1)
+	if len(stream) > tlshello.MaxStream {
+		t.Fatalf("stream of %d bytes is over the bound", len(stream))
+	}
+	g := &helloGate{} // never decides below: the last byte is not fed
+	var before, after runtimeAlloc
+	before.read()
+	for off := 0; off < len(stream)-1; off += 16 {
+		out, done, err := g.Feed(stream[off:min(off+16, len(stream)-1)])
+		if out != nil || done || err != nil {
+			t.Fatalf("at %d: %d bytes out, done=%v, %v", off, len(out), done, err)
+		}
+	}
+	after.read()
+	// The held bytes and one reassembled message, each grown by doubling, are well
+	// under 1 MiB; re-reading every record at each of the 3 600 reads was about 70 MiB.
+	if grew := after.bytes - before.bytes; grew > 1<<20 {
+		t.Fatalf("feeding a %d-byte hello allocated %d bytes", len(stream), grew)
+	}
+}
+
+// runtimeAlloc is the process's count of bytes allocated so far.
+type runtimeAlloc struct{ bytes uint64 }
+
+func (a *runtimeAlloc) read() {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	a.bytes = m.TotalAlloc
+}
+
+// The gate must not grow the relay's goroutine stacks, which stay at Go's 2 KiB start
+// for a tunnel's life (see direction) and which only a collection would shrink: the
+// goroutines' stack memory after a tunnel's first bytes went both ways is the same
+// whether they were a ClientHello (read and decided by the gate, a decision line
+// written for another name) or not.
+func TestTLSGateRelayStackStaysSmall(t *testing.T) {
+	const tunnels = 100
+	plain := make([]byte, 512)
+	for i := range plain {
+		plain[i] = 'x'
+	}
+	for _, tc := range []struct {
+		name  string
+		first []byte
+	}{
+		{"not TLS", plain},
+		{"the target's own name", hellotest.ClientHello(t, "a.test")},
+		{"another allowed name", hellotest.ClientHello(t, "x.svc.test")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test","*.svc.test"]}`)
+			conns := make([]*tunnelConn, tunnels)
+			for i := range conns {
+				resp, c := h.connect(h.a.echoHostPort("a.test"), "")
+				if c == nil {
+					t.Fatalf("CONNECT: %s", resp.Status)
+				}
+				defer c.Close()
+				conns[i] = c
+			}
+			runtime.GC()
+			defer debug.SetGCPercent(debug.SetGCPercent(-1)) // no collection shrinks stacks meanwhile
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			for _, c := range conns {
+				if _, err := c.Write(tc.first); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, make([]byte, len(tc.first))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			runtime.ReadMemStats(&after)
+			// A goroutine that outgrows 2 KiB takes 4 KiB or more: 2 KiB more per tunnel.
+			if grew := int64(after.StackInuse) - int64(before.StackInuse); grew > tunnels*1024 {
+				t.Fatalf("stacks grew by %d bytes over %d tunnels", grew, tunnels)
 			}
 		})
 	}

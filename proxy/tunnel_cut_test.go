@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/compass-egress/compass-egress/adminapi"
+	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
 // TestSwapStopsTheConnectDialItInterrupts: a swap that refuses a CONNECT while its one
@@ -281,8 +282,8 @@ func TestTunnelFinishedWhenItsLastDirectionPanics(t *testing.T) {
 	waitFor(t, func() bool {
 		return testutil.ToFloat64(h.srv.metrics.activeConnect) == gauge && h.srv.tracker.len() == 0
 	})
-	if h.srv.proxyLn.sem != nil && len(h.srv.proxyLn.sem) != 0 {
-		t.Errorf("%d connection slot(s) still held", len(h.srv.proxyLn.sem))
+	if n := h.srv.proxyLn.Held(); n != 0 {
+		t.Errorf("%d connection slot(s) still held", n)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -298,8 +299,8 @@ func TestFinishedTunnelStopsItsIdleWatch(t *testing.T) {
 	h := newHarness(t)
 	tun, clientPeer, upPeer := handedTunnel(t, h, nil)
 	finished := make(chan struct{})
-	go func() { defer close(finished); h.srv.relayDirection(tun, &tun.downward) }()
-	go h.srv.relayDirection(tun, &tun.upward)
+	go func() { defer close(finished); h.srv.relayDirection(tun, &tun.downward, &tun.downEnded) }()
+	go h.srv.relayDirection(tun, &tun.upward, &tun.upEnded)
 	clientPeer.Close()
 	upPeer.Close()
 	select {
@@ -309,10 +310,7 @@ func TestFinishedTunnelStopsItsIdleWatch(t *testing.T) {
 	}
 	waitFor(t, func() bool { return tun.ended.Load() == 2 && h.srv.tracker.len() == 0 })
 	waitFor(t, func() bool { return testutil.ToFloat64(h.srv.metrics.activeConnect) == 0 })
-	tun.idle.mu.Lock()
-	stopped := tun.idle.stopped
-	tun.idle.mu.Unlock()
-	if !stopped {
+	if !tun.idle.Stopped() {
 		t.Error("the finished tunnel's idle watch still runs")
 	}
 }
@@ -384,15 +382,13 @@ func handedTunnel(t *testing.T, h *harness, wrapDown func(net.Conn) net.Conn) (t
 // openTunnel takes (a connection slot, a drain count, a tracker entry, the gauge).
 func startHandedTunnel(t *testing.T, h *harness, up, client, downDst net.Conn, pre []byte) *tunnel {
 	t.Helper()
-	if h.srv.proxyLn.sem != nil {
-		h.srv.proxyLn.sem <- struct{}{}
-	}
+	h.srv.proxyLn.Hold()
 	if !h.srv.addTunnel() {
 		t.Fatal("draining")
 	}
 	entry := &liveConn{typ: typeConnect, name: "a.test", port: 1}
 	h.srv.tracker.add(entry)
-	tun := &tunnel{upward: newDirection(up, client, pre), downward: newDirection(downDst, up, nil),
+	tun := &tunnel{upward: connio.NewDirection(up, client, pre), downward: connio.NewDirection(downDst, up, nil),
 		entry: entry, clientAddr: "127.0.0.1:40000"}
 	h.srv.startTunnel(tun)
 	h.srv.metrics.activeConnect.Inc()

@@ -249,17 +249,6 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(hangGuard)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met in %v", hangGuard)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // Tunnels relaying at the same time, some past the size at which a direction moves to
 // splice, some with early bytes, each ended by the client's half-close: every byte
 // arrives in order, each tunnel is closed exactly once with its own counts, and the

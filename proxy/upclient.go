@@ -14,6 +14,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
 // upstreamClient forwards the requests that can be written and answered on the
@@ -40,26 +42,26 @@ type upConn struct {
 }
 
 func newUpConn(c *net.TCPConn, key netip.AddrPort, idle time.Duration) *upConn {
-	uc := &upConn{c: c, key: key, limit: headLimit{c: c, left: -1, deadline: idleDeadline{conn: c, timeout: idle}}}
+	uc := &upConn{c: c, key: key, limit: headLimit{c: c, left: -1, deadline: connio.NewIdleDeadline(c, false, idle)}}
 	uc.br = bufio.NewReaderSize(&uc.limit, 4096)
 	return uc
 }
 
 // headLimit reads the connection with a budget while an answer head is read (left >=
 // 0), and without one for the body (left < 0). A read that waits for the idle timeout
-// fails, with errUpstreamHeadIdle while a head is read (the first head read starts
-// once the request is written) and errUpstreamIdle for the body: an upstream that
+// fails, with connio.ErrUpstreamHeadIdle while a head is read (the first head read starts
+// once the request is written) and connio.ErrUpstreamIdle for the body: an upstream that
 // never answers, or goes silent in the middle of an answer, must not hold the request
-// for ever, and one that keeps sending, however slowly, is not cut (see idleDeadline).
+// for ever, and one that keeps sending, however slowly, is not cut (see connio.IdleDeadline).
 type headLimit struct {
 	c        net.Conn
 	left     int64
-	deadline idleDeadline
+	deadline connio.IdleDeadline
 }
 
 func (l *headLimit) Read(p []byte) (int, error) {
 	if l.left < 0 {
-		return l.readIdle(p, errUpstreamIdle)
+		return l.readIdle(p, connio.ErrUpstreamIdle)
 	}
 	if l.left == 0 {
 		return 0, errAnswerHeadTooLong
@@ -67,7 +69,7 @@ func (l *headLimit) Read(p []byte) (int, error) {
 	if int64(len(p)) > l.left {
 		p = p[:l.left]
 	}
-	n, err := l.readIdle(p, errUpstreamHeadIdle)
+	n, err := l.readIdle(p, connio.ErrUpstreamHeadIdle)
 	l.left -= int64(n)
 	return n, err
 }
@@ -75,13 +77,13 @@ func (l *headLimit) Read(p []byte) (int, error) {
 // readIdle reads p, failing with idleErr once the read has waited for the idle timeout.
 func (l *headLimit) readIdle(p []byte, idleErr error) (int, error) {
 	start := time.Now()
-	l.deadline.begin(start)
+	l.deadline.Begin(start)
 	for {
 		n, err := l.c.Read(p)
 		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
 			return n, err
 		}
-		if l.deadline.passed(start) {
+		if l.deadline.Passed(start) {
 			return 0, idleErr
 		}
 	}
@@ -172,7 +174,7 @@ func (u *upstreamClient) roundTrip(req *http.Request, v *Verdict, allowed func(n
 		// A pooled connection may have been closed by the upstream while idle: the
 		// request is sent again once, on a new connection. One that got no answer
 		// for the idle timeout is not: that would double the bound.
-		if !reused || attempt > 0 || req.Context().Err() != nil || errors.Is(err, errUpstreamHeadIdle) {
+		if !reused || attempt > 0 || req.Context().Err() != nil || errors.Is(err, connio.ErrUpstreamHeadIdle) {
 			return nil, err
 		}
 	}

@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -89,4 +92,131 @@ func TestUpstreamIdleConnectionExpires(t *testing.T) {
 	u.get(t, h)
 	h.client.CloseIdleConnections()
 	waitFor(t, func() bool { return u.closed.Load() == 1 })
+}
+
+// readHead reads one request head.
+func readHead(br *bufio.Reader) error {
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			return err
+		}
+		if l == "\r\n" {
+			return nil
+		}
+	}
+}
+
+// An upstream that answers on a pooled connection while it is idle (a 408 before it
+// hangs up) must not have that answer taken for the next request's.
+func TestPooledConnectionAnsweredWhileIdleIsNotReused(t *testing.T) {
+	h := newHarness(t)
+	h.dns.set("idle408.test", netip.MustParseAddr("127.0.0.8"))
+	h.apply(`{"network_mode":"allowlist","allowed_hosts":["idle408.test"]}`)
+	var conns atomic.Int64
+	port := serveTCP(t, "127.0.0.8", func(c net.Conn, _ <-chan struct{}) {
+		conns.Add(1)
+		if readHead(bufio.NewReader(c)) != nil {
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh")
+		time.Sleep(100 * time.Millisecond)
+		_, _ = io.WriteString(c, "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+	}).Port
+	url := fmt.Sprintf("http://idle408.test:%d/", port)
+	if st, _, body := h.get(url); st != 200 || body != "fresh" {
+		t.Fatalf("first request: %d %q", st, body)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if st, _, body := h.get(url); st != 200 || body != "fresh" {
+		t.Fatalf("second request: %d %q, want the answer of a new connection (200 fresh)", st, body)
+	}
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("upstream connections: %d, want 2", n)
+	}
+}
+
+// An upstream's answer head is bounded, interim answers included: the proxy stops
+// reading and closes the connection instead of buffering without end.
+func TestUpstreamAnswerHeadIsBounded(t *testing.T) {
+	for _, tc := range []struct{ name, first, repeat string }{
+		{"endless interim answers", "", "HTTP/1.1 103 Early Hints\r\nLink: <" + strings.Repeat("x", 4000) + ">\r\n\r\n"},
+		{"endless header line", "HTTP/1.1 200 OK\r\nX-Long: ", strings.Repeat("y", 4096)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.dns.set("info.test", netip.MustParseAddr("127.0.0.9"))
+			h.apply(`{"network_mode":"allowlist","allowed_hosts":["info.test"]}`)
+			// Far past the bound and the sockets' buffers, which take megabytes
+			// before a write to a closed connection fails.
+			const limit = 64 << 20
+			var written atomic.Int64
+			stopped := make(chan struct{})
+			port := serveTCP(t, "127.0.0.9", func(c net.Conn, done <-chan struct{}) {
+				defer close(stopped)
+				if readHead(bufio.NewReader(c)) != nil {
+					return
+				}
+				_, _ = io.WriteString(c, tc.first)
+				for written.Load() < limit {
+					_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+					n, err := io.WriteString(c, tc.repeat)
+					written.Add(int64(n))
+					if err != nil {
+						return
+					}
+				}
+			}).Port
+			c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			fmt.Fprintf(c, "GET http://info.test:%d/ HTTP/1.1\r\nHost: info.test:%d\r\n\r\n", port, port)
+			select {
+			case <-stopped:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the upstream still writes after 20 s")
+			}
+			if n := written.Load(); n >= limit {
+				t.Fatalf("the proxy read %d MiB of answer head, want at most about %d KiB", n>>20, maxAnswerHeadBytes>>10)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadGateway {
+				t.Fatalf("status %d, want 502", resp.StatusCode)
+			}
+		})
+	}
+}
+
+// The idle pool is bounded across upstreams, not only per upstream.
+func TestIdlePoolIsBoundedAcrossUpstreams(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	for i := range maxIdleUpstream + 20 {
+		port := serveTCP(t, "127.0.0.2", func(c net.Conn, _ <-chan struct{}) {
+			br := bufio.NewReader(c)
+			for readHead(br) == nil {
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			}
+		}).Port
+		if st, _, body := h.get(fmt.Sprintf("http://127.0.0.2:%d/", port)); st != 200 || body != "ok" {
+			t.Fatalf("GET %d: %d %q", i, st, body)
+		}
+	}
+	u := h.srv.current.Load().upstream
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	idle := 0
+	for _, l := range u.idle {
+		idle += len(l)
+	}
+	if idle != maxIdleUpstream || u.nidle != idle {
+		t.Fatalf("idle connections: %d (counted %d), want %d", idle, u.nidle, maxIdleUpstream)
+	}
 }

@@ -30,7 +30,7 @@ import (
 // refused as denylisted, over CONNECT, an absolute URI and the DNS server alike. The
 // allowlist tests of these spellings (TestBypassVectors) cannot tell "denied as b.test"
 // from "denied as some other name": an allowlist refuses both.
-func TestAdvisoryDenylistSpellings(t *testing.T) {
+func TestDenylistSpellings(t *testing.T) {
 	h := newHarness(t)
 	h.apply(`{"network_mode":"denylist","denied_hosts":["b.test","*.svc.test"]}`)
 	cases := []struct {
@@ -123,7 +123,7 @@ func (u *redirectUpstream) seen() []string {
 // redirect to the client, which then asks the proxy for the new target and is decided
 // afresh; it must never follow one itself, on either of its upstream paths (the
 // upstream client for a GET, net/http's Transport for a request with a body).
-func TestAdvisoryRedirectsAreRelayedNotFollowed(t *testing.T) {
+func TestRedirectsAreRelayedNotFollowed(t *testing.T) {
 	h := newHarness(t)
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
 	// b.test's address, denied: counts every connection.
@@ -209,7 +209,7 @@ func TestAdvisoryRedirectsAreRelayedNotFollowed(t *testing.T) {
 // CVE-2023-45539 and Envoy CVE-2021-32779, '#' in the target). The Host field names
 // the allowed a.test here: a proxy that fell back on it would reach a.test, so only a
 // refusal for the target itself passes. Nothing reaches b.test either way.
-func TestAdvisoryNonProxyRequestTargets(t *testing.T) {
+func TestNonProxyRequestTargets(t *testing.T) {
 	h := newHarness(t)
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
 	ap, bp := h.a.httpPort, h.b.httpPort
@@ -263,7 +263,7 @@ func TestAdvisoryNonProxyRequestTargets(t *testing.T) {
 // (TestOwnListenersRefusedDespiteAllowInternal), whatever spelling of the address the
 // URI uses, even with loopback exempt by --allow-internal. An empty host, which Go's
 // dialler would read as the local system, is no host at all.
-func TestAdvisoryForwardingLoop(t *testing.T) {
+func TestForwardingLoop(t *testing.T) {
 	h := newHarness(t) // --allow-internal 127.0.0.0/8
 	h.apply(`"public"`)
 	h.dns.set("loop.test", netip.MustParseAddr("127.0.0.1"))
@@ -306,7 +306,7 @@ func TestAdvisoryForwardingLoop(t *testing.T) {
 // denylist: a host rule denies the name asked for, so the same server by its address
 // literal or under another name (alias.test resolves to b.test's address) is reached;
 // an IP rule for that address denies all three, whatever name led to it.
-func TestAdvisoryDenylistNamesNotServers(t *testing.T) {
+func TestDenylistNamesNotServers(t *testing.T) {
 	h := newHarness(t)
 	h.dns.set("alias.test", netip.MustParseAddr("127.0.0.3"))
 	targets := []string{h.b.echoHostPort("b.test"), h.b.echoHostPort("127.0.0.3"), h.b.echoHostPort("alias.test")}
@@ -330,7 +330,7 @@ func TestAdvisoryDenylistNamesNotServers(t *testing.T) {
 // join repeated fields read "a, b" as a list. The Host field is compared in canonical
 // form after net/http trims its whitespace: trailing whitespace changes nothing, and a
 // list is no single destination.
-func TestAdvisoryHostFieldWhitespaceAndLists(t *testing.T) {
+func TestHostFieldWhitespaceAndLists(t *testing.T) {
 	h := newHarness(t)
 	h.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
 	ap, bp := h.a.httpPort, h.b.httpPort

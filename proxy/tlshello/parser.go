@@ -1,83 +1,101 @@
-package proxy
+// Package tlshello reads the server name a TLS ClientHello carries, from the first
+// bytes of a stream as they arrive.
+//
+// A tunnel is decided by its CONNECT target, but a front end that serves many names
+// behind one address (a CDN) routes a TLS connection by the server name its ClientHello
+// carries (SNI, RFC 6066), so an allowed target would carry a handshake with any name
+// the same front end serves. The proxy's relay therefore reads the name before it
+// forwards the client's first bytes (its hello gate).
+package tlshello
 
 import (
 	"errors"
 )
 
-// A tunnel is decided by its CONNECT target, but a front end that serves many names
-// behind one address (a CDN) routes a TLS connection by the server name its ClientHello
-// carries (SNI, RFC 6066), so an allowed target would carry a handshake with any name
-// the same front end serves. The relay therefore reads the name before it forwards the
-// client's first bytes (see helloGate).
-
+// The TLS wire vocabulary the parser reads (and tests write).
 const (
-	tlsRecordFirstType   = 20 // change_cipher_spec: the lowest record type (RFC 8446 §5.1)
-	tlsRecordLastType    = 24 // heartbeat (RFC 6520)
-	tlsRecordHandshake   = 22
-	tlsRecordHeaderLen   = 5
-	tlsMaxRecordLen      = 1 << 14 // RFC 8446 §5.1: a plaintext record's fragment
-	tlsClientHello       = 1
-	tlsExtServerName     = 0
-	tlsExtEncryptedHello = 0xfe0d // encrypted_client_hello (draft-ietf-tls-esni)
-	tlsServerNameHost    = 0
-	tlsAlertUnrecognized = 112 // unrecognized_name (RFC 6066 §3)
+	recordFirstType      = 20 // change_cipher_spec: the lowest record type (RFC 8446 §5.1)
+	recordLastType       = 24 // heartbeat (RFC 6520)
+	RecordHandshake      = 22
+	RecordHeaderLen      = 5
+	MaxRecordLen         = 1 << 14 // RFC 8446 §5.1: a plaintext record's fragment
+	HandshakeClientHello = 1
+	ExtServerName        = 0
+	extEncryptedHello    = 0xfe0d // encrypted_client_hello (draft-ietf-tls-esni)
+	ServerNameHost       = 0
+	alertUnrecognized    = 112 // unrecognized_name (RFC 6066 §3)
 )
+
+// StartsRecord reports whether b, the first byte of a stream, is a TLS record type. Any
+// record type counts, not only a handshake: servers read records of other types before
+// a ClientHello (Go's crypto/tls and BoringSSL skip a warning alert), and then the hello
+// after them; Parser refuses such a stream.
+func StartsRecord(b byte) bool { return b >= recordFirstType && b <= recordLastType }
+
+// UnrecognizedNameAlert is the fatal alert record a refused hello gets: its client
+// reports the server name as unrecognised rather than a bare reset.
+var UnrecognizedNameAlert = []byte{21, 3, 3, 0, 2, 2, alertUnrecognized}
 
 // maxHelloMessage bounds a ClientHello (handshake body). Today's clients send 0.5–2 KiB
 // (post-quantum key shares included); a larger one is refused rather than held.
 const maxHelloMessage = 16 << 10
 
-// maxHelloStream bounds the bytes held while a ClientHello arrives. Splitting a hello
+// MaxStream bounds the bytes held while a ClientHello arrives. Splitting a hello
 // into many small records is a known way past filters that read only the first record;
 // it is reassembled here, up to this many bytes of records.
-const maxHelloStream = 64 << 10
+const MaxStream = 64 << 10
 
-var errMalformedHello = errors.New("malformed TLS ClientHello")
+// ErrMalformed is a stream that is not one readable ClientHello.
+var ErrMalformed = errors.New("malformed TLS ClientHello")
 
-// helloParser reads the ClientHello that a tunnel's first bytes (a gate's held bytes,
+// Parser reads the ClientHello that a tunnel's first bytes (a gate's held bytes,
 // which grow between calls) begin with. It reads each record once: re-reading them all
 // at each call made a hello of many small records, arriving in as many reads, cost the
 // square of its length.
-type helloParser struct {
+type Parser struct {
 	off int    // the records before off are in msg
 	msg []byte // the handshake bytes of those records
 	ech bool   // the hello read carries an encrypted_client_hello extension
 }
 
-// read returns the server name ("" if it names none) of the ClientHello that stream
+// ECH reports whether the hello read carries an encrypted_client_hello extension (ECH,
+// or a browser's GREASE of it).
+func (p *Parser) ECH() bool { return p.ech }
+
+// Read returns the server name ("" if it names none) of the ClientHello that stream
 // begins with; stream begins with the stream of p's earlier calls. more reports a
 // prefix of a ClientHello that has not ended yet. A stream that is not one readable
 // ClientHello (another record type or message first, two host names, lengths that do
-// not add up) is errMalformedHello: a server would read it otherwise than this parser,
+// not add up) is ErrMalformed: a server would read it otherwise than this parser,
 // or not at all.
-func (p *helloParser) read(stream []byte) (name string, more bool, err error) {
+func (p *Parser) Read(stream []byte) (name string, more bool, err error) {
 	for {
 		msg, off := p.msg, p.off
 		if len(msg) >= 4 {
-			if msg[0] != tlsClientHello {
-				return "", false, errMalformedHello
+			if msg[0] != HandshakeClientHello {
+				return "", false, ErrMalformed
 			}
 			n := int(msg[1])<<16 | int(msg[2])<<8 | int(msg[3])
 			if n > maxHelloMessage {
-				return "", false, errMalformedHello
+				return "", false, ErrMalformed
 			}
 			if len(msg) >= 4+n {
 				name, p.ech, err = parseClientHello(msg[4 : 4+n])
 				return name, false, err
 			}
 		}
-		if len(stream)-off < tlsRecordHeaderLen {
+		if len(stream)-off < RecordHeaderLen {
 			return "", true, nil
 		}
-		h := stream[off : off+tlsRecordHeaderLen]
+		h := stream[off : off+RecordHeaderLen]
 		length := int(h[3])<<8 | int(h[4])
-		if h[0] != tlsRecordHandshake || h[1] != 3 || length == 0 || length > tlsMaxRecordLen {
-			return "", false, errMalformedHello
+		if h[0] != RecordHandshake || h[1] != 3 || length == 0 || length > MaxRecordLen {
+			return "", false, ErrMalformed
 		}
-		if len(stream)-off-tlsRecordHeaderLen < length {
+		if len(stream)-off-RecordHeaderLen < length {
 			return "", true, nil
 		}
-		off += tlsRecordHeaderLen
+		off += RecordHeaderLen
 		p.msg = append(msg, stream[off:off+length]...)
 		p.off = off + length
 	}
@@ -88,33 +106,33 @@ func (p *helloParser) read(stream []byte) (name string, more bool, err error) {
 func parseClientHello(body []byte) (name string, ech bool, err error) {
 	r := helloReader(body)
 	if !r.skip(2+32) || !r.skipVec(1) || !r.skipVec(2) || !r.skipVec(1) {
-		return "", false, errMalformedHello
+		return "", false, ErrMalformed
 	}
 	if r.empty() { // TLS 1.2 allows a hello without extensions
 		return "", false, nil
 	}
 	exts, ok := r.vec(2)
 	if !ok || !r.empty() {
-		return "", false, errMalformedHello
+		return "", false, ErrMalformed
 	}
 	seen := false
 	for !exts.empty() {
 		typ, ok := exts.u16()
 		if !ok {
-			return "", false, errMalformedHello
+			return "", false, ErrMalformed
 		}
 		data, ok := exts.vec(2)
 		if !ok {
-			return "", false, errMalformedHello
+			return "", false, ErrMalformed
 		}
-		if typ == tlsExtEncryptedHello {
+		if typ == extEncryptedHello {
 			ech = true
 		}
-		if typ != tlsExtServerName {
+		if typ != ExtServerName {
 			continue
 		}
 		if seen { // a second server_name extension: servers disagree on which counts
-			return "", false, errMalformedHello
+			return "", false, ErrMalformed
 		}
 		seen = true
 		if name, err = serverNameExt(data); err != nil {
@@ -128,23 +146,23 @@ func parseClientHello(body []byte) (name string, ech bool, err error) {
 func serverNameExt(data helloReader) (string, error) {
 	list, ok := data.vec(2)
 	if !ok || !data.empty() || list.empty() {
-		return "", errMalformedHello
+		return "", ErrMalformed
 	}
 	name := ""
 	for !list.empty() {
 		typ, ok := list.u8()
 		if !ok {
-			return "", errMalformedHello
+			return "", ErrMalformed
 		}
 		v, ok := list.vec(2)
 		if !ok {
-			return "", errMalformedHello
+			return "", ErrMalformed
 		}
-		if typ != tlsServerNameHost {
+		if typ != ServerNameHost {
 			continue
 		}
 		if name != "" || v.empty() { // RFC 6066 §3: at most one host_name, never empty
-			return "", errMalformedHello
+			return "", ErrMalformed
 		}
 		name = string(v)
 	}

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -115,36 +114,6 @@ func TestContinueThenFinalAnswer(t *testing.T) {
 	}
 }
 
-// TestDrainCutsRequestWaitingForUpstream: at the drain deadline a request still
-// waiting for its upstream is cancelled, upstream exchange included, so Shutdown
-// returns. (Without that it waited for an upstream that never answers: the bound
-// below is twenty times the drain deadline.)
-func TestDrainCutsRequestWaitingForUpstream(t *testing.T) {
-	h := newHarness(t)
-	h.dns.set("silent.test", netip.MustParseAddr("127.0.0.7"))
-	h.apply(`{"network_mode":"allowlist","allowed_hosts":["silent.test"]}`)
-	port := rawUpstream(t, "127.0.0.7", "", true)
-	c, err := net.Dial("tcp", h.srv.ProxyAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	fmt.Fprintf(c, "GET http://silent.test:%d/ HTTP/1.1\r\nHost: silent.test:%d\r\n\r\n", port, port)
-	waitFor(t, func() bool { return h.srv.tracker.len() == 1 })
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- h.srv.Shutdown(ctx) }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("Shutdown still waits for a silent upstream")
-	}
-}
-
 // TestUnrelayedSwitchClosesConnection: a 101 that is not the websocket switch the
 // request asked for is not relayed (goproxy would stream it one way, unbounded) but
 // answered 502; the connection must not then carry another request.
@@ -213,46 +182,6 @@ func (l *flakyListener) Accept() (net.Conn, error) {
 		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
 	}
 	return l.Listener.Accept()
-}
-
-// A failed accept (descriptors ran out) passes: the front waits and accepts again
-// rather than stop serving for the rest of the task.
-func TestFrontAcceptsAgainAfterAcceptFailure(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fl := &flakyListener{Listener: ln}
-	s, err := New(Config{Logger: discardLogger(), AdminSocket: filepath.Join(t.TempDir(), "admin.sock")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.proxyLn = newLimitListener(fl, 0)
-	f := newFront(s)
-	s.front = f
-	served := make(chan error, 1)
-	go func() { served <- f.serve() }()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(hangGuard))
-	fmt.Fprintf(c, "GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("no answer after a failed accept: %v (accept calls: %d)", err, fl.calls.Load())
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusForbidden {
-		t.Fatalf("status %d, want the no-network refusal 403", resp.StatusCode)
-	}
-	f.Close()
-	s.proxyLn.Close()
-	if err := <-served; !errors.Is(err, net.ErrClosed) {
-		t.Fatalf("serve: %v", err)
-	}
-	f.wait(context.Background())
 }
 
 // upstreamAnswer tells a refusal (the swap's re-check refused the connection's

@@ -1,16 +1,151 @@
 package proxy
 
 import (
-	"context"
+	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
+
+	"github.com/compass-egress/compass-egress/proxy/connio"
 )
+
+// TestTunnelBulkThenSmall: a tunnel that moves from read/write to splice in the middle
+// of a transfer (a read filled the buffer) loses and reorders nothing, and still passes
+// the half-close on.
+func TestTunnelBulkThenSmall(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	_, c := h.connect(h.a.echoHostPort("a.test"), "early-")
+	if c == nil {
+		t.Fatal("CONNECT refused")
+	}
+	payload := bytes.Repeat([]byte("0123456789abcdef"), 64<<10) // 1 MiB
+	sent := make(chan error, 1)
+	go func() {
+		_, err := c.Write(payload)
+		if err == nil {
+			_, err = io.WriteString(c, "late")
+		}
+		if err == nil {
+			err = c.Conn.(*net.TCPConn).CloseWrite()
+		}
+		sent <- err
+	}()
+	out, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	want := "early-" + string(payload) + "late" + fmt.Sprintf("|eof after %d", len(payload)+10)
+	if string(out) != want {
+		t.Fatalf("echo of %d bytes came back as %d bytes (prefix %q, suffix %q)", len(want), len(out), out[:min(len(out), 16)], out[max(0, len(out)-24):])
+	}
+}
+
+// TestIdleTunnelsHoldNoPipes: tunnels that exchanged a few bytes and wait hold their
+// two sockets only; splice would hold a pipe pair per waiting direction.
+func TestIdleTunnelsHoldNoPipes(t *testing.T) {
+	h := newHarness(t)
+	h.apply(`"public"`)
+	// An echo server of plain reads and writes: the harness's splices, and its pipes
+	// would be counted too.
+	echo := serveTCP(t, "127.0.0.2", func(c net.Conn, _ <-chan struct{}) {
+		buf := make([]byte, 64)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			if _, err := c.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	})
+	before := countPipes(t)
+	const tunnels = 20
+	for range tunnels {
+		_, c := h.connect(echo.String(), "")
+		if c == nil {
+			t.Fatal("CONNECT refused")
+		}
+		echoRoundTrip(t, c, "ping")
+	}
+	if grown := countPipes(t) - before; grown >= tunnels {
+		t.Fatalf("%d idle tunnels opened %d pipe descriptors", tunnels, grown)
+	}
+}
+
+func countPipes(t *testing.T) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	n := 0
+	for _, fd := range fds {
+		if target, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); err == nil && strings.HasPrefix(target, "pipe:") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestBulkTunnelSplices: a tunnel's bulk transfer goes through the kernel (splice, whose
+// pipes show in /proc/self/fd while it runs), not through a copy in user space: a
+// wrapper around either connection would turn splice off and every byte-level test
+// would still pass. The upstream writes and the client reads plainly, so every pipe
+// that appears is the proxy's.
+func TestBulkTunnelSplices(t *testing.T) {
+	// Go keeps spliced pipes in a pool until two collections drop them and their
+	// finalizers close them: start from a count that no longer falls.
+	before := countPipes(t)
+	for i := 0; i < 50; i++ {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+		if now := countPipes(t); now == before {
+			break
+		} else {
+			before = now
+		}
+	}
+	_, tc, _ := floodingTunnel(t, time.Minute)
+	var peak atomic.Int64
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			peak.Store(max(peak.Load(), int64(countPipes(t))))
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	_, err := io.CopyN(io.Discard, tc, 64<<20)
+	close(stop)
+	<-sampled
+	if err != nil {
+		t.Fatal(err)
+	}
+	if peak.Load() <= int64(before) {
+		t.Errorf("64 MiB went through the tunnel and no pipe appeared (%d before, at most %d during): the relay did not splice", before, peak.Load())
+	}
+}
 
 // TestTunnelEndsWhenItsUpstreamResets: an upstream that resets its connection (here
 // right after the tunnel is up, with the client idle) ends the tunnel at once: the
@@ -79,29 +214,6 @@ func resetOnCue(t *testing.T, halfClose bool) (target *net.TCPAddr, reset chan s
 	return target, reset
 }
 
-// tcpPair returns the two ends of a loopback TCP connection, both closed when the
-// test ends, with no TCP keep-alive (as the proxy dials a tunnel's upstream; Go's
-// default would turn it on with the proxy's own settings).
-func tcpPair(t *testing.T) (local, peer *net.TCPConn) {
-	t.Helper()
-	ln, err := (&net.ListenConfig{KeepAlive: -1}).Listen(context.Background(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	p, err := (&net.Dialer{KeepAlive: -1}).Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	l, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	return l.(*net.TCPConn), p.(*net.TCPConn)
-}
-
 // TestFinishedTunnelReleasesItsSockets: a tunnel between two TCP sockets (as
 // openTunnel hands it over) that ends by a clean half-close each way, where neither
 // direction's end closes a socket, closes both of its sockets when it finishes, and
@@ -114,9 +226,6 @@ func TestFinishedTunnelReleasesItsSockets(t *testing.T) {
 	client, clientPeer := tcpPair(t)
 	up, upPeer := tcpPair(t)
 	tun := startHandedTunnel(t, h, up, client, client, nil)
-	if tun.idle.keepAlive != up {
-		t.Fatal("a tunnel to a TCP upstream got no keep-alive due on its upstream socket")
-	}
 	go h.srv.runTunnel(tun)
 	for _, peer := range []*net.TCPConn{clientPeer, upPeer} {
 		if _, err := io.WriteString(peer, "hi"); err != nil {
@@ -140,8 +249,8 @@ func TestFinishedTunnelReleasesItsSockets(t *testing.T) {
 			t.Errorf("the tunnel's %s socket after it finished: %v, want it closed", name, err)
 		}
 	}
-	if tun.idle.t.Stop() {
-		t.Error("the finished tunnel's watch timer was still pending")
+	if !tun.idle.Stopped() { // which releases its timer (connio's tests)
+		t.Error("the finished tunnel's watch was not stopped")
 	}
 }
 
@@ -152,7 +261,7 @@ func TestFinishedTunnelReleasesItsSockets(t *testing.T) {
 // flow. A tunnel idle from its start sends its first probe within the 4 minutes of the
 // least patient cloud NAT.
 func TestTunnelUpstreamKeepAliveSettings(t *testing.T) {
-	if first := tunnelKeepAliveAfter + upstreamKeepAlive.Idle; first >= 4*time.Minute {
+	if first := tunnelKeepAliveAfter + connio.UpstreamKeepAlive.Idle; first >= 4*time.Minute {
 		t.Errorf("an idle tunnel's first keep-alive probe goes out %v after it opened, want within 4m", first)
 	}
 	h := newHarness(t)
@@ -160,18 +269,18 @@ func TestTunnelUpstreamKeepAliveSettings(t *testing.T) {
 	up, _ := tcpPair(t)
 	saved := tunnelKeepAliveAfter
 	tunnelKeepAliveAfter = time.Millisecond // read here, by startTunnel
-	tun := &tunnel{upward: newDirection(up, client, nil), downward: newDirection(client, up, nil), clientAddr: "127.0.0.1:40000"}
+	tun := &tunnel{upward: connio.NewDirection(up, client, nil), downward: connio.NewDirection(client, up, nil), clientAddr: "127.0.0.1:40000"}
 	if tcpSockopt(t, up, unix.SOL_SOCKET, unix.SO_KEEPALIVE) != 0 {
 		t.Fatal("the upstream socket has keep-alive before the tunnel starts")
 	}
 	h.srv.startTunnel(tun) // no relay runs: nothing but the watch's timer touches the sockets
 	tunnelKeepAliveAfter = saved
-	defer tun.idle.stop()
+	defer tun.idle.Stop()
 	want := [][3]int{
 		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
-		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, keepAliveIdle},
-		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, keepAliveInterval},
-		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAliveCount},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 15},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, 15},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, 9},
 	}
 	waitFor(t, func() bool {
 		for _, o := range want {
@@ -181,16 +290,6 @@ func TestTunnelUpstreamKeepAliveSettings(t *testing.T) {
 		}
 		return true
 	})
-}
-
-// tcpSockopt reads an integer socket option of c.
-func tcpSockopt(t *testing.T, c *net.TCPConn, level, opt int) int {
-	t.Helper()
-	rc, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sockoptInt(t, rc, level, opt)
 }
 
 // writeReporter is an upstream socket that reports each write's error once the write has
@@ -237,7 +336,7 @@ func TestTunnelEndsWhenItsEarlyBytesCannotBeSent(t *testing.T) {
 	})
 	up := &writeReporter{TCPConn: upSock, written: make(chan error, 1)}
 	tun := startHandedTunnel(t, h, up, client, client, []byte("early"))
-	go h.srv.relayDirection(tun, &tun.upward)
+	go h.srv.relayDirection(tun, &tun.upward, &tun.upEnded)
 	select {
 	case err := <-up.written:
 		if err == nil {
@@ -246,7 +345,7 @@ func TestTunnelEndsWhenItsEarlyBytesCannotBeSent(t *testing.T) {
 	case <-time.After(hangGuard):
 		t.Fatal("the early bytes were never written")
 	}
-	go h.srv.relayDirection(tun, &tun.downward)
+	go h.srv.relayDirection(tun, &tun.downward, &tun.downEnded)
 	waitFor(t, func() bool {
 		return testutil.ToFloat64(h.srv.metrics.activeConnect) == gauge && h.srv.tracker.len() == 0
 	})

@@ -1,4 +1,4 @@
-package proxy
+package connio
 
 import (
 	"errors"
@@ -15,7 +15,7 @@ const relayBufSize = 16 << 10
 
 var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
 
-// direction is one direction of a tunnel: it copies src to dst, pre first. Its copy
+// Direction is one direction of a tunnel: it copies src to dst, pre first. Its copy
 // runs on a goroutine of its own for the tunnel's life, and the two goroutines' stacks
 // are most of an idle tunnel's memory. The deepest moment of a copy fits Go's 2 KiB
 // starting stack with about 200 bytes to spare (measured with Go 1.26, docs/bench.md);
@@ -23,19 +23,19 @@ var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); ret
 // it, and a proxy that does little else may not collect for a long time. So the
 // copy's state lives here rather than in its frames, and the calls below copy take
 // few arguments.
-type direction struct {
+type Direction struct {
 	dst, src net.Conn
 	pre      []byte // what the client sent along with the CONNECT, for the upward one
 	n        int64  // bytes written to dst; final once copy returns
-	ended    uint8  // relayRunning, relayEndedFirst or relayEndedLast (recoverRelay)
 	// Both ends' *net.TCPConn, or nil when either end is another kind of connection.
 	tcpDst, tcpSrc *net.TCPConn
-	// hello, until it has decided, holds the client's first bytes (see helloGate).
-	hello *helloGate
+	// hello, until it has decided, holds the client's first bytes (see Gate).
+	hello Gate
 }
 
-func newDirection(dst, src net.Conn, pre []byte) direction {
-	d := direction{dst: dst, src: src, pre: pre}
+// NewDirection is the direction that copies src to dst, pre first.
+func NewDirection(dst, src net.Conn, pre []byte) Direction {
+	d := Direction{dst: dst, src: src, pre: pre}
 	td, dok := dst.(*net.TCPConn)
 	ts, sok := src.(*net.TCPConn)
 	if dok && sok {
@@ -44,8 +44,8 @@ func newDirection(dst, src net.Conn, pre []byte) direction {
 	return d
 }
 
-// copy relays until EOF (nil error) or an error; clock ends it when both directions
-// stay idle (see idleClock). Between two *net.TCPConn it starts with plain reads and
+// Copy relays until EOF (nil error) or an error; clock ends it when both directions
+// stay idle (see IdleClock). Between two *net.TCPConn it starts with plain reads and
 // writes through a pooled buffer that it holds only while bytes move (it waits for
 // input in the poller with no buffer), and moves to splice (TCPConn.ReadFrom, no copy
 // through user space) once a read fills the buffer. Short exchanges (TLS handshakes,
@@ -55,7 +55,7 @@ func newDirection(dst, src net.Conn, pre []byte) direction {
 // stack stays at its smallest size.
 //
 //go:noinline
-func (d *direction) copy(clock *idleClock) error {
+func (d *Direction) Copy(clock *IdleClock) error {
 	var err error
 	if len(d.pre) > 0 {
 		var p []byte
@@ -101,7 +101,7 @@ var errBufferFilled = errors.New("relay buffer filled")
 
 // copyUntilBulk relays with read and write until EOF (nil error), an error, or a read
 // that fills the buffer (errBufferFilled).
-func (d *direction) copyUntilBulk() (n int64, err error) {
+func (d *Direction) copyUntilBulk() (n int64, err error) {
 	rc, err := d.tcpSrc.SyscallConn()
 	if err != nil {
 		return 0, err
@@ -160,17 +160,16 @@ func (d *direction) copyUntilBulk() (n int64, err error) {
 }
 
 // pass returns what of p, the next bytes read, may go to dst now: all of it once the
-// direction has no gate, or when its first byte shows it is not TLS (a check that
-// needs no stack). Otherwise the gate runs on a goroutine of its own, which ends with it:
+// direction has no gate, or when its gate skips them (a check that needs no stack). Otherwise the gate runs on a goroutine of its own, which ends with it:
 // reading a hello and deciding its name outgrows the relay's 2 KiB stack (stacks 4 KiB
 // larger per tunnel, 8 with a decision line, measured with Go 1.26), which the relay's
-// goroutine would otherwise keep until a collection (see direction). A panic there is
+// goroutine would otherwise keep until a collection (see Direction). A panic there is
 // raised again here, for recoverRelay.
-func (d *direction) pass(p []byte) ([]byte, error) {
+func (d *Direction) pass(p []byte) ([]byte, error) {
 	if d.hello == nil {
 		return p, nil
 	}
-	if d.hello.notTLS(p) {
+	if d.hello.Skips(p) {
 		d.hello = nil
 		return p, nil
 	}
@@ -188,7 +187,7 @@ func (d *direction) pass(p []byte) ([]byte, error) {
 
 // gateRun is one feed of a gate, on the goroutine pass starts.
 type gateRun struct {
-	g        *helloGate
+	g        Gate
 	in, out  []byte
 	done     bool
 	err      error
@@ -199,22 +198,22 @@ type gateRun struct {
 func (r *gateRun) run() {
 	defer close(r.finished)
 	defer func() { r.panicked = recover() }()
-	r.out, r.done, r.err = r.g.feed(r.in)
+	r.out, r.done, r.err = r.g.Feed(r.in)
 }
 
-// halfCloser is what *net.TCPConn offers for a clean one-way EOF.
-type halfCloser interface {
+// HalfCloser is what *net.TCPConn offers for a clean one-way EOF.
+type HalfCloser interface {
 	CloseWrite() error
 }
 
-// end ends the direction after its copy returned err: on EOF (nil) it passes the EOF
+// End ends the direction after its copy returned err: on EOF (nil) it passes the EOF
 // on (half-close) so the other direction keeps flowing; on an error it closes both
 // ends, which also stops the other direction's copy. src has already said EOF, so
 // shutting its read side too would only cost a system call per tunnel; and when the
 // other direction has ended too (last), the tunnel closes both sockets next, which
 // passes the EOF on by itself.
-func (d *direction) end(err error, last bool) {
-	if h, ok := d.dst.(halfCloser); ok && err == nil {
+func (d *Direction) End(err error, last bool) {
+	if h, ok := d.dst.(HalfCloser); ok && err == nil {
 		if !last {
 			_ = h.CloseWrite()
 		}
@@ -222,4 +221,25 @@ func (d *direction) end(err error, last bool) {
 	}
 	d.dst.Close()
 	d.src.Close()
+}
+
+// SetGate makes g hold the direction's first bytes until it has decided; both ends
+// must be TCP (TCP), as only the copy between them runs a gate.
+func (d *Direction) SetGate(g Gate) { d.hello = g }
+
+// TCP reports whether both ends are *net.TCPConn, between which the copy splices.
+func (d *Direction) TCP() bool { return d.tcpDst != nil }
+
+// Dst and Src are the direction's ends.
+func (d *Direction) Dst() net.Conn { return d.dst }
+
+func (d *Direction) Src() net.Conn { return d.src }
+
+// Moved is what the direction wrote to dst; final once Copy returned.
+func (d *Direction) Moved() int64 { return d.n }
+
+// Close closes both ends, which ends the copies of both directions of the tunnel.
+func (d *Direction) Close() {
+	d.src.Close()
+	d.dst.Close()
 }

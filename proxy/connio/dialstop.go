@@ -1,4 +1,4 @@
-package proxy
+package connio
 
 import (
 	"context"
@@ -6,21 +6,21 @@ import (
 	"time"
 )
 
-// dialStop ends a tunnel's dial: the attempt in flight and every later one. A tunnel's
+// DialStop ends a tunnel's dial: the attempt in flight and every later one. A tunnel's
 // attempts run under contexts of their own rather than children of the request's:
 // a child costs its parent a registration (a map and a channel, about 360 bytes of
 // every tunnel set-up, which an idle tunnel's memory counts until a collection runs;
 // docs/bench.md). So the cut of a swap and the drain's deadline, which end the
 // request's context, reach the dial through stop instead.
-type dialStop struct {
+type DialStop struct {
 	mu      sync.Mutex
 	cancel  context.CancelFunc // the attempt's in flight, if any
 	stopped bool
 }
 
-// attempt returns the context of one attempt, bounded by timeout, already ended when
+// Attempt returns the context of one attempt, bounded by timeout, already ended when
 // stop came first; done releases it.
-func (d *dialStop) attempt(timeout time.Duration) (ctx context.Context, done context.CancelFunc) {
+func (d *DialStop) Attempt(timeout time.Duration) (ctx context.Context, done context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -31,7 +31,8 @@ func (d *dialStop) attempt(timeout time.Duration) (ctx context.Context, done con
 	return ctx, cancel
 }
 
-func (d *dialStop) stop() {
+// Stop ends the attempt in flight and every later one.
+func (d *DialStop) Stop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.stopped = true
