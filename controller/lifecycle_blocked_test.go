@@ -9,6 +9,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
+	"github.com/compass-egress/compass-egress/policy"
 )
 
 // A phase's blocked summary is the one the provider took with the swap that ended it, so
@@ -51,7 +52,7 @@ func TestBlockedSummaryOfEndedPhase(t *testing.T) {
 					return nil
 				}
 			}
-			tr := task(t, controller.EvaluationFresh)
+			tr := task(t, policy.EvaluationFresh)
 			tr.Run = []controller.Command{{"blocked", "3"}}
 			tr.Evaluate = []controller.Command{{"blocked", "1"}}
 			r := newRunner(t, p)

@@ -35,7 +35,7 @@ const notice = "<IMPORTANT>restricted</IMPORTANT>\n"
 
 // task is a full task: every step declared, distinct policies per phase so that the
 // event log shows which one each step ran under.
-func task(t *testing.T, mode controller.EvaluationMode) controller.TaskRun {
+func task(t *testing.T, mode policy.EvaluationMode) controller.TaskRun {
 	return controller.TaskRun{
 		ID: "t1", Mode: mode, Image: "agent:1", EvaluationImage: "grader:1",
 		Policies: controller.PhasePolicies{
@@ -79,10 +79,10 @@ func TestLifecycleOrder(t *testing.T) {
 	noticeQ := ` notice="<IMPORTANT>restricted</IMPORTANT>\n"`
 	tests := []struct {
 		name string
-		mode controller.EvaluationMode
+		mode policy.EvaluationMode
 		want []string
 	}{
-		{"shared", controller.EvaluationShared, []string{
+		{"shared", policy.EvaluationShared, []string{
 			"agent open public image=agent:1",
 			"agent exec [prep] mode=public",
 			"agent exec [hstart] mode=public",
@@ -96,7 +96,7 @@ func TestLifecycleOrder(t *testing.T) {
 			"agent apply baseline public",
 			"agent close retain=false mode=public",
 		}},
-		{"fresh", controller.EvaluationFresh, []string{
+		{"fresh", policy.EvaluationFresh, []string{
 			"agent open public image=agent:1",
 			"agent exec [prep] mode=public",
 			"agent exec [hstart] mode=public",
@@ -149,14 +149,14 @@ func stepsOf(rec *controller.Record) []string {
 func TestStepConditions(t *testing.T) {
 	tests := []struct {
 		name    string
-		mode    controller.EvaluationMode // shared unless set
+		mode    policy.EvaluationMode // shared unless set
 		change  func(tr *controller.TaskRun, p *controllertest.Provider, taskDir string)
 		steps   []string
 		status  controller.TaskStatus
-		reasons map[controller.StepName]string
-		errs    map[controller.StepName]string // what a step's error says
-		where   map[controller.StepName]string // a skipped step's "environment phase mode"
-		taskErr string                         // what the record's error says
+		reasons map[policy.StepName]string
+		errs    map[policy.StepName]string // what a step's error says
+		where   map[policy.StepName]string // a skipped step's "environment phase mode"
+		taskErr string                     // what the record's error says
 	}{
 		{
 			name:   "no harness session: steps 3 and 5 skipped",
@@ -164,10 +164,10 @@ func TestStepConditions(t *testing.T) {
 			steps: []string{"open:ok", "prepare:ok", "harness_start:skipped", "run:ok", "harness_close:skipped",
 				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
 			status: controller.StatusSucceeded,
-			reasons: map[controller.StepName]string{controller.StepHarnessStart: "no harness session declared",
-				controller.StepHarnessClose: "no harness session was started"},
-			where: map[controller.StepName]string{controller.StepHarnessStart: "t1 baseline public",
-				controller.StepHarnessClose: "t1 run allowlist"},
+			reasons: map[policy.StepName]string{policy.StepHarnessStart: "no harness session declared",
+				policy.StepHarnessClose: "no harness session was started"},
+			where: map[policy.StepName]string{policy.StepHarnessStart: "t1 baseline public",
+				policy.StepHarnessClose: "t1 run allowlist"},
 		},
 		{
 			name: "no collection commands, no save_artifacts",
@@ -177,8 +177,8 @@ func TestStepConditions(t *testing.T) {
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
 				"collect:skipped", "download:skipped", "evaluate:ok", "close:ok"},
 			status: controller.StatusSucceeded,
-			reasons: map[controller.StepName]string{controller.StepCollect: "no collection commands declared",
-				controller.StepDownload: "save_artifacts is false"},
+			reasons: map[policy.StepName]string{policy.StepCollect: "no collection commands declared",
+				policy.StepDownload: "save_artifacts is false"},
 		},
 		{
 			name:   "save_artifacts without paths",
@@ -186,7 +186,7 @@ func TestStepConditions(t *testing.T) {
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
 				"collect:ok", "download:skipped", "evaluate:ok", "close:ok"},
 			status:  controller.StatusSucceeded,
-			reasons: map[controller.StepName]string{controller.StepDownload: "no artifact paths declared"},
+			reasons: map[policy.StepName]string{policy.StepDownload: "no artifact paths declared"},
 		},
 		{
 			name: "artifact path that does not resolve",
@@ -204,7 +204,7 @@ func TestStepConditions(t *testing.T) {
 			},
 			steps:  []string{"open:ok", "prepare:failed", "close:ok"},
 			status: controller.StatusFailed,
-			errs:   map[controller.StepName]string{controller.StepPrepare: "step prepare: exit 3 exited 3"},
+			errs:   map[policy.StepName]string{policy.StepPrepare: "step prepare: exit 3 exited 3"},
 		},
 		{
 			name: "a step log that cannot be written ends the task",
@@ -218,7 +218,7 @@ func TestStepConditions(t *testing.T) {
 			},
 			steps:  []string{"open:ok", "prepare:error", "close:ok"},
 			status: controller.StatusFailed,
-			errs:   map[controller.StepName]string{controller.StepPrepare: "create log directory"},
+			errs:   map[policy.StepName]string{policy.StepPrepare: "create log directory"},
 		},
 		{
 			name: "a negative exit status is a failure",
@@ -266,7 +266,7 @@ func TestStepConditions(t *testing.T) {
 		},
 		{
 			name: "fresh: an artifact that was not saved is not uploaded",
-			mode: controller.EvaluationFresh,
+			mode: policy.EvaluationFresh,
 			change: func(_ *controller.TaskRun, p *controllertest.Provider, _ string) {
 				p.Missing = map[string]bool{"/out/result.tar": true}
 			},
@@ -274,16 +274,16 @@ func TestStepConditions(t *testing.T) {
 				"collect:ok", "download:failed", "close:ok", "evaluation_open:ok", "upload_artifacts:skipped",
 				"evaluate:ok", "evaluation_close:ok"},
 			status:  controller.StatusFailed,
-			reasons: map[controller.StepName]string{controller.StepUpload: "no saved artifacts"},
+			reasons: map[policy.StepName]string{policy.StepUpload: "no saved artifacts"},
 			taskErr: "steps not ok: [download failed]",
 		},
 		{
 			// The grader would judge without the agent's work: nothing is evaluated.
 			name: "fresh: a failed upload of the artifacts ends the task before evaluate",
-			mode: controller.EvaluationFresh,
+			mode: policy.EvaluationFresh,
 			change: func(_ *controller.TaskRun, p *controllertest.Provider, taskDir string) {
-				p.OpenErr = func(role controller.Role) error {
-					if role == controller.RoleEvaluation {
+				p.OpenErr = func(role policy.Role) error {
+					if role == policy.RoleEvaluation {
 						// The saved artifact is gone by the time it is to be uploaded.
 						return os.RemoveAll(filepath.Join(taskDir, "artifacts"))
 					}
@@ -298,12 +298,12 @@ func TestStepConditions(t *testing.T) {
 			name: "rollout timeout is recorded and evaluation still runs",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
 				tr.Run = []controller.Command{{"hang"}}
-				tr.Timeouts = map[controller.StepName]time.Duration{controller.StepRun: 20 * time.Millisecond}
+				tr.Timeouts = map[policy.StepName]time.Duration{policy.StepRun: 20 * time.Millisecond}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:timed_out", "harness_close:ok",
 				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
 			status: controller.StatusFailed,
-			errs:   map[controller.StepName]string{controller.StepRun: "step run: hang: context deadline exceeded"},
+			errs:   map[policy.StepName]string{policy.StepRun: "step run: hang: context deadline exceeded"},
 		},
 		{
 			// A crash is not the rollout's own failure: nothing more runs in the task.
@@ -313,13 +313,13 @@ func TestStepConditions(t *testing.T) {
 			},
 			steps:  []string{"open:ok", "prepare:ok", "harness_start:ok", "run:crashed", "close:ok"},
 			status: controller.StatusFailed,
-			errs:   map[controller.StepName]string{controller.StepRun: "step run panicked: fake: command panicked"},
+			errs:   map[policy.StepName]string{policy.StepRun: "step run panicked: fake: command panicked"},
 		},
 		{
 			name: "a timed-out rollout that could not be stopped ends the task before anything runs under another policy",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
 				tr.Run = []controller.Command{{"unkillable"}}
-				tr.Timeouts = map[controller.StepName]time.Duration{controller.StepRun: 20 * time.Millisecond}
+				tr.Timeouts = map[policy.StepName]time.Duration{policy.StepRun: 20 * time.Millisecond}
 			},
 			steps:  []string{"open:ok", "prepare:ok", "harness_start:ok", "run:error", "close:ok"},
 			status: controller.StatusFailed,
@@ -328,7 +328,7 @@ func TestStepConditions(t *testing.T) {
 			name: "prepare timeout ends the task",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
 				tr.Prepare = []controller.Command{{"hang"}}
-				tr.Timeouts = map[controller.StepName]time.Duration{controller.StepPrepare: 20 * time.Millisecond}
+				tr.Timeouts = map[policy.StepName]time.Duration{policy.StepPrepare: 20 * time.Millisecond}
 			},
 			steps:  []string{"open:ok", "prepare:timed_out", "close:ok"},
 			status: controller.StatusFailed,
@@ -337,7 +337,7 @@ func TestStepConditions(t *testing.T) {
 			name: "failed switch to run: nothing runs, environment closed",
 			change: func(_ *controller.TaskRun, p *controllertest.Provider, _ string) {
 				p.ApplyErr = func(phase string) error {
-					if phase == controller.PhaseRun {
+					if phase == string(policy.PhaseRun) {
 						return errors.New("sidecar did not acknowledge")
 					}
 					return nil
@@ -349,11 +349,11 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "open fails",
 			change: func(_ *controller.TaskRun, p *controllertest.Provider, _ string) {
-				p.OpenErr = func(controller.Role) error { return errors.New("image missing") }
+				p.OpenErr = func(policy.Role) error { return errors.New("image missing") }
 			},
 			steps:  []string{"open:error"},
 			status: controller.StatusFailed,
-			errs:   map[controller.StepName]string{controller.StepOpen: "open agent environment: image missing"},
+			errs:   map[policy.StepName]string{policy.StepOpen: "open agent environment: image missing"},
 		},
 	}
 	for _, tc := range tests {
@@ -361,7 +361,7 @@ func TestStepConditions(t *testing.T) {
 			p := controllertest.New()
 			mode := tc.mode
 			if mode == "" {
-				mode = controller.EvaluationShared
+				mode = policy.EvaluationShared
 			}
 			tr := task(t, mode)
 			r := newRunner(t, p)
@@ -392,7 +392,7 @@ func TestStepConditions(t *testing.T) {
 				if s.TimedOut != (s.Status == controller.StepTimedOut) {
 					t.Errorf("step %s %s has timed_out %t", s.Name, s.Status, s.TimedOut)
 				}
-				if s.Status == controller.StepFailed && s.Name != controller.StepDownload && (s.ExitCode == nil || *s.ExitCode == 0) {
+				if s.Status == controller.StepFailed && s.Name != policy.StepDownload && (s.ExitCode == nil || *s.ExitCode == 0) {
 					t.Errorf("failed step %s records exit code %v", s.Name, s.ExitCode)
 				}
 			}
@@ -422,12 +422,12 @@ func TestEvaluateRestoresBaseline(t *testing.T) {
 		{"panic", []controller.Command{{"panic"}}, 0, controller.StepCrashed, controller.StatusFailed},
 	}
 	modes := []struct {
-		mode    controller.EvaluationMode
+		mode    policy.EvaluationMode
 		role    string
 		restore string
 	}{
-		{controller.EvaluationShared, "agent", "agent apply baseline public"},
-		{controller.EvaluationFresh, "evaluation", "evaluation apply evaluation_baseline no-network"},
+		{policy.EvaluationShared, "agent", "agent apply baseline public"},
+		{policy.EvaluationFresh, "evaluation", "evaluation apply evaluation_baseline no-network"},
 	}
 	for _, m := range modes {
 		for _, e := range endings {
@@ -439,7 +439,7 @@ func TestEvaluateRestoresBaseline(t *testing.T) {
 				tr := task(t, m.mode)
 				tr.Evaluate = e.evaluate
 				if e.timeout > 0 {
-					tr.Timeouts = map[controller.StepName]time.Duration{controller.StepEvaluate: e.timeout}
+					tr.Timeouts = map[policy.StepName]time.Duration{policy.StepEvaluate: e.timeout}
 				}
 				r := newRunner(t, p)
 				rec, err := r.RunTask(ctx, tr, nil)
@@ -458,7 +458,7 @@ func TestEvaluateRestoresBaseline(t *testing.T) {
 				}
 				var got controller.StepStatus
 				for _, s := range rec.Steps {
-					if s.Name == controller.StepEvaluate {
+					if s.Name == policy.StepEvaluate {
 						got = s.Status
 					}
 				}
@@ -493,12 +493,12 @@ func TestEvaluateRestoreFails(t *testing.T) {
 		t.Run(e.name, func(t *testing.T) {
 			p := controllertest.New()
 			p.ApplyErr = func(phase string) error {
-				if phase == controller.PhaseBaseline {
+				if phase == string(policy.PhaseBaseline) {
 					return errors.New("sidecar did not acknowledge")
 				}
 				return nil
 			}
-			tr := task(t, controller.EvaluationShared)
+			tr := task(t, policy.EvaluationShared)
 			tr.Evaluate = e.evaluate
 			r := newRunner(t, p)
 			rec, err := r.RunTask(context.Background(), tr, nil)
@@ -520,17 +520,17 @@ func TestEvaluateRestoreFails(t *testing.T) {
 // (public in shared mode) and closes under it.
 func TestEvaluateNotStoppedLosesEgress(t *testing.T) {
 	for _, m := range []struct {
-		mode controller.EvaluationMode
+		mode policy.EvaluationMode
 		role string
 	}{
-		{controller.EvaluationShared, "agent"},
-		{controller.EvaluationFresh, "evaluation"},
+		{policy.EvaluationShared, "agent"},
+		{policy.EvaluationFresh, "evaluation"},
 	} {
 		t.Run(string(m.mode), func(t *testing.T) {
 			p := controllertest.New()
 			tr := task(t, m.mode)
 			tr.Evaluate = []controller.Command{{"unkillable"}}
-			tr.Timeouts = map[controller.StepName]time.Duration{controller.StepEvaluate: 20 * time.Millisecond}
+			tr.Timeouts = map[policy.StepName]time.Duration{policy.StepEvaluate: 20 * time.Millisecond}
 			rec, err := newRunner(t, p).RunTask(context.Background(), tr, nil)
 			if err == nil {
 				t.Fatal("RunTask succeeded")
@@ -561,18 +561,18 @@ func TestEvaluateNotStoppedLosesEgress(t *testing.T) {
 // says cancelled.
 func TestCancellation(t *testing.T) {
 	tests := []struct {
-		mode      controller.EvaluationMode
-		step      controller.StepName
+		mode      policy.EvaluationMode
+		step      policy.StepName
 		closeLine string
 	}{
-		{controller.EvaluationShared, controller.StepPrepare, "agent close retain=false mode=public"},
-		{controller.EvaluationShared, controller.StepHarnessStart, "agent close retain=false mode=public"},
-		{controller.EvaluationShared, controller.StepRun, "agent close retain=false mode=allowlist"},
-		{controller.EvaluationShared, controller.StepHarnessClose, "agent close retain=false mode=allowlist"},
-		{controller.EvaluationShared, controller.StepCollect, "agent close retain=false mode=allowlist"},
-		{controller.EvaluationShared, controller.StepEvaluate, "agent close retain=false mode=public"},
-		{controller.EvaluationFresh, controller.StepRun, "agent close retain=false mode=allowlist"},
-		{controller.EvaluationFresh, controller.StepEvaluate, "evaluation close retain=false mode=no-network"},
+		{policy.EvaluationShared, policy.StepPrepare, "agent close retain=false mode=public"},
+		{policy.EvaluationShared, policy.StepHarnessStart, "agent close retain=false mode=public"},
+		{policy.EvaluationShared, policy.StepRun, "agent close retain=false mode=allowlist"},
+		{policy.EvaluationShared, policy.StepHarnessClose, "agent close retain=false mode=allowlist"},
+		{policy.EvaluationShared, policy.StepCollect, "agent close retain=false mode=allowlist"},
+		{policy.EvaluationShared, policy.StepEvaluate, "agent close retain=false mode=public"},
+		{policy.EvaluationFresh, policy.StepRun, "agent close retain=false mode=allowlist"},
+		{policy.EvaluationFresh, policy.StepEvaluate, "evaluation close retain=false mode=no-network"},
 	}
 	for _, tc := range tests {
 		t.Run(string(tc.mode)+"/"+string(tc.step), func(t *testing.T) {
@@ -583,17 +583,17 @@ func TestCancellation(t *testing.T) {
 			tr := task(t, tc.mode)
 			stop := []controller.Command{{"cancel"}, {"hang"}}
 			switch tc.step {
-			case controller.StepPrepare:
+			case policy.StepPrepare:
 				tr.Prepare = stop
-			case controller.StepHarnessStart:
+			case policy.StepHarnessStart:
 				tr.Harness.Start = stop
-			case controller.StepRun:
+			case policy.StepRun:
 				tr.Run = stop
-			case controller.StepHarnessClose:
+			case policy.StepHarnessClose:
 				tr.Harness.Close = stop
-			case controller.StepCollect:
+			case policy.StepCollect:
 				tr.Collect = stop
-			case controller.StepEvaluate:
+			case policy.StepEvaluate:
 				tr.Evaluate = stop
 			}
 			r := newRunner(t, p)
@@ -636,22 +636,22 @@ func TestCancellation(t *testing.T) {
 func TestCancelledAfterTheEnd(t *testing.T) {
 	tests := []struct {
 		name   string
-		mode   controller.EvaluationMode
+		mode   policy.EvaluationMode
 		run    []controller.Command
 		status controller.TaskStatus
 	}{
-		{"shared, all ok", controller.EvaluationShared, nil, controller.StatusSucceeded},
-		{"fresh, all ok", controller.EvaluationFresh, nil, controller.StatusSucceeded},
-		{"shared, rollout failed", controller.EvaluationShared, []controller.Command{{"exit", "1"}}, controller.StatusFailed},
+		{"shared, all ok", policy.EvaluationShared, nil, controller.StatusSucceeded},
+		{"fresh, all ok", policy.EvaluationFresh, nil, controller.StatusSucceeded},
+		{"shared, rollout failed", policy.EvaluationShared, []controller.Command{{"exit", "1"}}, controller.StatusFailed},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := controllertest.New()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			last := map[controller.EvaluationMode]controller.Role{
-				controller.EvaluationShared: controller.RoleAgent, controller.EvaluationFresh: controller.RoleEvaluation}[tc.mode]
-			p.CloseErr = func(role controller.Role) error {
+			last := map[policy.EvaluationMode]policy.Role{
+				policy.EvaluationShared: policy.RoleAgent, policy.EvaluationFresh: policy.RoleEvaluation}[tc.mode]
+			p.CloseErr = func(role policy.Role) error {
 				if role == last {
 					cancel() // Ctrl-C while the last close is under way
 				}
@@ -682,13 +682,13 @@ func TestDownloadCutShort(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	p.Cancel = cancel
-	tr := task(t, controller.EvaluationFresh)
+	tr := task(t, policy.EvaluationFresh)
 	tr.Artifacts = []string{"/out/a.tar", "/out/b.tar"}
 	tr.Collect = []controller.Command{{"cancel"}} // Ctrl-C as collection ends
 	r := newRunner(t, p)
 	rec, _ := r.RunTask(ctx, tr, nil)
 	for _, s := range rec.Steps {
-		if s.Name == controller.StepDownload && s.Status != controller.StepCancelled {
+		if s.Name == policy.StepDownload && s.Status != controller.StepCancelled {
 			t.Errorf("download step %s (%s), want %s", s.Status, s.Error, controller.StepCancelled)
 		}
 	}
@@ -713,11 +713,11 @@ func TestFailedSwitchLeavesNoEgress(t *testing.T) {
 		phase  string
 		cancel bool // cancel the run as the switch starts, instead of failing it
 	}{
-		{"switch to run fails", controller.PhaseRun, false},
-		{"switch to run cancelled", controller.PhaseRun, true},
-		{"switch to evaluation fails", controller.PhaseEvaluation, false},
-		{"switch to evaluation cancelled", controller.PhaseEvaluation, true},
-		{"switch to run panics", controller.PhaseRun, false},
+		{"switch to run fails", string(policy.PhaseRun), false},
+		{"switch to run cancelled", string(policy.PhaseRun), true},
+		{"switch to evaluation fails", string(policy.PhaseEvaluation), false},
+		{"switch to evaluation cancelled", string(policy.PhaseEvaluation), true},
+		{"switch to run panics", string(policy.PhaseRun), false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -737,7 +737,7 @@ func TestFailedSwitchLeavesNoEgress(t *testing.T) {
 			}
 			p.ApplyPanics = func(phase string) bool { return panics && phase == tc.phase }
 			r := newRunner(t, p)
-			rec, err := r.RunTask(ctx, task(t, controller.EvaluationShared), nil)
+			rec, err := r.RunTask(ctx, task(t, policy.EvaluationShared), nil)
 			if err == nil {
 				t.Fatal("RunTask succeeded")
 			}
@@ -749,7 +749,7 @@ func TestFailedSwitchLeavesNoEgress(t *testing.T) {
 			if want := "agent close retain=false mode=no-network"; ev[len(ev)-1] != want {
 				t.Errorf("last event %q, want %q\n%s", ev[len(ev)-1], want, strings.Join(ev, "\n"))
 			}
-			if last := rec.Steps[len(rec.Steps)-1]; last.Name != controller.StepClose || last.Mode != policy.ModeNoNetwork {
+			if last := rec.Steps[len(rec.Steps)-1]; last.Name != policy.StepClose || last.Mode != policy.ModeNoNetwork {
 				t.Errorf("last step %s under %s, want close under no-network", last.Name, last.Mode)
 			}
 		})
@@ -761,10 +761,10 @@ func TestFailedSwitchLeavesNoEgress(t *testing.T) {
 // run's process, leaving every other task's environments behind; it must end this task
 // as failed instead, its environment recorded as still open.
 func TestClosePanics(t *testing.T) {
-	for _, mode := range []controller.EvaluationMode{controller.EvaluationShared, controller.EvaluationFresh} {
+	for _, mode := range []policy.EvaluationMode{policy.EvaluationShared, policy.EvaluationFresh} {
 		t.Run(string(mode), func(t *testing.T) {
 			p := controllertest.New()
-			p.CloseErr = func(controller.Role) error { panic("fake: close panicked") }
+			p.CloseErr = func(policy.Role) error { panic("fake: close panicked") }
 			r := newRunner(t, p)
 			var rec *controller.Record
 			var err error
@@ -788,7 +788,7 @@ func TestClosePanics(t *testing.T) {
 
 func TestRetain(t *testing.T) {
 	p := controllertest.New()
-	tr := task(t, controller.EvaluationFresh)
+	tr := task(t, policy.EvaluationFresh)
 	tr.Retain = true
 	r := newRunner(t, p)
 	rec, err := r.RunTask(context.Background(), tr, nil)
@@ -807,7 +807,7 @@ func TestRetain(t *testing.T) {
 
 func TestRecordContents(t *testing.T) {
 	p := controllertest.New()
-	tr := task(t, controller.EvaluationFresh)
+	tr := task(t, policy.EvaluationFresh)
 	tr.Plan = json.RawMessage(`{"applied_recipes":["model-endpoint"]}`)
 	tr.Run = []controller.Command{{"blocked", "3"}}
 	tr.Evaluate = []controller.Command{{"blocked", "1"}}
@@ -830,8 +830,8 @@ func TestRecordContents(t *testing.T) {
 			t.Errorf("%s = %s, want %s", k, rec.NetworkModes[k], v)
 		}
 	}
-	if !rec.Policies[controller.PhaseRun].Equal(tr.Policies.Run) {
-		t.Errorf("run policy %s", rec.Policies[controller.PhaseRun])
+	if !rec.Policies[string(policy.PhaseRun)].Equal(tr.Policies.Run) {
+		t.Errorf("run policy %s", rec.Policies[string(policy.PhaseRun)])
 	}
 	b, err := os.ReadFile(filepath.Join(r.OutDir, "t1", controller.NoticeFile))
 	if err != nil || string(b) != notice || !rec.Notice.Injected {
@@ -874,7 +874,7 @@ func TestRecordContents(t *testing.T) {
 			t.Errorf("step %+v", s)
 		}
 	}
-	run := rec.Steps[slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == controller.StepRun })]
+	run := rec.Steps[slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == policy.StepRun })]
 	if run.Log != "logs/run.log" || *run.ExitCode != 0 || len(run.Commands) != 1 || run.Phase != "run" {
 		t.Errorf("run step %+v", run)
 	}
@@ -896,7 +896,7 @@ func TestNotice(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := controllertest.New()
-			tr := task(t, controller.EvaluationShared)
+			tr := task(t, policy.EvaluationShared)
 			tc.change(&tr)
 			r := newRunner(t, p)
 			rec, err := r.RunTask(context.Background(), tr, nil)
@@ -922,7 +922,7 @@ func TestRunAll(t *testing.T) {
 	p := controllertest.New()
 	var tasks []controller.TaskRun
 	for _, id := range []string{"a", "b", "c", "d"} {
-		tr := task(t, controller.EvaluationFresh)
+		tr := task(t, policy.EvaluationFresh)
 		tr.ID = id
 		tasks = append(tasks, tr)
 	}
@@ -966,7 +966,7 @@ func TestCloseRetry(t *testing.T) {
 			p := controllertest.New()
 			var mu sync.Mutex
 			left := tc.failures
-			p.CloseErr = func(controller.Role) error {
+			p.CloseErr = func(policy.Role) error {
 				mu.Lock()
 				defer mu.Unlock()
 				if left > 0 {
@@ -976,7 +976,7 @@ func TestCloseRetry(t *testing.T) {
 				return nil
 			}
 			r := newRunner(t, p)
-			rec, _ := r.RunTask(context.Background(), task(t, controller.EvaluationShared), nil)
+			rec, _ := r.RunTask(context.Background(), task(t, policy.EvaluationShared), nil)
 			if rec.Status != tc.status || rec.Environments[0].State != tc.state {
 				t.Errorf("status %s, environment %s; want %s, %s", rec.Status, rec.Environments[0].State, tc.status, tc.state)
 			}
@@ -1027,12 +1027,12 @@ func (e panickingEnv) Upload(ctx context.Context, src, dst string) error {
 func TestProviderPanicEndsStep(t *testing.T) {
 	for _, tc := range []struct {
 		op   string
-		mode controller.EvaluationMode
-		step controller.StepName
+		mode policy.EvaluationMode
+		step policy.StepName
 	}{
-		{"open", controller.EvaluationShared, controller.StepOpen},
-		{"download", controller.EvaluationShared, controller.StepDownload},
-		{"upload", controller.EvaluationFresh, controller.StepUpload},
+		{"open", policy.EvaluationShared, policy.StepOpen},
+		{"download", policy.EvaluationShared, policy.StepDownload},
+		{"upload", policy.EvaluationFresh, policy.StepUpload},
 	} {
 		t.Run(tc.op, func(t *testing.T) {
 			fake := controllertest.New()
@@ -1064,7 +1064,7 @@ func TestProviderPanicEndsStep(t *testing.T) {
 // success, though every step of it was ok: the record on disk does not say how it ended.
 func TestRecordWriteFailure(t *testing.T) {
 	p := controllertest.New()
-	tr := task(t, controller.EvaluationShared)
+	tr := task(t, policy.EvaluationShared)
 	tr.Evaluate = []controller.Command{{"cancel"}}
 	r := newRunner(t, p)
 	dir := filepath.Join(r.OutDir, tr.ID)

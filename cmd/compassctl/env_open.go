@@ -94,9 +94,9 @@ func (s *policySource) resolve(task, def string) (policy.Policy, string, error) 
 // runtime default (public) when neither --policy nor --plan is. From a plan it is the
 // role's own baseline: fresh mode's evaluation environment opens under
 // evaluation_baseline, never under the agent's (SPEC §4).
-func (s *policySource) baseline(task string, role controller.Role) (policy.Policy, error) {
+func (s *policySource) baseline(task string, role policy.Role) (policy.Policy, error) {
 	def := string(policy.PhaseBaseline)
-	if role == controller.RoleEvaluation {
+	if role == policy.RoleEvaluation {
 		def = string(policy.PhaseEvaluationBaseline)
 	}
 	p, _, err := s.resolve(task, def)
@@ -151,7 +151,7 @@ type envSpecFlags struct {
 
 func (s *envSpecFlags) bind(cmd *cobra.Command, taskHelp, roleHelp, phaseHelp string) {
 	cmd.Flags().StringVar(&s.task, "task", "", taskHelp)
-	cmd.Flags().StringVar(&s.role, "role", string(controller.RoleAgent), roleHelp)
+	cmd.Flags().StringVar(&s.role, "role", string(policy.RoleAgent), roleHelp)
 	cmd.Flags().DurationVar(&s.timeout, "proxy-start-timeout", 30*time.Second, "how long the sidecar may take to become ready")
 	s.src.bind(cmd, phaseHelp)
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/docker"
+	"github.com/compass-egress/compass-egress/policy"
 )
 
 // runProvider gives the runner what it needs from Docker beyond the shared interface:
@@ -75,7 +76,7 @@ func (p runProvider) Open(ctx context.Context, spec controller.EnvSpec) (control
 }
 
 // Reattach finds the environment of a task's role that another process opened.
-func (p runProvider) Reattach(ctx context.Context, task string, role controller.Role) (controller.Environment, error) {
+func (p runProvider) Reattach(ctx context.Context, task string, role policy.Role) (controller.Environment, error) {
 	e, err := p.LookupTask(ctx, task, role)
 	if errors.Is(err, docker.ErrNoEnvironment) {
 		return nil, fmt.Errorf("%w: %w", controller.ErrEnvironmentGone, err)
@@ -89,7 +90,7 @@ func (p runProvider) Reattach(ctx context.Context, task string, role controller.
 // RemoveEnvironment removes whatever exists of the environment of a task's role
 // (docker.Provider.RemoveTask): through its sidecar when it has one, else by name (a
 // half-finished open).
-func (p runProvider) RemoveEnvironment(ctx context.Context, task string, role controller.Role) (string, error) {
+func (p runProvider) RemoveEnvironment(ctx context.Context, task string, role policy.Role) (string, error) {
 	return docker.EnvID(task, role), p.RemoveTask(ctx, task, role)
 }
 

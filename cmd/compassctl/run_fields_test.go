@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/policy"
 )
 
 // TestTaskRunOfDefaultsAndPolicies: each phase's effective policy reaches its phase
@@ -41,7 +41,7 @@ func TestTaskRunOfDefaultsAndPolicies(t *testing.T) {
 			}
 			if tc.name == "shared, no artifacts" {
 				// A number of seconds keeps its fraction; open is a step a timeout bounds.
-				if tr.Timeouts[controller.StepRun] != 1500*time.Millisecond || tr.Timeouts[controller.StepOpen] != 90*time.Second || tr.ProxyStartTimeout != 45*time.Second {
+				if tr.Timeouts[policy.StepRun] != 1500*time.Millisecond || tr.Timeouts[policy.StepOpen] != 90*time.Second || tr.ProxyStartTimeout != 45*time.Second {
 					t.Errorf("timeouts %v, proxy start timeout %s; want run 1.5s, open 90s, 45s", tr.Timeouts, tr.ProxyStartTimeout)
 				}
 			}

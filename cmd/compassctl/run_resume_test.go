@@ -19,7 +19,7 @@ func TestRunResumeOutcomes(t *testing.T) {
 	task := writeTemp(t, "task.yaml", "task_id: t1\nimage: i\nrun: [x]\n")
 	finished := t.TempDir()
 	r := &controller.Runner{Provider: controllertest.New(), OutDir: finished}
-	if _, err := r.RunTask(t.Context(), controller.TaskRun{ID: "t1", Mode: controller.EvaluationShared, Image: "i",
+	if _, err := r.RunTask(t.Context(), controller.TaskRun{ID: "t1", Mode: policy.EvaluationShared, Image: "i",
 		Policies: controller.PhasePolicies{Baseline: policy.Public, Run: policy.NoNetwork, Evaluation: policy.NoNetwork},
 		Run:      []controller.Command{{"x"}}}, nil); err != nil {
 		t.Fatal(err)
@@ -64,7 +64,7 @@ func TestRunResumeOutcomes(t *testing.T) {
 // runner; every record that cannot be read or resumed is refused, all of them named in
 // one error, and nothing is run or cleared.
 func TestPrepareOutputsResume(t *testing.T) {
-	task := controller.TaskRun{ID: "t1", Mode: controller.EvaluationShared, Image: "i",
+	task := controller.TaskRun{ID: "t1", Mode: policy.EvaluationShared, Image: "i",
 		Policies: controller.PhasePolicies{Baseline: policy.Public, Run: policy.NoNetwork, Evaluation: policy.NoNetwork},
 		Run:      []controller.Command{{"x"}}}
 	other := task

@@ -17,10 +17,10 @@ import (
 )
 
 // timeoutKeys are the steps a task file may bound under "timeouts".
-var timeoutKeys = []controller.StepName{
-	controller.StepOpen, controller.StepPrepare, controller.StepHarnessStart, controller.StepRun,
-	controller.StepHarnessClose, controller.StepCollect, controller.StepDownload,
-	controller.StepEvaluationOpen, controller.StepUpload, controller.StepEvaluate,
+var timeoutKeys = []policy.StepName{
+	policy.StepOpen, policy.StepPrepare, policy.StepHarnessStart, policy.StepRun,
+	policy.StepHarnessClose, policy.StepCollect, policy.StepDownload,
+	policy.StepEvaluationOpen, policy.StepUpload, policy.StepEvaluate,
 }
 
 // taskRunOf turns a resolved plan and its task's runner fields into what the lifecycle
@@ -30,7 +30,7 @@ func taskRunOf(p *policy.Plan) (controller.TaskRun, error) {
 	d := fieldDecoder{task: p.TaskID}
 	t := controller.TaskRun{
 		ID:                p.TaskID,
-		Mode:              controller.EvaluationMode(p.EvaluationMode),
+		Mode:              policy.EvaluationMode(p.EvaluationMode),
 		Image:             d.str(f, "image", true),
 		Policies:          phasePolicies(p),
 		Notice:            p.Notice,
@@ -239,7 +239,7 @@ func (d *fieldDecoder) harness(raw any) *controller.HarnessSession {
 	return h
 }
 
-func (d *fieldDecoder) timeouts(f map[string]any) map[controller.StepName]time.Duration {
+func (d *fieldDecoder) timeouts(f map[string]any) map[policy.StepName]time.Duration {
 	raw, ok := f["timeouts"]
 	if !ok {
 		return nil
@@ -259,7 +259,7 @@ func (d *fieldDecoder) timeouts(f map[string]any) map[controller.StepName]time.D
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	out := map[controller.StepName]time.Duration{}
+	out := map[policy.StepName]time.Duration{}
 	for _, k := range keys {
 		if !known[k] {
 			d.fail("timeouts."+k, "unknown step (known: "+strings.Join(names, ", ")+")")
@@ -270,7 +270,7 @@ func (d *fieldDecoder) timeouts(f map[string]any) map[controller.StepName]time.D
 			d.fail("timeouts."+k, err.Error())
 			continue
 		}
-		out[controller.StepName(k)] = dur
+		out[policy.StepName(k)] = dur
 	}
 	return out
 }

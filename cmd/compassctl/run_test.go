@@ -88,7 +88,7 @@ timeouts: {prepare: 10m, run: 90, evaluate: 1.5s}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tr.ID != "swe-1" || tr.Mode != controller.EvaluationFresh || tr.Image != "agent:1" || tr.EvaluationImage != "grader:1" || !tr.Retain {
+	if tr.ID != "swe-1" || tr.Mode != policy.EvaluationFresh || tr.Image != "agent:1" || tr.EvaluationImage != "grader:1" || !tr.Retain {
 		t.Errorf("header %+v", tr)
 	}
 	if !tr.SaveArtifacts {
@@ -104,7 +104,7 @@ timeouts: {prepare: 10m, run: 90, evaluate: 1.5s}
 		!slices.Equal(tr.Harness.Close[0], controller.Command{"hc", "two words"}) || len(tr.Harness.Start) != 1 {
 		t.Errorf("commands %+v %+v", tr.Prepare, tr.Harness)
 	}
-	want := map[controller.StepName]time.Duration{"prepare": 10 * time.Minute, "run": 90 * time.Second, "evaluate": 1500 * time.Millisecond}
+	want := map[policy.StepName]time.Duration{"prepare": 10 * time.Minute, "run": 90 * time.Second, "evaluate": 1500 * time.Millisecond}
 	for k, v := range want {
 		if tr.Timeouts[k] != v {
 			t.Errorf("timeout %s = %s, want %s", k, tr.Timeouts[k], v)
@@ -226,7 +226,7 @@ func TestPrepareOutputs(t *testing.T) {
 	out := t.TempDir()
 	fake := controllertest.New()
 	r := &controller.Runner{Provider: fake, OutDir: out}
-	done := controller.TaskRun{ID: "done", Mode: controller.EvaluationShared, Image: "i",
+	done := controller.TaskRun{ID: "done", Mode: policy.EvaluationShared, Image: "i",
 		Policies: controller.PhasePolicies{Baseline: policy.Public, Run: policy.NoNetwork, Evaluation: policy.NoNetwork},
 		Run:      []controller.Command{{"x"}}}
 	if _, err := r.RunTask(t.Context(), done, nil); err != nil {

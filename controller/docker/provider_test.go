@@ -278,13 +278,13 @@ func TestRemoveTaskRefusesAnotherTasksLeftovers(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		task   string
-		role   controller.Role
+		role   policy.Role
 		owner  string // of the leftovers; "" is the provider's own
 		refuse string // what the error names, "" for a removal
 	}{
-		{"another task's agent environment", "x", controller.RoleEvaluation, "", `task "x-eval"`},
-		{"another owner's", "x-eval", controller.RoleAgent, "someone-else", `owner "someone-else"`},
-		{"its own", "x-eval", controller.RoleAgent, "", ""},
+		{"another task's agent environment", "x", policy.RoleEvaluation, "", `task "x-eval"`},
+		{"another owner's", "x-eval", policy.RoleAgent, "someone-else", `owner "someone-else"`},
+		{"its own", "x-eval", policy.RoleAgent, "", ""},
 		{"its own, role defaulted", "x-eval", "", "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -311,7 +311,7 @@ func (r *rig) halfOpen(t *testing.T, task, owner string) {
 	t.Helper()
 	n := namesFor(task)
 	labels := func(objRole string) map[string]string {
-		l := r.p.labels(n, task, controller.RoleAgent, objRole)
+		l := r.p.labels(n, task, policy.RoleAgent, objRole)
 		if owner != "" {
 			l[labelOwner] = owner
 		}
@@ -339,14 +339,14 @@ func TestRemoveTaskWaitsForAnOpenInFlight(t *testing.T) {
 	// never depends on it.
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if err := r.p.RemoveTask(ctx, "ro", controller.RoleAgent); err == nil {
+	if err := r.p.RemoveTask(ctx, "ro", policy.RoleAgent); err == nil {
 		t.Error("RemoveTask while an open holds the lock: nil error, want the lock's")
 	}
 	if left := r.leftovers("ro"); len(left) != 2 {
 		t.Errorf("RemoveTask while an open holds the lock left only %v", left)
 	}
 	unlock()
-	if err := r.p.RemoveTask(context.Background(), "ro", controller.RoleAgent); err != nil {
+	if err := r.p.RemoveTask(context.Background(), "ro", policy.RoleAgent); err != nil {
 		t.Fatalf("RemoveTask once the open let go: %v", err)
 	}
 	if left := r.leftovers("ro"); len(left) > 0 {
@@ -455,12 +455,12 @@ func TestLookupTaskRefusesAnotherTasksEnvironment(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		task string
-		role controller.Role
+		role policy.Role
 		ok   bool
 	}{
-		{"x-eval", controller.RoleAgent, true},
+		{"x-eval", policy.RoleAgent, true},
 		{"x-eval", "", true},
-		{"x", controller.RoleEvaluation, false},
+		{"x", policy.RoleEvaluation, false},
 	} {
 		e, err := r.p.LookupTask(ctx, tc.task, tc.role)
 		switch {

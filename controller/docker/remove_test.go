@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -50,7 +49,7 @@ func TestCloseOfANetworkTheEngineHoldsOn(t *testing.T) {
 			r.docker.mu.Lock()
 			tc.hold(r.docker, n.Network)
 			r.docker.mu.Unlock()
-			err := r.p.RemoveTask(context.Background(), "held", controller.RoleAgent)
+			err := r.p.RemoveTask(context.Background(), "held", policy.RoleAgent)
 			left := r.leftovers("held")
 			if tc.wantErr == "" {
 				if err != nil || len(left) > 0 {
@@ -101,7 +100,7 @@ func TestCloseRetriesARemovalTheEngineRefusesForAMoment(t *testing.T) {
 			r.docker.mu.Lock()
 			r.docker.removeErrs = map[string][]error{n.Sidecar: tc.refuse}
 			r.docker.mu.Unlock()
-			err := r.p.RemoveTask(context.Background(), "rr", controller.RoleAgent)
+			err := r.p.RemoveTask(context.Background(), "rr", policy.RoleAgent)
 			left := r.leftovers("rr")
 			if !tc.wantErr {
 				if err != nil || len(left) > 0 {

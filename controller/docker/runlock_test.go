@@ -175,7 +175,7 @@ func TestRunLockLeavesOperatorsAlone(t *testing.T) {
 	if _, err := e.Apply(ctx, allowA, controller.PhaseLabel{Phase: "run"}); err != nil {
 		t.Errorf("switch while a run holds the task: %v", err)
 	}
-	if err := r.p.RemoveTask(ctx, "t9", controller.RoleAgent); err != nil {
+	if err := r.p.RemoveTask(ctx, "t9", policy.RoleAgent); err != nil {
 		t.Errorf("close while a run holds the task: %v", err)
 	}
 	if left := r.leftovers("t9"); len(left) > 0 {

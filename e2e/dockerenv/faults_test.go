@@ -177,7 +177,7 @@ func TestControllerKilledMidSwitch(t *testing.T) {
 	}
 	_ = sw.Wait()
 
-	e, err := h.Provider(t).LookupTask(ctx, task, controller.RoleAgent)
+	e, err := h.Provider(t).LookupTask(ctx, task, policy.RoleAgent)
 	if err != nil {
 		t.Fatalf("lookup: %v", err)
 	}

@@ -86,7 +86,7 @@ func TestFailedOpenLeavesNothing(t *testing.T) {
 			t.Errorf("the failed open left %s", l)
 		}
 	}
-	dir := filepath.Join(h.StateDir, docker.EnvID(task, controller.RoleAgent))
+	dir := filepath.Join(h.StateDir, docker.EnvID(task, policy.RoleAgent))
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("the failed open left its state directory %s (%v)", dir, err)
 	}
@@ -180,7 +180,7 @@ func TestPoolExhaustion(t *testing.T) {
 			t.Errorf("the refused open left %s", l)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(h.StateDir, docker.EnvID(second, controller.RoleAgent))); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(h.StateDir, docker.EnvID(second, policy.RoleAgent))); !os.IsNotExist(err) {
 		t.Errorf("the refused open left its state directory (%v)", err)
 	}
 
