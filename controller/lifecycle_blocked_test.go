@@ -53,8 +53,8 @@ func TestBlockedSummaryOfEndedPhase(t *testing.T) {
 				}
 			}
 			tr := task(t, policy.EvaluationFresh)
-			tr.Run = []controller.Command{{"blocked", "3"}}
-			tr.Evaluate = []controller.Command{{"blocked", "1"}}
+			tr.Run = []policy.Command{{"blocked", "3"}}
+			tr.Evaluate = []policy.Command{{"blocked", "1"}}
 			r := newRunner(t, p)
 			_, err := r.RunTask(context.Background(), tr, nil)
 			if (err != nil) != tc.failSwitch {

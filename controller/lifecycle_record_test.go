@@ -37,9 +37,9 @@ func TestRecordMidRun(t *testing.T) {
 			tr := task(t, tc.mode)
 			switch tc.step {
 			case policy.StepRun:
-				tr.Run = []controller.Command{{"cancel"}}
+				tr.Run = []policy.Command{{"cancel"}}
 			case policy.StepEvaluate:
-				tr.Evaluate = []controller.Command{{"cancel"}}
+				tr.Evaluate = []policy.Command{{"cancel"}}
 			}
 			var prev *controller.Record
 			if tc.resume {
@@ -171,13 +171,13 @@ func TestProgressBlockedCount(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		mode  policy.EvaluationMode
-		run   []controller.Command
+		run   []policy.Command
 		polls bool // the run is cancelled once the poller showed the rollout's 3 attempts
 		total uint64
 	}{
-		{"shared", policy.EvaluationShared, []controller.Command{{"blocked", "3"}}, false, 4},
-		{"fresh", policy.EvaluationFresh, []controller.Command{{"blocked", "3"}}, false, 4},
-		{"polled during the rollout", policy.EvaluationShared, []controller.Command{{"blocked", "3"}, {"hang"}}, true, 3},
+		{"shared", policy.EvaluationShared, []policy.Command{{"blocked", "3"}}, false, 4},
+		{"fresh", policy.EvaluationFresh, []policy.Command{{"blocked", "3"}}, false, 4},
+		{"polled during the rollout", policy.EvaluationShared, []policy.Command{{"blocked", "3"}, {"hang"}}, true, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
@@ -198,7 +198,7 @@ func TestProgressBlockedCount(t *testing.T) {
 				// Bounds the test should the live count never show: the total is then wrong.
 				tr.Timeouts = map[policy.StepName]time.Duration{policy.StepRun: 10 * time.Second}
 			}
-			tr.Evaluate = []controller.Command{{"blocked", "1"}}
+			tr.Evaluate = []policy.Command{{"blocked", "1"}}
 			rec, _ := r.RunTask(ctx, tr, nil)
 			if rec.BlockedTotal() != tc.total {
 				t.Fatalf("record's total %d, want %d", rec.BlockedTotal(), tc.total)
@@ -222,7 +222,7 @@ func TestProgressBlockedCount(t *testing.T) {
 func TestStepLog(t *testing.T) {
 	r := newRunner(t, controllertest.New())
 	tr := task(t, policy.EvaluationShared)
-	tr.Prepare = []controller.Command{{"prep"}, {"stdout", "no", "newline"}, {"stderr", "no", "newline"}, {"hang"}}
+	tr.Prepare = []policy.Command{{"prep"}, {"stdout", "no", "newline"}, {"stderr", "no", "newline"}, {"hang"}}
 	tr.Timeouts = map[policy.StepName]time.Duration{policy.StepPrepare: 20 * time.Millisecond}
 	rec, _ := r.RunTask(context.Background(), tr, nil)
 	b, err := os.ReadFile(filepath.Join(r.OutDir, tr.ID, "logs", "prepare.log"))
@@ -275,7 +275,7 @@ func TestCancelledWhateverTheError(t *testing.T) {
 			}
 		}, []string{"open:ok", "prepare:ok", "harness_start:ok", "close:ok"}, "agent close retain=false mode=no-network"},
 		{"as a step ends, before the switch", policy.EvaluationShared, func(tr *controller.TaskRun, p *controllertest.Provider, cancel func()) {
-			tr.Harness.Start = []controller.Command{{"cancel"}}
+			tr.Harness.Start = []policy.Command{{"cancel"}}
 			p.Cancel = cancel
 		}, []string{"open:ok", "prepare:ok", "harness_start:ok", "close:ok"}, "agent close retain=false mode=no-network"},
 		{"download", policy.EvaluationShared, func(_ *controller.TaskRun, p *controllertest.Provider, cancel func()) {

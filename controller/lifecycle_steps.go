@@ -94,7 +94,7 @@ func (tr *taskRun) skip(name policy.StepName, role policy.Role, reason string) {
 // step runs cmds one after the other in the role's environment, under the policy already
 // in force there, and stops at the first command that does not exit 0. As for apply, the
 // role's environment is open: a failed open ends the lifecycle.
-func (tr *taskRun) step(ctx context.Context, name policy.StepName, role policy.Role, cmds []Command, env map[string]string) (err error) {
+func (tr *taskRun) step(ctx context.Context, name policy.StepName, role policy.Role, cmds []policy.Command, env map[string]string) (err error) {
 	es := tr.envOf(role)
 	logRel := filepath.Join("logs", string(name)+".log")
 	idx := tr.beginStep(name, role, es.env.ID(), es.phase, es.policy.Mode)
@@ -160,7 +160,7 @@ func openLog(path string) (*os.File, error) {
 
 // writeCommandLog appends a command's output to its step log: a header line, stdout,
 // then stderr, each command's section easy to split and parse.
-func writeCommandLog(f *os.File, cmd Command, res ExecResult, err error) {
+func writeCommandLog(f *os.File, cmd policy.Command, res ExecResult, err error) {
 	status := fmt.Sprintf("exit %d", res.ExitCode)
 	if err != nil {
 		status = "error: " + err.Error()

@@ -45,13 +45,13 @@ func task(t *testing.T, mode policy.EvaluationMode) controller.TaskRun {
 			EvaluationBaseline: policy.NoNetwork,
 		},
 		Notice: notice, InjectNotice: true,
-		Prepare:       []controller.Command{{"prep"}},
-		Harness:       &controller.HarnessSession{Start: []controller.Command{{"hstart"}}, Close: []controller.Command{{"hclose"}}},
-		Run:           []controller.Command{{"agent"}},
-		Collect:       []controller.Command{{"collect"}},
+		Prepare:       []policy.Command{{"prep"}},
+		Harness:       &policy.HarnessSession{Start: []policy.Command{{"hstart"}}, Close: []policy.Command{{"hclose"}}},
+		Run:           []policy.Command{{"agent"}},
+		Collect:       []policy.Command{{"collect"}},
 		Artifacts:     []string{"/out/result.tar"},
 		SaveArtifacts: true,
-		Evaluate:      []controller.Command{{"grade"}},
+		Evaluate:      []policy.Command{{"grade"}},
 	}
 }
 
@@ -200,7 +200,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "failed prepare ends the task under the baseline",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Prepare = []controller.Command{{"exit", "3"}}
+				tr.Prepare = []policy.Command{{"exit", "3"}}
 			},
 			steps:  []string{"open:ok", "prepare:failed", "close:ok"},
 			status: controller.StatusFailed,
@@ -223,7 +223,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "a negative exit status is a failure",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Prepare = []controller.Command{{"exit", "-1"}}
+				tr.Prepare = []policy.Command{{"exit", "-1"}}
 			},
 			steps:  []string{"open:ok", "prepare:failed", "close:ok"},
 			status: controller.StatusFailed,
@@ -231,7 +231,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "failed harness start ends the task",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Harness.Start = []controller.Command{{"exit", "1"}}
+				tr.Harness.Start = []policy.Command{{"exit", "1"}}
 			},
 			steps:  []string{"open:ok", "prepare:ok", "harness_start:failed", "close:ok"},
 			status: controller.StatusFailed,
@@ -239,7 +239,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "failed rollout still collects and evaluates",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Run = []controller.Command{{"exit", "2"}, {"never-run"}}
+				tr.Run = []policy.Command{{"exit", "2"}, {"never-run"}}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:failed", "harness_close:ok",
 				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
@@ -249,7 +249,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "failed harness close still collects and evaluates",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Harness.Close = []controller.Command{{"exit", "4"}}
+				tr.Harness.Close = []policy.Command{{"exit", "4"}}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:failed",
 				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
@@ -258,7 +258,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "failed collection still downloads and evaluates",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Collect = []controller.Command{{"exit", "5"}}
+				tr.Collect = []policy.Command{{"exit", "5"}}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
 				"collect:failed", "download:ok", "evaluate:ok", "close:ok"},
@@ -297,7 +297,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "rollout timeout is recorded and evaluation still runs",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Run = []controller.Command{{"hang"}}
+				tr.Run = []policy.Command{{"hang"}}
 				tr.Timeouts = map[policy.StepName]time.Duration{policy.StepRun: 20 * time.Millisecond}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:timed_out", "harness_close:ok",
@@ -309,7 +309,7 @@ func TestStepConditions(t *testing.T) {
 			// A crash is not the rollout's own failure: nothing more runs in the task.
 			name: "a panic in the rollout ends the task",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Run = []controller.Command{{"panic"}}
+				tr.Run = []policy.Command{{"panic"}}
 			},
 			steps:  []string{"open:ok", "prepare:ok", "harness_start:ok", "run:crashed", "close:ok"},
 			status: controller.StatusFailed,
@@ -318,7 +318,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "a timed-out rollout that could not be stopped ends the task before anything runs under another policy",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Run = []controller.Command{{"unkillable"}}
+				tr.Run = []policy.Command{{"unkillable"}}
 				tr.Timeouts = map[policy.StepName]time.Duration{policy.StepRun: 20 * time.Millisecond}
 			},
 			steps:  []string{"open:ok", "prepare:ok", "harness_start:ok", "run:error", "close:ok"},
@@ -327,7 +327,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "prepare timeout ends the task",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Prepare = []controller.Command{{"hang"}}
+				tr.Prepare = []policy.Command{{"hang"}}
 				tr.Timeouts = map[policy.StepName]time.Duration{policy.StepPrepare: 20 * time.Millisecond}
 			},
 			steps:  []string{"open:ok", "prepare:timed_out", "close:ok"},
@@ -411,15 +411,15 @@ func TestStepConditions(t *testing.T) {
 func TestEvaluateRestoresBaseline(t *testing.T) {
 	endings := []struct {
 		name     string
-		evaluate []controller.Command
+		evaluate []policy.Command
 		timeout  time.Duration
 		step     controller.StepStatus
 		status   controller.TaskStatus
 	}{
-		{"non-zero exit", []controller.Command{{"exit", "1"}}, 0, controller.StepFailed, controller.StatusFailed},
-		{"timeout", []controller.Command{{"hang"}}, 20 * time.Millisecond, controller.StepTimedOut, controller.StatusFailed},
-		{"cancellation", []controller.Command{{"cancel"}, {"hang"}}, 0, controller.StepCancelled, controller.StatusCancelled},
-		{"panic", []controller.Command{{"panic"}}, 0, controller.StepCrashed, controller.StatusFailed},
+		{"non-zero exit", []policy.Command{{"exit", "1"}}, 0, controller.StepFailed, controller.StatusFailed},
+		{"timeout", []policy.Command{{"hang"}}, 20 * time.Millisecond, controller.StepTimedOut, controller.StatusFailed},
+		{"cancellation", []policy.Command{{"cancel"}, {"hang"}}, 0, controller.StepCancelled, controller.StatusCancelled},
+		{"panic", []policy.Command{{"panic"}}, 0, controller.StepCrashed, controller.StatusFailed},
 	}
 	modes := []struct {
 		mode    policy.EvaluationMode
@@ -483,12 +483,12 @@ func TestEvaluateRestoresBaseline(t *testing.T) {
 func TestEvaluateRestoreFails(t *testing.T) {
 	for _, e := range []struct {
 		name     string
-		evaluate []controller.Command
+		evaluate []policy.Command
 		step     string
 	}{
-		{"ok", []controller.Command{{"grade"}}, "evaluate:ok"},
-		{"non-zero exit", []controller.Command{{"exit", "1"}}, "evaluate:failed"},
-		{"panic", []controller.Command{{"panic"}}, "evaluate:crashed"},
+		{"ok", []policy.Command{{"grade"}}, "evaluate:ok"},
+		{"non-zero exit", []policy.Command{{"exit", "1"}}, "evaluate:failed"},
+		{"panic", []policy.Command{{"panic"}}, "evaluate:crashed"},
 	} {
 		t.Run(e.name, func(t *testing.T) {
 			p := controllertest.New()
@@ -529,7 +529,7 @@ func TestEvaluateNotStoppedLosesEgress(t *testing.T) {
 		t.Run(string(m.mode), func(t *testing.T) {
 			p := controllertest.New()
 			tr := task(t, m.mode)
-			tr.Evaluate = []controller.Command{{"unkillable"}}
+			tr.Evaluate = []policy.Command{{"unkillable"}}
 			tr.Timeouts = map[policy.StepName]time.Duration{policy.StepEvaluate: 20 * time.Millisecond}
 			rec, err := newRunner(t, p).RunTask(context.Background(), tr, nil)
 			if err == nil {
@@ -581,7 +581,7 @@ func TestCancellation(t *testing.T) {
 			defer cancel()
 			p.Cancel = cancel
 			tr := task(t, tc.mode)
-			stop := []controller.Command{{"cancel"}, {"hang"}}
+			stop := []policy.Command{{"cancel"}, {"hang"}}
 			switch tc.step {
 			case policy.StepPrepare:
 				tr.Prepare = stop
@@ -637,12 +637,12 @@ func TestCancelledAfterTheEnd(t *testing.T) {
 	tests := []struct {
 		name   string
 		mode   policy.EvaluationMode
-		run    []controller.Command
+		run    []policy.Command
 		status controller.TaskStatus
 	}{
 		{"shared, all ok", policy.EvaluationShared, nil, controller.StatusSucceeded},
 		{"fresh, all ok", policy.EvaluationFresh, nil, controller.StatusSucceeded},
-		{"shared, rollout failed", policy.EvaluationShared, []controller.Command{{"exit", "1"}}, controller.StatusFailed},
+		{"shared, rollout failed", policy.EvaluationShared, []policy.Command{{"exit", "1"}}, controller.StatusFailed},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -684,7 +684,7 @@ func TestDownloadCutShort(t *testing.T) {
 	p.Cancel = cancel
 	tr := task(t, policy.EvaluationFresh)
 	tr.Artifacts = []string{"/out/a.tar", "/out/b.tar"}
-	tr.Collect = []controller.Command{{"cancel"}} // Ctrl-C as collection ends
+	tr.Collect = []policy.Command{{"cancel"}} // Ctrl-C as collection ends
 	r := newRunner(t, p)
 	rec, _ := r.RunTask(ctx, tr, nil)
 	for _, s := range rec.Steps {
@@ -809,8 +809,8 @@ func TestRecordContents(t *testing.T) {
 	p := controllertest.New()
 	tr := task(t, policy.EvaluationFresh)
 	tr.Plan = json.RawMessage(`{"applied_recipes":["model-endpoint"]}`)
-	tr.Run = []controller.Command{{"blocked", "3"}}
-	tr.Evaluate = []controller.Command{{"blocked", "1"}}
+	tr.Run = []policy.Command{{"blocked", "3"}}
+	tr.Evaluate = []policy.Command{{"blocked", "1"}}
 	r := newRunner(t, p)
 	if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
 		t.Fatal(err)
@@ -1039,7 +1039,7 @@ func TestProviderPanicEndsStep(t *testing.T) {
 			r := newRunner(t, panicking{Provider: fake, op: tc.op})
 			tr := task(t, tc.mode)
 			// A step that ended before the panic keeps its own outcome.
-			tr.Run = []controller.Command{{"exit", "2"}}
+			tr.Run = []policy.Command{{"exit", "2"}}
 			rec, err := r.RunTask(context.Background(), tr, nil)
 			if err == nil || rec.Status != controller.StatusFailed {
 				t.Fatalf("status %s, err %v; want failed", rec.Status, err)
@@ -1065,7 +1065,7 @@ func TestProviderPanicEndsStep(t *testing.T) {
 func TestRecordWriteFailure(t *testing.T) {
 	p := controllertest.New()
 	tr := task(t, policy.EvaluationShared)
-	tr.Evaluate = []controller.Command{{"cancel"}}
+	tr.Evaluate = []policy.Command{{"cancel"}}
 	r := newRunner(t, p)
 	dir := filepath.Join(r.OutDir, tr.ID)
 	// During evaluate, the task directory goes away and a file takes its name.

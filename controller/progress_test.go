@@ -20,7 +20,7 @@ func TestLogProgress(t *testing.T) {
 	r := newRunner(t, p)
 	r.Progress = controller.NewLogProgress(&out)
 	tr := task(t, policy.EvaluationShared)
-	tr.Run = []controller.Command{{"blocked", "2"}}
+	tr.Run = []policy.Command{{"blocked", "2"}}
 	if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -114,24 +114,24 @@ func TestResumeRefusals(t *testing.T) {
 
 	shared := task(t, policy.EvaluationShared)
 	shared.ID = "s"
-	shared.Run = []controller.Command{{"cancel"}, {"hang"}}
+	shared.Run = []policy.Command{{"cancel"}, {"hang"}}
 	sharedRec := interrupted(t, fake, fake, r, shared)
 
 	fresh := task(t, policy.EvaluationFresh)
 	fresh.ID = "f"
-	fresh.Run = []controller.Command{{"cancel"}, {"hang"}}
+	fresh.Run = []policy.Command{{"cancel"}, {"hang"}}
 	freshRec := interrupted(t, fake, fake, r, fresh)
 
 	// Nothing to download: the collection is the last of the agent's part.
 	collecting := task(t, policy.EvaluationFresh)
 	collecting.ID = "c"
-	collecting.Collect, collecting.SaveArtifacts = []controller.Command{{"cancel"}, {"hang"}}, false
+	collecting.Collect, collecting.SaveArtifacts = []policy.Command{{"cancel"}, {"hang"}}, false
 	collectingRec := interrupted(t, fake, fake, r, collecting)
 
 	// Nothing after the harness close in the agent's part.
 	closing := task(t, policy.EvaluationFresh)
 	closing.ID = "h"
-	closing.Harness.Close = []controller.Command{{"cancel"}, {"hang"}}
+	closing.Harness.Close = []policy.Command{{"cancel"}, {"hang"}}
 	closing.Collect, closing.SaveArtifacts = nil, false
 	closingRec := interrupted(t, fake, fake, r, closing)
 
@@ -142,7 +142,7 @@ func TestResumeRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	changed := shared
-	changed.Evaluate = []controller.Command{{"other"}}
+	changed.Evaluate = []policy.Command{{"other"}}
 
 	tests := []struct {
 		name string
@@ -258,7 +258,7 @@ func TestResumeChecksDefinition(t *testing.T) {
 		return rec
 	}
 	withRun := func(tr controller.TaskRun, run string) controller.TaskRun {
-		tr.Run = []controller.Command{{run}}
+		tr.Run = []policy.Command{{run}}
 		return tr
 	}
 	shared, fresh := asPlanned(policy.EvaluationShared), asPlanned(policy.EvaluationFresh)
@@ -304,7 +304,7 @@ func TestRunAllCancelledBeforeResume(t *testing.T) {
 	for _, id := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
 		tr := task(t, policy.EvaluationFresh)
 		tr.ID = id
-		tr.Evaluate = []controller.Command{{"cancel"}, {"hang"}}
+		tr.Evaluate = []policy.Command{{"cancel"}, {"hang"}}
 		interrupted(t, fake, fake, r, tr)
 		prevs[id] = readRecord(t, r, id)
 		tasks = append(tasks, tr)
@@ -775,7 +775,7 @@ func TestResumeAfterTheAgentsPart(t *testing.T) {
 		status controller.TaskStatus // of the resumed task
 	}{
 		{"rollout timed out", func(tr *controller.TaskRun) {
-			tr.Run = []controller.Command{{"hang"}}
+			tr.Run = []policy.Command{{"hang"}}
 			tr.Timeouts = map[policy.StepName]time.Duration{policy.StepRun: 20 * time.Millisecond}
 		}, controller.StatusFailed},
 		{"save_artifacts without paths, no harness, no collection", func(tr *controller.TaskRun) {

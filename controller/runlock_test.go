@@ -58,7 +58,7 @@ func TestRunLockSpansTheTask(t *testing.T) {
 		{"fresh", policy.EvaluationFresh, nil, true},
 		{"prepare fails: closed after the lifecycle stopped", policy.EvaluationShared,
 			func(_ *testing.T, _ *controller.Runner, _ *controllertest.Provider, tr *controller.TaskRun) *controller.Record {
-				tr.Prepare = []controller.Command{{"exit", "3"}}
+				tr.Prepare = []policy.Command{{"exit", "3"}}
 				return nil
 			}, false},
 		{"resume after a cut agent open", policy.EvaluationShared,

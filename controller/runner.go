@@ -18,9 +18,6 @@ import (
 // that switch in records, not a policy field.
 const PhaseNotStopped = "command_not_stopped"
 
-// Command is one argv run with Exec (no shell: the task images may have none).
-type Command []string
-
 // PhasePolicies are a task's effective policies, as the planner resolved them.
 type PhasePolicies struct {
 	Baseline   policy.Policy `json:"baseline"`
@@ -30,12 +27,6 @@ type PhasePolicies struct {
 	// is left out of the JSON when unset, as in shared mode, where the zero policy has
 	// no wire form and would leave the task without a digest.
 	EvaluationBaseline policy.Policy `json:"evaluation_baseline,omitzero"`
-}
-
-// HarnessSession is a declared harness session: steps 3 and 5 exist only with one.
-type HarnessSession struct {
-	Start []Command `json:"start"`
-	Close []Command `json:"close"`
 }
 
 // TaskRun is everything the runner needs for one task's lifecycle: the planner's
@@ -50,16 +41,16 @@ type TaskRun struct {
 	// copied into the record as it is.
 	Plan json.RawMessage `json:"plan,omitempty"`
 	// Notice is the restriction statement of the effective run policy ("" for public).
-	Notice        string          `json:"notice,omitempty"`
-	InjectNotice  bool            `json:"inject_network_restriction_notice"`
-	Prepare       []Command       `json:"prepare,omitempty"`
-	Harness       *HarnessSession `json:"harness,omitempty"`
-	Run           []Command       `json:"run,omitempty"`
-	Collect       []Command       `json:"collect,omitempty"`
-	Artifacts     []string        `json:"artifacts,omitempty"`
-	SaveArtifacts bool            `json:"save_artifacts"`
-	Evaluate      []Command       `json:"evaluate,omitempty"`
-	Retain        bool            `json:"retain"`
+	Notice        string                 `json:"notice,omitempty"`
+	InjectNotice  bool                   `json:"inject_network_restriction_notice"`
+	Prepare       []policy.Command       `json:"prepare,omitempty"`
+	Harness       *policy.HarnessSession `json:"harness,omitempty"`
+	Run           []policy.Command       `json:"run,omitempty"`
+	Collect       []policy.Command       `json:"collect,omitempty"`
+	Artifacts     []string               `json:"artifacts,omitempty"`
+	SaveArtifacts bool                   `json:"save_artifacts"`
+	Evaluate      []policy.Command       `json:"evaluate,omitempty"`
+	Retain        bool                   `json:"retain"`
 	// Timeouts bounds steps by name; a step without an entry is bounded only by the run.
 	Timeouts          map[policy.StepName]time.Duration `json:"timeouts,omitempty"`
 	Env               map[string]string                 `json:"env,omitempty"`

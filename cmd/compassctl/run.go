@@ -97,21 +97,17 @@ func runTasks(ctx context.Context, out io.Writer, files []string, o runOptions) 
 	if o.progress != "auto" && o.progress != "live" && o.progress != "plain" {
 		return usageError{fmt.Errorf("run: --progress %q: use auto, live or plain", o.progress)}
 	}
-	plans, err := buildPlans(planOptions{tasks: files, envParams: o.envParams, recipes: o.recipes})
+	plans, err := buildPlans(planOptions{tasks: files, envParams: o.envParams, recipes: o.recipes, check: docker.CheckTask})
 	if err != nil {
 		return usageError{err}
 	}
-	var tasks []controller.TaskRun
-	var errs []error
+	tasks := make([]controller.TaskRun, 0, len(plans))
 	for _, p := range plans {
-		t, err := taskRunOf(p)
+		t, err := controller.NewTaskRun(p)
 		if err != nil {
-			errs = append(errs, err)
+			return err
 		}
 		tasks = append(tasks, t)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return usageError{err}
 	}
 	prov, closeClient, err := newRunProvider(&o.env)
 	if err != nil {

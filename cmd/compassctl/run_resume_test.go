@@ -21,7 +21,7 @@ func TestRunResumeOutcomes(t *testing.T) {
 	r := &controller.Runner{Provider: controllertest.New(), OutDir: finished}
 	if _, err := r.RunTask(t.Context(), controller.TaskRun{ID: "t1", Mode: policy.EvaluationShared, Image: "i",
 		Policies: controller.PhasePolicies{Baseline: policy.Public, Run: policy.NoNetwork, Evaluation: policy.NoNetwork},
-		Run:      []controller.Command{{"x"}}}, nil); err != nil {
+		Run:      []policy.Command{{"x"}}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	undigested := t.TempDir()
@@ -66,7 +66,7 @@ func TestRunResumeOutcomes(t *testing.T) {
 func TestPrepareOutputsResume(t *testing.T) {
 	task := controller.TaskRun{ID: "t1", Mode: policy.EvaluationShared, Image: "i",
 		Policies: controller.PhasePolicies{Baseline: policy.Public, Run: policy.NoNetwork, Evaluation: policy.NoNetwork},
-		Run:      []controller.Command{{"x"}}}
+		Run:      []policy.Command{{"x"}}}
 	other := task
 	other.ID = "t2"
 	write := func(t *testing.T, out, id, body string) {
