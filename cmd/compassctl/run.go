@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -120,7 +119,7 @@ func runTasks(ctx context.Context, out io.Writer, files []string, o runOptions) 
 		return err
 	}
 	defer unlock()
-	tasks, resume, skipped, err := prepareOutputs(o.out, tasks, o.resume, prov)
+	tasks, resume, skipped, err := controller.PrepareOutputs(o.out, tasks, o.resume, prov)
 	if err != nil {
 		return usageError{err}
 	}
@@ -220,55 +219,4 @@ func lockOutputs(ctx context.Context, out string) (unlock func(), err error) {
 		return nil, fmt.Errorf("run: --out %s: lock: %w", out, err)
 	}
 	return func() { f.Close() }, nil
-}
-
-// prepareOutputs decides, before anything starts, what each task does with its output
-// directory: a fresh run replaces an earlier record; --resume continues, skips finished
-// tasks, or refuses (every refusal is reported and nothing runs).
-func prepareOutputs(out string, tasks []controller.TaskRun, resume bool, p controller.Provider) ([]controller.TaskRun, map[string]*controller.Record, []string, error) {
-	var (
-		run     []controller.TaskRun
-		prevs   = map[string]*controller.Record{}
-		skipped []string
-		errs    []error
-	)
-	for _, t := range tasks {
-		dir := filepath.Join(out, t.ID)
-		_, statErr := os.Stat(filepath.Join(dir, controller.RecordFile))
-		hasRecord := statErr == nil
-		switch {
-		case !hasRecord:
-			run = append(run, t)
-		case !resume:
-			// Only a directory that holds a record is ours to clear.
-			if err := os.RemoveAll(dir); err != nil {
-				errs = append(errs, fmt.Errorf("run: clear %s: %w", dir, err))
-			}
-			run = append(run, t)
-		default:
-			prev, err := controller.ReadRecord(dir)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if controller.Finished(prev) {
-				skipped = append(skipped, t.ID)
-				continue
-			}
-			if _, err := controller.ResumeFrom(prev, t, p); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			prevs[t.ID] = prev
-			run = append(run, t)
-		}
-	}
-	if len(errs) > 0 {
-		msgs := make([]string, len(errs))
-		for i, e := range errs {
-			msgs[i] = e.Error()
-		}
-		return nil, nil, nil, errors.New(strings.Join(msgs, "\n"))
-	}
-	return run, prevs, skipped, nil
 }

@@ -5,47 +5,12 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/compass-egress/compass-egress/controller"
-	"github.com/compass-egress/compass-egress/controller/controllertest"
 	"github.com/compass-egress/compass-egress/controller/docker"
-	"github.com/compass-egress/compass-egress/policy"
 )
-
-func TestPrepareOutputs(t *testing.T) {
-	out := t.TempDir()
-	fake := controllertest.New()
-	r := &controller.Runner{Provider: fake, OutDir: out}
-	done := controller.TaskRun{ID: "done", Mode: policy.EvaluationShared, Image: "i",
-		Policies: controller.PhasePolicies{Baseline: policy.Public, Run: policy.NoNetwork, Evaluation: policy.NoNetwork},
-		Run:      []policy.Command{{"x"}}}
-	if _, err := r.RunTask(t.Context(), done, nil); err != nil {
-		t.Fatal(err)
-	}
-	fresh := done
-	fresh.ID = "new"
-
-	run, prevs, skipped, err := prepareOutputs(out, []controller.TaskRun{done, fresh}, true, fake)
-	if err != nil || len(run) != 1 || run[0].ID != "new" || len(prevs) != 0 || !slices.Equal(skipped, []string{"done"}) {
-		t.Errorf("resume: run %v prevs %v skipped %v err %v", run, prevs, skipped, err)
-	}
-	changed := done
-	changed.Run = []policy.Command{{"y"}}
-	if _, _, _, err := prepareOutputs(out, []controller.TaskRun{changed}, true, fake); err != nil {
-		t.Errorf("a finished task is skipped before its definition is compared: %v", err)
-	}
-	// Without --resume the old record is cleared and the task runs again.
-	run, _, _, err = prepareOutputs(out, []controller.TaskRun{done}, false, fake)
-	if err != nil || len(run) != 1 {
-		t.Fatalf("fresh run: %v %v", run, err)
-	}
-	if _, err := os.Stat(filepath.Join(out, "done", controller.RecordFile)); !os.IsNotExist(err) {
-		t.Errorf("old record not cleared: %v", err)
-	}
-}
 
 // TestRunRefusesBeforeStarting: an invalid task (or plan) is exit status 2 before any
 // provider is contacted, with every problem named.
