@@ -10,6 +10,7 @@ import (
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // A phase's blocked summary is the one the provider took with the swap that ended it, so
@@ -53,8 +54,8 @@ func TestBlockedSummaryOfEndedPhase(t *testing.T) {
 				}
 			}
 			tr := task(t, policy.EvaluationFresh)
-			tr.Run = []policy.Command{{"blocked", "3"}}
-			tr.Evaluate = []policy.Command{{"blocked", "1"}}
+			tr.Run = []lifecycle.Command{{"blocked", "3"}}
+			tr.Evaluate = []lifecycle.Command{{"blocked", "1"}}
 			r := newRunner(t, p)
 			_, err := r.RunTask(context.Background(), tr, nil)
 			if (err != nil) != tc.failSwitch {

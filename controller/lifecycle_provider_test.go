@@ -12,6 +12,7 @@ import (
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // specProvider is the fake provider that keeps every EnvSpec it was asked to open.
@@ -163,7 +164,7 @@ func TestUploadUnsupported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	i := slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == policy.StepUpload })
+	i := slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == lifecycle.StepUpload })
 	if s := rec.Steps[i]; s.Status != controller.StepSkipped || s.Reason != "the provider cannot copy files into an environment" {
 		t.Errorf("upload recorded %s (%s), want skipped, saying why", s.Status, s.Reason)
 	}

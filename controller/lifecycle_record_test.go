@@ -14,6 +14,7 @@ import (
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // TestRecordMidRun reads the record on disk while a step runs, as an operator (or a
@@ -25,21 +26,21 @@ func TestRecordMidRun(t *testing.T) {
 		name   string
 		mode   policy.EvaluationMode
 		resume bool
-		step   policy.StepName // the step that reads the record
+		step   lifecycle.StepName // the step that reads the record
 	}{
-		{"shared, during the rollout", policy.EvaluationShared, false, policy.StepRun},
-		{"fresh, during evaluate", policy.EvaluationFresh, false, policy.StepEvaluate},
-		{"resumed, during evaluate", policy.EvaluationFresh, true, policy.StepEvaluate},
+		{"shared, during the rollout", policy.EvaluationShared, false, lifecycle.StepRun},
+		{"fresh, during evaluate", policy.EvaluationFresh, false, lifecycle.StepEvaluate},
+		{"resumed, during evaluate", policy.EvaluationFresh, true, lifecycle.StepEvaluate},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := controllertest.New()
 			r := newRunner(t, p)
 			tr := task(t, tc.mode)
 			switch tc.step {
-			case policy.StepRun:
-				tr.Run = []policy.Command{{"cancel"}}
-			case policy.StepEvaluate:
-				tr.Evaluate = []policy.Command{{"cancel"}}
+			case lifecycle.StepRun:
+				tr.Run = []lifecycle.Command{{"cancel"}}
+			case lifecycle.StepEvaluate:
+				tr.Evaluate = []lifecycle.Command{{"cancel"}}
 			}
 			var prev *controller.Record
 			if tc.resume {
@@ -171,13 +172,13 @@ func TestProgressBlockedCount(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		mode  policy.EvaluationMode
-		run   []policy.Command
+		run   []lifecycle.Command
 		polls bool // the run is cancelled once the poller showed the rollout's 3 attempts
 		total uint64
 	}{
-		{"shared", policy.EvaluationShared, []policy.Command{{"blocked", "3"}}, false, 4},
-		{"fresh", policy.EvaluationFresh, []policy.Command{{"blocked", "3"}}, false, 4},
-		{"polled during the rollout", policy.EvaluationShared, []policy.Command{{"blocked", "3"}, {"hang"}}, true, 3},
+		{"shared", policy.EvaluationShared, []lifecycle.Command{{"blocked", "3"}}, false, 4},
+		{"fresh", policy.EvaluationFresh, []lifecycle.Command{{"blocked", "3"}}, false, 4},
+		{"polled during the rollout", policy.EvaluationShared, []lifecycle.Command{{"blocked", "3"}, {"hang"}}, true, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
@@ -185,7 +186,7 @@ func TestProgressBlockedCount(t *testing.T) {
 			pl := &progressLog{}
 			if tc.polls {
 				pl.onUpdate = func(u controller.ProgressUpdate) {
-					if u.Step == policy.StepRun && u.Blocked == 3 {
+					if u.Step == lifecycle.StepRun && u.Blocked == 3 {
 						cancel()
 					}
 				}
@@ -196,9 +197,9 @@ func TestProgressBlockedCount(t *testing.T) {
 			tr.Run = tc.run
 			if tc.polls {
 				// Bounds the test should the live count never show: the total is then wrong.
-				tr.Timeouts = map[policy.StepName]time.Duration{policy.StepRun: 10 * time.Second}
+				tr.Timeouts = map[lifecycle.StepName]time.Duration{lifecycle.StepRun: 10 * time.Second}
 			}
-			tr.Evaluate = []policy.Command{{"blocked", "1"}}
+			tr.Evaluate = []lifecycle.Command{{"blocked", "1"}}
 			rec, _ := r.RunTask(ctx, tr, nil)
 			if rec.BlockedTotal() != tc.total {
 				t.Fatalf("record's total %d, want %d", rec.BlockedTotal(), tc.total)
@@ -222,8 +223,8 @@ func TestProgressBlockedCount(t *testing.T) {
 func TestStepLog(t *testing.T) {
 	r := newRunner(t, controllertest.New())
 	tr := task(t, policy.EvaluationShared)
-	tr.Prepare = []policy.Command{{"prep"}, {"stdout", "no", "newline"}, {"stderr", "no", "newline"}, {"hang"}}
-	tr.Timeouts = map[policy.StepName]time.Duration{policy.StepPrepare: 20 * time.Millisecond}
+	tr.Prepare = []lifecycle.Command{{"prep"}, {"stdout", "no", "newline"}, {"stderr", "no", "newline"}, {"hang"}}
+	tr.Timeouts = map[lifecycle.StepName]time.Duration{lifecycle.StepPrepare: 20 * time.Millisecond}
 	rec, _ := r.RunTask(context.Background(), tr, nil)
 	b, err := os.ReadFile(filepath.Join(r.OutDir, tr.ID, "logs", "prepare.log"))
 	if err != nil {
@@ -236,7 +237,7 @@ func TestStepLog(t *testing.T) {
 	if string(b) != want {
 		t.Errorf("log\n got  %q\n want %q", b, want)
 	}
-	i := slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == policy.StepPrepare })
+	i := slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == lifecycle.StepPrepare })
 	var codes []string
 	for _, c := range rec.Steps[i].Commands {
 		code := "-"
@@ -263,7 +264,7 @@ func TestCancelledWhateverTheError(t *testing.T) {
 		last  string // the last event: nothing runs or switches after the Ctrl-C
 	}{
 		{"open", policy.EvaluationShared, func(_ *controller.TaskRun, p *controllertest.Provider, cancel func()) {
-			p.OpenErr = func(policy.Role) error { cancel(); return aborted }
+			p.OpenErr = func(lifecycle.Role) error { cancel(); return aborted }
 		}, []string{"open:cancelled"}, "agent open failed"},
 		{"switch to run", policy.EvaluationShared, func(_ *controller.TaskRun, p *controllertest.Provider, cancel func()) {
 			p.ApplyErr = func(phase string) error {
@@ -275,7 +276,7 @@ func TestCancelledWhateverTheError(t *testing.T) {
 			}
 		}, []string{"open:ok", "prepare:ok", "harness_start:ok", "close:ok"}, "agent close retain=false mode=no-network"},
 		{"as a step ends, before the switch", policy.EvaluationShared, func(tr *controller.TaskRun, p *controllertest.Provider, cancel func()) {
-			tr.Harness.Start = []policy.Command{{"cancel"}}
+			tr.Harness.Start = []lifecycle.Command{{"cancel"}}
 			p.Cancel = cancel
 		}, []string{"open:ok", "prepare:ok", "harness_start:ok", "close:ok"}, "agent close retain=false mode=no-network"},
 		{"download", policy.EvaluationShared, func(_ *controller.TaskRun, p *controllertest.Provider, cancel func()) {

@@ -8,6 +8,7 @@ import (
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // TestLifecycleFollowsThePlannersTable: the steps the lifecycle takes in each mode, in
@@ -66,7 +67,7 @@ func tableSteps(p *policy.Plan) []string {
 // takenSteps lists the steps of a record the same way.
 func takenSteps(t *testing.T, rec *controller.Record) []string {
 	t.Helper()
-	roles := map[string]policy.Role{}
+	roles := map[string]lifecycle.Role{}
 	for _, e := range rec.Environments {
 		roles[e.ID] = e.Role
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -45,13 +46,13 @@ func task(t *testing.T, mode policy.EvaluationMode) controller.TaskRun {
 			EvaluationBaseline: policy.NoNetwork,
 		},
 		Notice: notice, InjectNotice: true,
-		Prepare:       []policy.Command{{"prep"}},
-		Harness:       &policy.HarnessSession{Start: []policy.Command{{"hstart"}}, Close: []policy.Command{{"hclose"}}},
-		Run:           []policy.Command{{"agent"}},
-		Collect:       []policy.Command{{"collect"}},
+		Prepare:       []lifecycle.Command{{"prep"}},
+		Harness:       &lifecycle.HarnessSession{Start: []lifecycle.Command{{"hstart"}}, Close: []lifecycle.Command{{"hclose"}}},
+		Run:           []lifecycle.Command{{"agent"}},
+		Collect:       []lifecycle.Command{{"collect"}},
 		Artifacts:     []string{"/out/result.tar"},
 		SaveArtifacts: true,
-		Evaluate:      []policy.Command{{"grade"}},
+		Evaluate:      []lifecycle.Command{{"grade"}},
 	}
 }
 
@@ -153,10 +154,10 @@ func TestStepConditions(t *testing.T) {
 		change  func(tr *controller.TaskRun, p *controllertest.Provider, taskDir string)
 		steps   []string
 		status  controller.TaskStatus
-		reasons map[policy.StepName]string
-		errs    map[policy.StepName]string // what a step's error says
-		where   map[policy.StepName]string // a skipped step's "environment phase mode"
-		taskErr string                     // what the record's error says
+		reasons map[lifecycle.StepName]string
+		errs    map[lifecycle.StepName]string // what a step's error says
+		where   map[lifecycle.StepName]string // a skipped step's "environment phase mode"
+		taskErr string                        // what the record's error says
 	}{
 		{
 			name:   "no harness session: steps 3 and 5 skipped",
@@ -164,10 +165,10 @@ func TestStepConditions(t *testing.T) {
 			steps: []string{"open:ok", "prepare:ok", "harness_start:skipped", "run:ok", "harness_close:skipped",
 				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
 			status: controller.StatusSucceeded,
-			reasons: map[policy.StepName]string{policy.StepHarnessStart: "no harness session declared",
-				policy.StepHarnessClose: "no harness session was started"},
-			where: map[policy.StepName]string{policy.StepHarnessStart: "t1 baseline public",
-				policy.StepHarnessClose: "t1 run allowlist"},
+			reasons: map[lifecycle.StepName]string{lifecycle.StepHarnessStart: "no harness session declared",
+				lifecycle.StepHarnessClose: "no harness session was started"},
+			where: map[lifecycle.StepName]string{lifecycle.StepHarnessStart: "t1 baseline public",
+				lifecycle.StepHarnessClose: "t1 run allowlist"},
 		},
 		{
 			name: "no collection commands, no save_artifacts",
@@ -177,8 +178,8 @@ func TestStepConditions(t *testing.T) {
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
 				"collect:skipped", "download:skipped", "evaluate:ok", "close:ok"},
 			status: controller.StatusSucceeded,
-			reasons: map[policy.StepName]string{policy.StepCollect: "no collection commands declared",
-				policy.StepDownload: "save_artifacts is false"},
+			reasons: map[lifecycle.StepName]string{lifecycle.StepCollect: "no collection commands declared",
+				lifecycle.StepDownload: "save_artifacts is false"},
 		},
 		{
 			name:   "save_artifacts without paths",
@@ -186,7 +187,7 @@ func TestStepConditions(t *testing.T) {
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
 				"collect:ok", "download:skipped", "evaluate:ok", "close:ok"},
 			status:  controller.StatusSucceeded,
-			reasons: map[policy.StepName]string{policy.StepDownload: "no artifact paths declared"},
+			reasons: map[lifecycle.StepName]string{lifecycle.StepDownload: "no artifact paths declared"},
 		},
 		{
 			name: "artifact path that does not resolve",
@@ -200,11 +201,11 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "failed prepare ends the task under the baseline",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Prepare = []policy.Command{{"exit", "3"}}
+				tr.Prepare = []lifecycle.Command{{"exit", "3"}}
 			},
 			steps:  []string{"open:ok", "prepare:failed", "close:ok"},
 			status: controller.StatusFailed,
-			errs:   map[policy.StepName]string{policy.StepPrepare: "step prepare: exit 3 exited 3"},
+			errs:   map[lifecycle.StepName]string{lifecycle.StepPrepare: "step prepare: exit 3 exited 3"},
 		},
 		{
 			name: "a step log that cannot be written ends the task",
@@ -218,12 +219,12 @@ func TestStepConditions(t *testing.T) {
 			},
 			steps:  []string{"open:ok", "prepare:error", "close:ok"},
 			status: controller.StatusFailed,
-			errs:   map[policy.StepName]string{policy.StepPrepare: "create log directory"},
+			errs:   map[lifecycle.StepName]string{lifecycle.StepPrepare: "create log directory"},
 		},
 		{
 			name: "a negative exit status is a failure",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Prepare = []policy.Command{{"exit", "-1"}}
+				tr.Prepare = []lifecycle.Command{{"exit", "-1"}}
 			},
 			steps:  []string{"open:ok", "prepare:failed", "close:ok"},
 			status: controller.StatusFailed,
@@ -231,7 +232,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "failed harness start ends the task",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Harness.Start = []policy.Command{{"exit", "1"}}
+				tr.Harness.Start = []lifecycle.Command{{"exit", "1"}}
 			},
 			steps:  []string{"open:ok", "prepare:ok", "harness_start:failed", "close:ok"},
 			status: controller.StatusFailed,
@@ -239,7 +240,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "failed rollout still collects and evaluates",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Run = []policy.Command{{"exit", "2"}, {"never-run"}}
+				tr.Run = []lifecycle.Command{{"exit", "2"}, {"never-run"}}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:failed", "harness_close:ok",
 				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
@@ -249,7 +250,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "failed harness close still collects and evaluates",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Harness.Close = []policy.Command{{"exit", "4"}}
+				tr.Harness.Close = []lifecycle.Command{{"exit", "4"}}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:failed",
 				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
@@ -258,7 +259,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "failed collection still downloads and evaluates",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Collect = []policy.Command{{"exit", "5"}}
+				tr.Collect = []lifecycle.Command{{"exit", "5"}}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
 				"collect:failed", "download:ok", "evaluate:ok", "close:ok"},
@@ -274,7 +275,7 @@ func TestStepConditions(t *testing.T) {
 				"collect:ok", "download:failed", "close:ok", "evaluation_open:ok", "upload_artifacts:skipped",
 				"evaluate:ok", "evaluation_close:ok"},
 			status:  controller.StatusFailed,
-			reasons: map[policy.StepName]string{policy.StepUpload: "no saved artifacts"},
+			reasons: map[lifecycle.StepName]string{lifecycle.StepUpload: "no saved artifacts"},
 			taskErr: "steps not ok: [download failed]",
 		},
 		{
@@ -282,8 +283,8 @@ func TestStepConditions(t *testing.T) {
 			name: "fresh: a failed upload of the artifacts ends the task before evaluate",
 			mode: policy.EvaluationFresh,
 			change: func(_ *controller.TaskRun, p *controllertest.Provider, taskDir string) {
-				p.OpenErr = func(role policy.Role) error {
-					if role == policy.RoleEvaluation {
+				p.OpenErr = func(role lifecycle.Role) error {
+					if role == lifecycle.RoleEvaluation {
 						// The saved artifact is gone by the time it is to be uploaded.
 						return os.RemoveAll(filepath.Join(taskDir, "artifacts"))
 					}
@@ -297,29 +298,29 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "rollout timeout is recorded and evaluation still runs",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Run = []policy.Command{{"hang"}}
-				tr.Timeouts = map[policy.StepName]time.Duration{policy.StepRun: 20 * time.Millisecond}
+				tr.Run = []lifecycle.Command{{"hang"}}
+				tr.Timeouts = map[lifecycle.StepName]time.Duration{lifecycle.StepRun: 20 * time.Millisecond}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:timed_out", "harness_close:ok",
 				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
 			status: controller.StatusFailed,
-			errs:   map[policy.StepName]string{policy.StepRun: "step run: hang: context deadline exceeded"},
+			errs:   map[lifecycle.StepName]string{lifecycle.StepRun: "step run: hang: context deadline exceeded"},
 		},
 		{
 			// A crash is not the rollout's own failure: nothing more runs in the task.
 			name: "a panic in the rollout ends the task",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Run = []policy.Command{{"panic"}}
+				tr.Run = []lifecycle.Command{{"panic"}}
 			},
 			steps:  []string{"open:ok", "prepare:ok", "harness_start:ok", "run:crashed", "close:ok"},
 			status: controller.StatusFailed,
-			errs:   map[policy.StepName]string{policy.StepRun: "step run panicked: fake: command panicked"},
+			errs:   map[lifecycle.StepName]string{lifecycle.StepRun: "step run panicked: fake: command panicked"},
 		},
 		{
 			name: "a timed-out rollout that could not be stopped ends the task before anything runs under another policy",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Run = []policy.Command{{"unkillable"}}
-				tr.Timeouts = map[policy.StepName]time.Duration{policy.StepRun: 20 * time.Millisecond}
+				tr.Run = []lifecycle.Command{{"unkillable"}}
+				tr.Timeouts = map[lifecycle.StepName]time.Duration{lifecycle.StepRun: 20 * time.Millisecond}
 			},
 			steps:  []string{"open:ok", "prepare:ok", "harness_start:ok", "run:error", "close:ok"},
 			status: controller.StatusFailed,
@@ -327,8 +328,8 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "prepare timeout ends the task",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Prepare = []policy.Command{{"hang"}}
-				tr.Timeouts = map[policy.StepName]time.Duration{policy.StepPrepare: 20 * time.Millisecond}
+				tr.Prepare = []lifecycle.Command{{"hang"}}
+				tr.Timeouts = map[lifecycle.StepName]time.Duration{lifecycle.StepPrepare: 20 * time.Millisecond}
 			},
 			steps:  []string{"open:ok", "prepare:timed_out", "close:ok"},
 			status: controller.StatusFailed,
@@ -349,11 +350,11 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "open fails",
 			change: func(_ *controller.TaskRun, p *controllertest.Provider, _ string) {
-				p.OpenErr = func(policy.Role) error { return errors.New("image missing") }
+				p.OpenErr = func(lifecycle.Role) error { return errors.New("image missing") }
 			},
 			steps:  []string{"open:error"},
 			status: controller.StatusFailed,
-			errs:   map[policy.StepName]string{policy.StepOpen: "open agent environment: image missing"},
+			errs:   map[lifecycle.StepName]string{lifecycle.StepOpen: "open agent environment: image missing"},
 		},
 	}
 	for _, tc := range tests {
@@ -392,7 +393,7 @@ func TestStepConditions(t *testing.T) {
 				if s.TimedOut != (s.Status == controller.StepTimedOut) {
 					t.Errorf("step %s %s has timed_out %t", s.Name, s.Status, s.TimedOut)
 				}
-				if s.Status == controller.StepFailed && s.Name != policy.StepDownload && (s.ExitCode == nil || *s.ExitCode == 0) {
+				if s.Status == controller.StepFailed && s.Name != lifecycle.StepDownload && (s.ExitCode == nil || *s.ExitCode == 0) {
 					t.Errorf("failed step %s records exit code %v", s.Name, s.ExitCode)
 				}
 			}
@@ -411,15 +412,15 @@ func TestStepConditions(t *testing.T) {
 func TestEvaluateRestoresBaseline(t *testing.T) {
 	endings := []struct {
 		name     string
-		evaluate []policy.Command
+		evaluate []lifecycle.Command
 		timeout  time.Duration
 		step     controller.StepStatus
 		status   controller.TaskStatus
 	}{
-		{"non-zero exit", []policy.Command{{"exit", "1"}}, 0, controller.StepFailed, controller.StatusFailed},
-		{"timeout", []policy.Command{{"hang"}}, 20 * time.Millisecond, controller.StepTimedOut, controller.StatusFailed},
-		{"cancellation", []policy.Command{{"cancel"}, {"hang"}}, 0, controller.StepCancelled, controller.StatusCancelled},
-		{"panic", []policy.Command{{"panic"}}, 0, controller.StepCrashed, controller.StatusFailed},
+		{"non-zero exit", []lifecycle.Command{{"exit", "1"}}, 0, controller.StepFailed, controller.StatusFailed},
+		{"timeout", []lifecycle.Command{{"hang"}}, 20 * time.Millisecond, controller.StepTimedOut, controller.StatusFailed},
+		{"cancellation", []lifecycle.Command{{"cancel"}, {"hang"}}, 0, controller.StepCancelled, controller.StatusCancelled},
+		{"panic", []lifecycle.Command{{"panic"}}, 0, controller.StepCrashed, controller.StatusFailed},
 	}
 	modes := []struct {
 		mode    policy.EvaluationMode
@@ -439,7 +440,7 @@ func TestEvaluateRestoresBaseline(t *testing.T) {
 				tr := task(t, m.mode)
 				tr.Evaluate = e.evaluate
 				if e.timeout > 0 {
-					tr.Timeouts = map[policy.StepName]time.Duration{policy.StepEvaluate: e.timeout}
+					tr.Timeouts = map[lifecycle.StepName]time.Duration{lifecycle.StepEvaluate: e.timeout}
 				}
 				r := newRunner(t, p)
 				rec, err := r.RunTask(ctx, tr, nil)
@@ -458,7 +459,7 @@ func TestEvaluateRestoresBaseline(t *testing.T) {
 				}
 				var got controller.StepStatus
 				for _, s := range rec.Steps {
-					if s.Name == policy.StepEvaluate {
+					if s.Name == lifecycle.StepEvaluate {
 						got = s.Status
 					}
 				}
@@ -483,12 +484,12 @@ func TestEvaluateRestoresBaseline(t *testing.T) {
 func TestEvaluateRestoreFails(t *testing.T) {
 	for _, e := range []struct {
 		name     string
-		evaluate []policy.Command
+		evaluate []lifecycle.Command
 		step     string
 	}{
-		{"ok", []policy.Command{{"grade"}}, "evaluate:ok"},
-		{"non-zero exit", []policy.Command{{"exit", "1"}}, "evaluate:failed"},
-		{"panic", []policy.Command{{"panic"}}, "evaluate:crashed"},
+		{"ok", []lifecycle.Command{{"grade"}}, "evaluate:ok"},
+		{"non-zero exit", []lifecycle.Command{{"exit", "1"}}, "evaluate:failed"},
+		{"panic", []lifecycle.Command{{"panic"}}, "evaluate:crashed"},
 	} {
 		t.Run(e.name, func(t *testing.T) {
 			p := controllertest.New()
@@ -529,8 +530,8 @@ func TestEvaluateNotStoppedLosesEgress(t *testing.T) {
 		t.Run(string(m.mode), func(t *testing.T) {
 			p := controllertest.New()
 			tr := task(t, m.mode)
-			tr.Evaluate = []policy.Command{{"unkillable"}}
-			tr.Timeouts = map[policy.StepName]time.Duration{policy.StepEvaluate: 20 * time.Millisecond}
+			tr.Evaluate = []lifecycle.Command{{"unkillable"}}
+			tr.Timeouts = map[lifecycle.StepName]time.Duration{lifecycle.StepEvaluate: 20 * time.Millisecond}
 			rec, err := newRunner(t, p).RunTask(context.Background(), tr, nil)
 			if err == nil {
 				t.Fatal("RunTask succeeded")
@@ -562,17 +563,17 @@ func TestEvaluateNotStoppedLosesEgress(t *testing.T) {
 func TestCancellation(t *testing.T) {
 	tests := []struct {
 		mode      policy.EvaluationMode
-		step      policy.StepName
+		step      lifecycle.StepName
 		closeLine string
 	}{
-		{policy.EvaluationShared, policy.StepPrepare, "agent close retain=false mode=public"},
-		{policy.EvaluationShared, policy.StepHarnessStart, "agent close retain=false mode=public"},
-		{policy.EvaluationShared, policy.StepRun, "agent close retain=false mode=allowlist"},
-		{policy.EvaluationShared, policy.StepHarnessClose, "agent close retain=false mode=allowlist"},
-		{policy.EvaluationShared, policy.StepCollect, "agent close retain=false mode=allowlist"},
-		{policy.EvaluationShared, policy.StepEvaluate, "agent close retain=false mode=public"},
-		{policy.EvaluationFresh, policy.StepRun, "agent close retain=false mode=allowlist"},
-		{policy.EvaluationFresh, policy.StepEvaluate, "evaluation close retain=false mode=no-network"},
+		{policy.EvaluationShared, lifecycle.StepPrepare, "agent close retain=false mode=public"},
+		{policy.EvaluationShared, lifecycle.StepHarnessStart, "agent close retain=false mode=public"},
+		{policy.EvaluationShared, lifecycle.StepRun, "agent close retain=false mode=allowlist"},
+		{policy.EvaluationShared, lifecycle.StepHarnessClose, "agent close retain=false mode=allowlist"},
+		{policy.EvaluationShared, lifecycle.StepCollect, "agent close retain=false mode=allowlist"},
+		{policy.EvaluationShared, lifecycle.StepEvaluate, "agent close retain=false mode=public"},
+		{policy.EvaluationFresh, lifecycle.StepRun, "agent close retain=false mode=allowlist"},
+		{policy.EvaluationFresh, lifecycle.StepEvaluate, "evaluation close retain=false mode=no-network"},
 	}
 	for _, tc := range tests {
 		t.Run(string(tc.mode)+"/"+string(tc.step), func(t *testing.T) {
@@ -581,19 +582,19 @@ func TestCancellation(t *testing.T) {
 			defer cancel()
 			p.Cancel = cancel
 			tr := task(t, tc.mode)
-			stop := []policy.Command{{"cancel"}, {"hang"}}
+			stop := []lifecycle.Command{{"cancel"}, {"hang"}}
 			switch tc.step {
-			case policy.StepPrepare:
+			case lifecycle.StepPrepare:
 				tr.Prepare = stop
-			case policy.StepHarnessStart:
+			case lifecycle.StepHarnessStart:
 				tr.Harness.Start = stop
-			case policy.StepRun:
+			case lifecycle.StepRun:
 				tr.Run = stop
-			case policy.StepHarnessClose:
+			case lifecycle.StepHarnessClose:
 				tr.Harness.Close = stop
-			case policy.StepCollect:
+			case lifecycle.StepCollect:
 				tr.Collect = stop
-			case policy.StepEvaluate:
+			case lifecycle.StepEvaluate:
 				tr.Evaluate = stop
 			}
 			r := newRunner(t, p)
@@ -637,21 +638,21 @@ func TestCancelledAfterTheEnd(t *testing.T) {
 	tests := []struct {
 		name   string
 		mode   policy.EvaluationMode
-		run    []policy.Command
+		run    []lifecycle.Command
 		status controller.TaskStatus
 	}{
 		{"shared, all ok", policy.EvaluationShared, nil, controller.StatusSucceeded},
 		{"fresh, all ok", policy.EvaluationFresh, nil, controller.StatusSucceeded},
-		{"shared, rollout failed", policy.EvaluationShared, []policy.Command{{"exit", "1"}}, controller.StatusFailed},
+		{"shared, rollout failed", policy.EvaluationShared, []lifecycle.Command{{"exit", "1"}}, controller.StatusFailed},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := controllertest.New()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			last := map[policy.EvaluationMode]policy.Role{
-				policy.EvaluationShared: policy.RoleAgent, policy.EvaluationFresh: policy.RoleEvaluation}[tc.mode]
-			p.CloseErr = func(role policy.Role) error {
+			last := map[policy.EvaluationMode]lifecycle.Role{
+				policy.EvaluationShared: lifecycle.RoleAgent, policy.EvaluationFresh: lifecycle.RoleEvaluation}[tc.mode]
+			p.CloseErr = func(role lifecycle.Role) error {
 				if role == last {
 					cancel() // Ctrl-C while the last close is under way
 				}
@@ -684,11 +685,11 @@ func TestDownloadCutShort(t *testing.T) {
 	p.Cancel = cancel
 	tr := task(t, policy.EvaluationFresh)
 	tr.Artifacts = []string{"/out/a.tar", "/out/b.tar"}
-	tr.Collect = []policy.Command{{"cancel"}} // Ctrl-C as collection ends
+	tr.Collect = []lifecycle.Command{{"cancel"}} // Ctrl-C as collection ends
 	r := newRunner(t, p)
 	rec, _ := r.RunTask(ctx, tr, nil)
 	for _, s := range rec.Steps {
-		if s.Name == policy.StepDownload && s.Status != controller.StepCancelled {
+		if s.Name == lifecycle.StepDownload && s.Status != controller.StepCancelled {
 			t.Errorf("download step %s (%s), want %s", s.Status, s.Error, controller.StepCancelled)
 		}
 	}
@@ -749,7 +750,7 @@ func TestFailedSwitchLeavesNoEgress(t *testing.T) {
 			if want := "agent close retain=false mode=no-network"; ev[len(ev)-1] != want {
 				t.Errorf("last event %q, want %q\n%s", ev[len(ev)-1], want, strings.Join(ev, "\n"))
 			}
-			if last := rec.Steps[len(rec.Steps)-1]; last.Name != policy.StepClose || last.Mode != policy.ModeNoNetwork {
+			if last := rec.Steps[len(rec.Steps)-1]; last.Name != lifecycle.StepClose || last.Mode != policy.ModeNoNetwork {
 				t.Errorf("last step %s under %s, want close under no-network", last.Name, last.Mode)
 			}
 		})
@@ -764,7 +765,7 @@ func TestClosePanics(t *testing.T) {
 	for _, mode := range []policy.EvaluationMode{policy.EvaluationShared, policy.EvaluationFresh} {
 		t.Run(string(mode), func(t *testing.T) {
 			p := controllertest.New()
-			p.CloseErr = func(policy.Role) error { panic("fake: close panicked") }
+			p.CloseErr = func(lifecycle.Role) error { panic("fake: close panicked") }
 			r := newRunner(t, p)
 			var rec *controller.Record
 			var err error
@@ -809,8 +810,8 @@ func TestRecordContents(t *testing.T) {
 	p := controllertest.New()
 	tr := task(t, policy.EvaluationFresh)
 	tr.Plan = json.RawMessage(`{"applied_recipes":["model-endpoint"]}`)
-	tr.Run = []policy.Command{{"blocked", "3"}}
-	tr.Evaluate = []policy.Command{{"blocked", "1"}}
+	tr.Run = []lifecycle.Command{{"blocked", "3"}}
+	tr.Evaluate = []lifecycle.Command{{"blocked", "1"}}
 	r := newRunner(t, p)
 	if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
 		t.Fatal(err)
@@ -874,7 +875,7 @@ func TestRecordContents(t *testing.T) {
 			t.Errorf("step %+v", s)
 		}
 	}
-	run := rec.Steps[slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == policy.StepRun })]
+	run := rec.Steps[slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == lifecycle.StepRun })]
 	if run.Log != "logs/run.log" || *run.ExitCode != 0 || len(run.Commands) != 1 || run.Phase != "run" {
 		t.Errorf("run step %+v", run)
 	}
@@ -966,7 +967,7 @@ func TestCloseRetry(t *testing.T) {
 			p := controllertest.New()
 			var mu sync.Mutex
 			left := tc.failures
-			p.CloseErr = func(policy.Role) error {
+			p.CloseErr = func(lifecycle.Role) error {
 				mu.Lock()
 				defer mu.Unlock()
 				if left > 0 {
@@ -1028,18 +1029,18 @@ func TestProviderPanicEndsStep(t *testing.T) {
 	for _, tc := range []struct {
 		op   string
 		mode policy.EvaluationMode
-		step policy.StepName
+		step lifecycle.StepName
 	}{
-		{"open", policy.EvaluationShared, policy.StepOpen},
-		{"download", policy.EvaluationShared, policy.StepDownload},
-		{"upload", policy.EvaluationFresh, policy.StepUpload},
+		{"open", policy.EvaluationShared, lifecycle.StepOpen},
+		{"download", policy.EvaluationShared, lifecycle.StepDownload},
+		{"upload", policy.EvaluationFresh, lifecycle.StepUpload},
 	} {
 		t.Run(tc.op, func(t *testing.T) {
 			fake := controllertest.New()
 			r := newRunner(t, panicking{Provider: fake, op: tc.op})
 			tr := task(t, tc.mode)
 			// A step that ended before the panic keeps its own outcome.
-			tr.Run = []policy.Command{{"exit", "2"}}
+			tr.Run = []lifecycle.Command{{"exit", "2"}}
 			rec, err := r.RunTask(context.Background(), tr, nil)
 			if err == nil || rec.Status != controller.StatusFailed {
 				t.Fatalf("status %s, err %v; want failed", rec.Status, err)
@@ -1065,7 +1066,7 @@ func TestProviderPanicEndsStep(t *testing.T) {
 func TestRecordWriteFailure(t *testing.T) {
 	p := controllertest.New()
 	tr := task(t, policy.EvaluationShared)
-	tr.Evaluate = []policy.Command{{"cancel"}}
+	tr.Evaluate = []lifecycle.Command{{"cancel"}}
 	r := newRunner(t, p)
 	dir := filepath.Join(r.OutDir, tr.ID)
 	// During evaluate, the task directory goes away and a file takes its name.

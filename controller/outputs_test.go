@@ -10,6 +10,7 @@ import (
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 func TestPrepareOutputs(t *testing.T) {
@@ -18,7 +19,7 @@ func TestPrepareOutputs(t *testing.T) {
 	r := &controller.Runner{Provider: fake, OutDir: out}
 	done := controller.TaskRun{ID: "done", Mode: policy.EvaluationShared, Image: "i",
 		Policies: controller.PhasePolicies{Baseline: policy.Public, Run: policy.NoNetwork, Evaluation: policy.NoNetwork},
-		Run:      []policy.Command{{"x"}}}
+		Run:      []lifecycle.Command{{"x"}}}
 	if _, err := r.RunTask(t.Context(), done, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +31,7 @@ func TestPrepareOutputs(t *testing.T) {
 		t.Errorf("resume: run %v prevs %v skipped %v err %v", run, prevs, skipped, err)
 	}
 	changed := done
-	changed.Run = []policy.Command{{"y"}}
+	changed.Run = []lifecycle.Command{{"y"}}
 	if _, _, _, err := controller.PrepareOutputs(out, []controller.TaskRun{changed}, true, fake); err != nil {
 		t.Errorf("a finished task is skipped before its definition is compared: %v", err)
 	}
@@ -50,7 +51,7 @@ func TestPrepareOutputs(t *testing.T) {
 func TestPrepareOutputsResume(t *testing.T) {
 	task := controller.TaskRun{ID: "t1", Mode: policy.EvaluationShared, Image: "i",
 		Policies: controller.PhasePolicies{Baseline: policy.Public, Run: policy.NoNetwork, Evaluation: policy.NoNetwork},
-		Run:      []policy.Command{{"x"}}}
+		Run:      []lifecycle.Command{{"x"}}}
 	other := task
 	other.ID = "t2"
 	write := func(t *testing.T, out, id, body string) {

@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // EnvSpec is what a provider needs to open one environment.
 type EnvSpec struct {
 	Task  string            // task ID, unique among the tasks a controller manages
-	Role  policy.Role       // agent or evaluation
+	Role  lifecycle.Role    // agent or evaluation
 	Image string            // container image, present locally
 	Env   map[string]string // extra environment variables for the container
 	Cmd   []string          // the container's command; empty: the image's default

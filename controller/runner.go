@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // PhaseNotStopped labels the switch to no-network that replaces the restore of a
@@ -41,20 +42,20 @@ type TaskRun struct {
 	// copied into the record as it is.
 	Plan json.RawMessage `json:"plan,omitempty"`
 	// Notice is the restriction statement of the effective run policy ("" for public).
-	Notice        string                 `json:"notice,omitempty"`
-	InjectNotice  bool                   `json:"inject_network_restriction_notice"`
-	Prepare       []policy.Command       `json:"prepare,omitempty"`
-	Harness       *policy.HarnessSession `json:"harness,omitempty"`
-	Run           []policy.Command       `json:"run,omitempty"`
-	Collect       []policy.Command       `json:"collect,omitempty"`
-	Artifacts     []string               `json:"artifacts,omitempty"`
-	SaveArtifacts bool                   `json:"save_artifacts"`
-	Evaluate      []policy.Command       `json:"evaluate,omitempty"`
-	Retain        bool                   `json:"retain"`
+	Notice        string                    `json:"notice,omitempty"`
+	InjectNotice  bool                      `json:"inject_network_restriction_notice"`
+	Prepare       []lifecycle.Command       `json:"prepare,omitempty"`
+	Harness       *lifecycle.HarnessSession `json:"harness,omitempty"`
+	Run           []lifecycle.Command       `json:"run,omitempty"`
+	Collect       []lifecycle.Command       `json:"collect,omitempty"`
+	Artifacts     []string                  `json:"artifacts,omitempty"`
+	SaveArtifacts bool                      `json:"save_artifacts"`
+	Evaluate      []lifecycle.Command       `json:"evaluate,omitempty"`
+	Retain        bool                      `json:"retain"`
 	// Timeouts bounds steps by name; a step without an entry is bounded only by the run.
-	Timeouts          map[policy.StepName]time.Duration `json:"timeouts,omitempty"`
-	Env               map[string]string                 `json:"env,omitempty"`
-	ProxyStartTimeout time.Duration                     `json:"proxy_start_timeout,omitempty"`
+	Timeouts          map[lifecycle.StepName]time.Duration `json:"timeouts,omitempty"`
+	Env               map[string]string                    `json:"env,omitempty"`
+	ProxyStartTimeout time.Duration                        `json:"proxy_start_timeout,omitempty"`
 }
 
 // Digest identifies the task's definition, so that --resume refuses a record made from a
@@ -85,7 +86,7 @@ type Reacher interface {
 // that means the environment no longer exists wraps ErrEnvironmentGone; any other leaves
 // the environment's fate unknown.
 type Reattacher interface {
-	Reattach(ctx context.Context, task string, role policy.Role) (Environment, error)
+	Reattach(ctx context.Context, task string, role lifecycle.Role) (Environment, error)
 }
 
 // Remover is implemented by providers that can remove whatever exists of a task's
@@ -93,7 +94,7 @@ type Reattacher interface {
 // may have no enforcement point to reattach, only objects under the environment's name.
 // It returns the environment's ID.
 type Remover interface {
-	RemoveEnvironment(ctx context.Context, task string, role policy.Role) (string, error)
+	RemoveEnvironment(ctx context.Context, task string, role lifecycle.Role) (string, error)
 }
 
 // ErrEnvironmentGone is what a Reattacher's error wraps when there is nothing to reattach.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 func planOf(t *testing.T, doc string) *policy.Plan {
@@ -72,11 +73,11 @@ timeouts: {prepare: 10m, run: 90, evaluate: 1.5s}
 	if !tr.InjectNotice || !strings.Contains(tr.Notice, "- model.test:443") {
 		t.Errorf("notice %q", tr.Notice)
 	}
-	if !slices.Equal(tr.Prepare[0], policy.Command{"fetch", "http://packages.test/tool.tar"}) ||
-		!slices.Equal(tr.Harness.Close[0], policy.Command{"hc", "two words"}) || len(tr.Harness.Start) != 1 {
+	if !slices.Equal(tr.Prepare[0], lifecycle.Command{"fetch", "http://packages.test/tool.tar"}) ||
+		!slices.Equal(tr.Harness.Close[0], lifecycle.Command{"hc", "two words"}) || len(tr.Harness.Start) != 1 {
 		t.Errorf("commands %+v %+v", tr.Prepare, tr.Harness)
 	}
-	want := map[policy.StepName]time.Duration{"prepare": 10 * time.Minute, "run": 90 * time.Second, "evaluate": 1500 * time.Millisecond}
+	want := map[lifecycle.StepName]time.Duration{"prepare": 10 * time.Minute, "run": 90 * time.Second, "evaluate": 1500 * time.Millisecond}
 	for k, v := range want {
 		if tr.Timeouts[k] != v {
 			t.Errorf("timeout %s = %s, want %s", k, tr.Timeouts[k], v)
@@ -143,7 +144,7 @@ func TestNewTaskRunDefaultsAndPolicies(t *testing.T) {
 			}
 			if tc.name == "shared, no artifacts" {
 				// A number of seconds keeps its fraction; open is a step a timeout bounds.
-				if tr.Timeouts[policy.StepRun] != 1500*time.Millisecond || tr.Timeouts[policy.StepOpen] != 90*time.Second || tr.ProxyStartTimeout != 45*time.Second {
+				if tr.Timeouts[lifecycle.StepRun] != 1500*time.Millisecond || tr.Timeouts[lifecycle.StepOpen] != 90*time.Second || tr.ProxyStartTimeout != 45*time.Second {
 					t.Errorf("timeouts %v, proxy start timeout %s; want run 1.5s, open 90s, 45s", tr.Timeouts, tr.ProxyStartTimeout)
 				}
 			}

@@ -1,82 +1,48 @@
 package policy
 
-// Role says which of a task's environments a step runs in.
-type Role string
-
-const (
-	RoleAgent      Role = "agent"      // the agent's environment (shared mode: also evaluates)
-	RoleEvaluation Role = "evaluation" // the separate evaluation environment of fresh mode
-)
-
-// StepName names one step of a task's lifecycle, as run records and a task's timeouts
-// name it. A row of the lifecycle table covers one or two of them.
-type StepName string
-
-const (
-	StepOpen         StepName = "open"
-	StepPrepare      StepName = "prepare"
-	StepHarnessStart StepName = "harness_start"
-	StepRun          StepName = "run"
-	StepHarnessClose StepName = "harness_close"
-	StepCollect      StepName = "collect"
-	StepDownload     StepName = "download"
-	StepClose        StepName = "close"
-	// StepEvaluationOpen opens the fresh evaluation environment; StepUpload then hands it
-	// the saved artifacts, under its baseline.
-	StepEvaluationOpen StepName = "evaluation_open"
-	StepUpload         StepName = "upload_artifacts"
-	StepEvaluate       StepName = "evaluate"
-	StepEvaluationEnd  StepName = "evaluation_close"
-)
-
-// TimeoutSteps are the steps a task file may bound under "timeouts", in the order error
-// messages list them. Closes are not among them: a close always runs to its end.
-var TimeoutSteps = []StepName{
-	StepOpen, StepPrepare, StepHarnessStart, StepRun, StepHarnessClose, StepCollect,
-	StepDownload, StepEvaluationOpen, StepUpload, StepEvaluate,
-}
+import "github.com/compass-egress/compass-egress/policy/lifecycle"
 
 // Step is one lifecycle boundary of SPEC §4 and the policy in force during it.
 type Step struct {
-	Number      int    `json:"step"`
-	Boundary    string `json:"boundary"`
-	Environment Role   `json:"environment"`
+	Number      int            `json:"step"`
+	Boundary    string         `json:"boundary"`
+	Environment lifecycle.Role `json:"environment"`
 	// Phase is the policy field in force; Mode is that policy's mode.
 	Phase     Phase  `json:"phase"`
 	Mode      Mode   `json:"mode"`
 	Condition string `json:"condition"`
 	// Names are the lifecycle steps the row covers, in the order they run.
-	Names []StepName `json:"-"`
+	Names []lifecycle.StepName `json:"-"`
 }
 
 type stepRow struct {
 	boundary    string
-	environment Role
+	environment lifecycle.Role
 	phase       Phase
 	condition   string
-	names       []StepName
+	names       []lifecycle.StepName
 }
 
 // The rows of SPEC §4, common to both modes up to collection.
 var agentSteps = []stepRow{
-	{"open environment", RoleAgent, PhaseBaseline, "always", []StepName{StepOpen}},
-	{"prepare task", RoleAgent, PhaseBaseline, "always", []StepName{StepPrepare}},
-	{"start harness session", RoleAgent, PhaseBaseline, "when the task declares a harness", []StepName{StepHarnessStart}},
-	{"run task (agent rollout)", RoleAgent, PhaseRun, "always", []StepName{StepRun}},
-	{"close harness session", RoleAgent, PhaseRun, "when a harness session was started", []StepName{StepHarnessClose}},
-	{"collection commands, then artifact download", RoleAgent, PhaseRun, "commands when declared; download when save_artifacts is true and paths resolve", []StepName{StepCollect, StepDownload}},
+	{"open environment", lifecycle.RoleAgent, PhaseBaseline, "always", []lifecycle.StepName{lifecycle.StepOpen}},
+	{"prepare task", lifecycle.RoleAgent, PhaseBaseline, "always", []lifecycle.StepName{lifecycle.StepPrepare}},
+	{"start harness session", lifecycle.RoleAgent, PhaseBaseline, "when the task declares a harness", []lifecycle.StepName{lifecycle.StepHarnessStart}},
+	{"run task (agent rollout)", lifecycle.RoleAgent, PhaseRun, "always", []lifecycle.StepName{lifecycle.StepRun}},
+	{"close harness session", lifecycle.RoleAgent, PhaseRun, "when a harness session was started", []lifecycle.StepName{lifecycle.StepHarnessClose}},
+	{"collection commands, then artifact download", lifecycle.RoleAgent, PhaseRun, "commands when declared; download when save_artifacts is true and paths resolve", []lifecycle.StepName{lifecycle.StepCollect, lifecycle.StepDownload}},
 }
 
 var sharedSteps = append(append([]stepRow{}, agentSteps...),
-	stepRow{"evaluate", RoleAgent, PhaseEvaluation, "always; baseline restored however it ends", []StepName{StepEvaluate}},
-	stepRow{"close environment", RoleAgent, PhaseBaseline, "unless retained", []StepName{StepClose}},
+	stepRow{"evaluate", lifecycle.RoleAgent, PhaseEvaluation, "always; baseline restored however it ends", []lifecycle.StepName{lifecycle.StepEvaluate}},
+	stepRow{"close environment", lifecycle.RoleAgent, PhaseBaseline, "unless retained", []lifecycle.StepName{lifecycle.StepClose}},
 )
 
 var freshSteps = append(append([]stepRow{}, agentSteps...),
-	stepRow{"close agent environment", RoleAgent, PhaseRun, "unless retained", []StepName{StepClose}},
-	stepRow{"open evaluation environment", RoleEvaluation, PhaseEvaluationBaseline, "always", []StepName{StepEvaluationOpen, StepUpload}},
-	stepRow{"evaluate", RoleEvaluation, PhaseEvaluation, "always; evaluation baseline restored however it ends", []StepName{StepEvaluate}},
-	stepRow{"close evaluation environment", RoleEvaluation, PhaseEvaluationBaseline, "unless retained", []StepName{StepEvaluationEnd}},
+	stepRow{"close agent environment", lifecycle.RoleAgent, PhaseRun, "unless retained", []lifecycle.StepName{lifecycle.StepClose}},
+	stepRow{"open evaluation environment", lifecycle.RoleEvaluation, PhaseEvaluationBaseline, "always", []lifecycle.StepName{lifecycle.StepEvaluationOpen, lifecycle.StepUpload}},
+	stepRow{"evaluate", lifecycle.RoleEvaluation, PhaseEvaluation, "always; evaluation baseline restored however it ends", []lifecycle.StepName{lifecycle.StepEvaluate}},
+	stepRow{"close evaluation environment", lifecycle.RoleEvaluation, PhaseEvaluationBaseline, "unless retained", []lifecycle.StepName{lifecycle.StepEvaluationEnd}},
 )
 
 // Steps lists the plan's lifecycle rows with the mode in force at each.

@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // Task is one task as a task file declares it. Fields the file leaves out stay at their
@@ -28,7 +30,7 @@ type Task struct {
 	// default (true).
 	InjectNotice *bool
 	// Runner holds the runner's fields (image, prepare, run, ...), their form checked.
-	Runner RunnerFields
+	Runner lifecycle.Fields
 	// Origin says where the task was read, for error messages: "tasks.yaml[2]".
 	Origin string
 }

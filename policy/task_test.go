@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 func TestParseTasksAccepts(t *testing.T) {
@@ -54,19 +56,19 @@ func TestParseTasksAccepts(t *testing.T) {
 		t.Errorf("policies: %v", a.Policies)
 	}
 	yes, halfHour := true, 30*time.Minute
-	wantRunner := RunnerFields{
+	wantRunner := lifecycle.Fields{
 		Image: "compass-demo-agent:latest", EvaluationImage: "compass-demo-grader:latest",
-		Prepare: []Command{{"fetch", "http://packages.test/tool.tar"}},
-		Harness: &HarnessSession{Start: []Command{{"start"}}, Close: []Command{{"stop"}}},
-		Run:     []Command{{"agent", "--task", "/task"}}, Collect: []Command{{"tar", "-cf", "/out/result.tar", "/work"}},
-		Artifacts: []string{"/out/result.tar"}, SaveArtifacts: &yes, Evaluate: []Command{{"grade", "/out/result.tar"}},
-		Timeouts: map[StepName]time.Duration{StepPrepare: 10 * time.Minute, StepRun: halfHour, StepEvaluate: 10 * time.Minute},
+		Prepare: []lifecycle.Command{{"fetch", "http://packages.test/tool.tar"}},
+		Harness: &lifecycle.HarnessSession{Start: []lifecycle.Command{{"start"}}, Close: []lifecycle.Command{{"stop"}}},
+		Run:     []lifecycle.Command{{"agent", "--task", "/task"}}, Collect: []lifecycle.Command{{"tar", "-cf", "/out/result.tar", "/work"}},
+		Artifacts: []string{"/out/result.tar"}, SaveArtifacts: &yes, Evaluate: []lifecycle.Command{{"grade", "/out/result.tar"}},
+		Timeouts: map[lifecycle.StepName]time.Duration{lifecycle.StepPrepare: 10 * time.Minute, lifecycle.StepRun: halfHour, lifecycle.StepEvaluate: 10 * time.Minute},
 	}
 	if !reflect.DeepEqual(a.Runner, wantRunner) {
 		t.Errorf("runner fields\n%#v\nwant\n%#v", a.Runner, wantRunner)
 	}
 	b := tasks[1]
-	if b.ID != "swe-2" || b.Provider != "" || b.EvaluationMode != "" || b.Policies != nil || b.EvaluationEnvironment || b.InjectNotice != nil || !reflect.DeepEqual(b.Runner, RunnerFields{}) {
+	if b.ID != "swe-2" || b.Provider != "" || b.EvaluationMode != "" || b.Policies != nil || b.EvaluationEnvironment || b.InjectNotice != nil || !reflect.DeepEqual(b.Runner, lifecycle.Fields{}) {
 		t.Errorf("a bare task must leave every field unset: %+v", b)
 	}
 }

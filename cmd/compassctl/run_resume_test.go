@@ -9,6 +9,7 @@ import (
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // TestRunResumeOutcomes: --resume leaves a finished task alone and exits 0 with nothing
@@ -21,7 +22,7 @@ func TestRunResumeOutcomes(t *testing.T) {
 	r := &controller.Runner{Provider: controllertest.New(), OutDir: finished}
 	if _, err := r.RunTask(t.Context(), controller.TaskRun{ID: "t1", Mode: policy.EvaluationShared, Image: "i",
 		Policies: controller.PhasePolicies{Baseline: policy.Public, Run: policy.NoNetwork, Evaluation: policy.NoNetwork},
-		Run:      []policy.Command{{"x"}}}, nil); err != nil {
+		Run:      []lifecycle.Command{{"x"}}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	undigested := t.TempDir()

@@ -18,7 +18,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 
 	"github.com/compass-egress/compass-egress/controller"
-	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // RunProvider is the provider `compassctl run` drives. It gives the lifecycle runner
@@ -47,7 +47,7 @@ func (p RunProvider) Open(ctx context.Context, spec controller.EnvSpec) (control
 }
 
 // Reattach finds the environment of a task's role that another process opened.
-func (p RunProvider) Reattach(ctx context.Context, task string, role policy.Role) (controller.Environment, error) {
+func (p RunProvider) Reattach(ctx context.Context, task string, role lifecycle.Role) (controller.Environment, error) {
 	e, err := p.LookupTask(ctx, task, role)
 	if errors.Is(err, ErrNoEnvironment) {
 		return nil, fmt.Errorf("%w: %w", controller.ErrEnvironmentGone, err)
@@ -61,7 +61,7 @@ func (p RunProvider) Reattach(ctx context.Context, task string, role policy.Role
 // RemoveEnvironment removes whatever exists of the environment of a task's role
 // (Provider.RemoveTask): through its sidecar when it has one, else by name (a
 // half-finished open).
-func (p RunProvider) RemoveEnvironment(ctx context.Context, task string, role policy.Role) (string, error) {
+func (p RunProvider) RemoveEnvironment(ctx context.Context, task string, role lifecycle.Role) (string, error) {
 	return EnvID(task, role), p.RemoveTask(ctx, task, role)
 }
 
