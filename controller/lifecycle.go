@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // NoticeFile is the restriction statement's name inside a task's output directory.
@@ -22,13 +23,10 @@ const NoticeEnv = "COMPASS_NETWORK_RESTRICTION_NOTICE"
 // closeRetryDelay is the pause before the one retry of a failed close.
 const closeRetryDelay = time.Second
 
-// StepUpload hands saved artifacts to a fresh evaluation environment, under its baseline.
-const StepUpload StepName = "upload_artifacts"
-
 // envState is one open environment and the policy in force in it.
 type envState struct {
 	env    Environment
-	role   Role
+	role   lifecycle.Role
 	phase  string
 	policy policy.Policy
 }
@@ -42,10 +40,10 @@ type taskRun struct {
 	started time.Time
 
 	mu          sync.Mutex
-	envs        map[Role]*envState
-	current     StepName
+	envs        map[lifecycle.Role]*envState
+	current     lifecycle.StepName
 	currentMode policy.Mode // the mode the current step runs under, until its environment exists
-	stepRole    Role
+	stepRole    lifecycle.Role
 	blockedDone uint64 // blocked attempts of the phases already summarised
 	blockedLive uint64 // blocked attempts of the phase in force, as last polled
 	// unresumed is the interrupted run's record when this resume stopped at its
@@ -74,14 +72,14 @@ func (r *Runner) RunTask(ctx context.Context, t TaskRun, prev *Record) (rec *Rec
 		// Deferred first, so released last: after the deferred close of every environment.
 		defer unlock()
 	}
-	from := StepOpen
+	from := lifecycle.StepOpen
 	if prev != nil {
 		from, err = ResumeFrom(prev, t, r.Provider)
 		if err != nil {
 			return prev, err
 		}
 	}
-	tr := &taskRun{r: r, t: t, dir: filepath.Join(r.OutDir, t.ID), started: time.Now(), envs: map[Role]*envState{}}
+	tr := &taskRun{r: r, t: t, dir: filepath.Join(r.OutDir, t.ID), started: time.Now(), envs: map[lifecycle.Role]*envState{}}
 	tr.rec, err = newRecorder(tr.dir, tr.initialRecord(prev, from))
 	if err != nil {
 		return nil, err
@@ -139,8 +137,8 @@ func (r *Runner) refused(t TaskRun, prev *Record, cause error) (*Record, error) 
 // unstarted writes the record of a task that never began, with the status finish gives
 // err unless status is set.
 func (r *Runner) unstarted(t TaskRun, status TaskStatus, err error) (*Record, error) {
-	tr := &taskRun{r: r, t: t, dir: filepath.Join(r.OutDir, t.ID), started: time.Now(), envs: map[Role]*envState{}, status: status}
-	rc, rerr := newRecorder(tr.dir, tr.initialRecord(nil, StepOpen))
+	tr := &taskRun{r: r, t: t, dir: filepath.Join(r.OutDir, t.ID), started: time.Now(), envs: map[lifecycle.Role]*envState{}, status: status}
+	rc, rerr := newRecorder(tr.dir, tr.initialRecord(nil, lifecycle.StepOpen))
 	if rerr != nil {
 		return nil, errors.Join(err, rerr)
 	}
@@ -149,35 +147,35 @@ func (r *Runner) unstarted(t TaskRun, status TaskStatus, err error) (*Record, er
 }
 
 // lifecycle runs the rows of the task's table from the given step.
-func (tr *taskRun) lifecycle(ctx context.Context, from StepName) error {
+func (tr *taskRun) lifecycle(ctx context.Context, from lifecycle.StepName) error {
 	t := tr.t
-	if from == StepOpen {
+	if from == lifecycle.StepOpen {
 		if err := tr.agentSteps(ctx); err != nil {
 			return err
 		}
 	}
-	if t.Mode != EvaluationFresh {
+	if t.Mode != policy.EvaluationFresh {
 		// Shared: 7 evaluate (restoring the baseline however it ends), 8 close.
-		if err := tr.evaluate(ctx, RoleAgent, PhaseBaseline, t.Policies.Baseline); err != nil {
+		if err := tr.evaluate(ctx, lifecycle.RoleAgent, string(policy.PhaseBaseline), t.Policies.Baseline); err != nil {
 			return err
 		}
-		return tr.closeEnv(ctx, RoleAgent, t.Retain)
+		return tr.closeEnv(ctx, lifecycle.RoleAgent, t.Retain)
 	}
 	// Fresh: 7 close the agent environment under the run policy, 8 open the evaluation
 	// environment under its baseline, 9 evaluate, 10 close it under its baseline.
-	if err := tr.closeEnv(ctx, RoleAgent, t.Retain); err != nil {
+	if err := tr.closeEnv(ctx, lifecycle.RoleAgent, t.Retain); err != nil {
 		return err
 	}
-	if err := tr.open(ctx, RoleEvaluation, StepEvaluationOpen, t.EvaluationImage, PhaseEvaluationBaseline, t.Policies.EvaluationBaseline); err != nil {
+	if err := tr.open(ctx, lifecycle.RoleEvaluation, lifecycle.StepEvaluationOpen, t.EvaluationImage, string(policy.PhaseEvaluationBaseline), t.Policies.EvaluationBaseline); err != nil {
 		return err
 	}
-	if err := tr.upload(ctx, RoleEvaluation); err != nil {
+	if err := tr.upload(ctx, lifecycle.RoleEvaluation); err != nil {
 		return err
 	}
-	if err := tr.evaluate(ctx, RoleEvaluation, PhaseEvaluationBaseline, t.Policies.EvaluationBaseline); err != nil {
+	if err := tr.evaluate(ctx, lifecycle.RoleEvaluation, string(policy.PhaseEvaluationBaseline), t.Policies.EvaluationBaseline); err != nil {
 		return err
 	}
-	return tr.closeEnv(ctx, RoleEvaluation, t.Retain)
+	return tr.closeEnv(ctx, lifecycle.RoleEvaluation, t.Retain)
 }
 
 // agentSteps are rows 1–6 of both tables. A failed set-up (prepare, harness start) ends
@@ -185,44 +183,44 @@ func (tr *taskRun) lifecycle(ctx context.Context, from StepName) error {
 // on to evaluation, which judges whatever the agent left.
 func (tr *taskRun) agentSteps(ctx context.Context) error {
 	t := tr.t
-	if err := tr.open(ctx, RoleAgent, StepOpen, t.Image, PhaseBaseline, t.Policies.Baseline); err != nil {
+	if err := tr.open(ctx, lifecycle.RoleAgent, lifecycle.StepOpen, t.Image, string(policy.PhaseBaseline), t.Policies.Baseline); err != nil {
 		return err
 	}
-	if err := tr.step(ctx, StepPrepare, RoleAgent, t.Prepare, nil); err != nil {
+	if err := tr.step(ctx, lifecycle.StepPrepare, lifecycle.RoleAgent, t.Prepare, nil); err != nil {
 		return err
 	}
 	if t.Harness == nil {
-		tr.skip(StepHarnessStart, RoleAgent, "no harness session declared")
-	} else if err := tr.step(ctx, StepHarnessStart, RoleAgent, t.Harness.Start, nil); err != nil {
+		tr.skip(lifecycle.StepHarnessStart, lifecycle.RoleAgent, "no harness session declared")
+	} else if err := tr.step(ctx, lifecycle.StepHarnessStart, lifecycle.RoleAgent, t.Harness.Start, nil); err != nil {
 		return err
 	}
-	if err := tr.apply(ctx, RoleAgent, PhaseRun, t.Policies.Run); err != nil {
+	if err := tr.apply(ctx, lifecycle.RoleAgent, string(policy.PhaseRun), t.Policies.Run); err != nil {
 		return err
 	}
 	var runEnv map[string]string
 	if tr.noticeInjected() {
 		runEnv = map[string]string{NoticeEnv: t.Notice}
 	}
-	if err := tolerate(tr.step(ctx, StepRun, RoleAgent, t.Run, runEnv)); err != nil {
+	if err := tolerate(tr.step(ctx, lifecycle.StepRun, lifecycle.RoleAgent, t.Run, runEnv)); err != nil {
 		return err
 	}
 	if t.Harness == nil {
-		tr.skip(StepHarnessClose, RoleAgent, "no harness session was started")
-	} else if err := tolerate(tr.step(ctx, StepHarnessClose, RoleAgent, t.Harness.Close, nil)); err != nil {
+		tr.skip(lifecycle.StepHarnessClose, lifecycle.RoleAgent, "no harness session was started")
+	} else if err := tolerate(tr.step(ctx, lifecycle.StepHarnessClose, lifecycle.RoleAgent, t.Harness.Close, nil)); err != nil {
 		return err
 	}
 	if len(t.Collect) == 0 {
-		tr.skip(StepCollect, RoleAgent, "no collection commands declared")
-	} else if err := tolerate(tr.step(ctx, StepCollect, RoleAgent, t.Collect, nil)); err != nil {
+		tr.skip(lifecycle.StepCollect, lifecycle.RoleAgent, "no collection commands declared")
+	} else if err := tolerate(tr.step(ctx, lifecycle.StepCollect, lifecycle.RoleAgent, t.Collect, nil)); err != nil {
 		return err
 	}
 	switch {
 	case !t.SaveArtifacts:
-		tr.skip(StepDownload, RoleAgent, "save_artifacts is false")
+		tr.skip(lifecycle.StepDownload, lifecycle.RoleAgent, "save_artifacts is false")
 	case len(t.Artifacts) == 0:
-		tr.skip(StepDownload, RoleAgent, "no artifact paths declared")
+		tr.skip(lifecycle.StepDownload, lifecycle.RoleAgent, "no artifact paths declared")
 	default:
-		return tolerate(tr.download(ctx, RoleAgent))
+		return tolerate(tr.download(ctx, lifecycle.RoleAgent))
 	}
 	return nil
 }
@@ -230,8 +228,8 @@ func (tr *taskRun) agentSteps(ctx context.Context) error {
 // evaluate is the evaluation scope: switch straight to the evaluation policy, run the
 // whole evaluate step, and put the environment's baseline back however the step ends:
 // exit status, timeout, cancellation or a panic of this goroutine.
-func (tr *taskRun) evaluate(ctx context.Context, role Role, restorePhase string, restore policy.Policy) (err error) {
-	if err := tr.apply(ctx, role, PhaseEvaluation, tr.t.Policies.Evaluation); err != nil {
+func (tr *taskRun) evaluate(ctx context.Context, role lifecycle.Role, restorePhase string, restore policy.Policy) (err error) {
+	if err := tr.apply(ctx, role, string(policy.PhaseEvaluation), tr.t.Policies.Evaluation); err != nil {
 		return err
 	}
 	defer func() {
@@ -250,12 +248,12 @@ func (tr *taskRun) evaluate(ctx context.Context, role Role, restorePhase string,
 			err = errors.Join(err, rerr)
 		}
 	}()
-	return tr.step(ctx, StepEvaluate, role, tr.t.Evaluate, nil)
+	return tr.step(ctx, lifecycle.StepEvaluate, role, tr.t.Evaluate, nil)
 }
 
 // open is row 1 (agent) or row 8 of fresh mode (evaluation): the provider brings the
 // environment up with its baseline in force before anything runs in it.
-func (tr *taskRun) open(ctx context.Context, role Role, name StepName, image, phase string, p policy.Policy) error {
+func (tr *taskRun) open(ctx context.Context, role lifecycle.Role, name lifecycle.StepName, image, phase string, p policy.Policy) error {
 	idx := tr.beginStep(name, role, "", phase, p.Mode)
 	octx, cancel := tr.stepContext(ctx, name)
 	defer cancel()
@@ -290,11 +288,11 @@ func (tr *taskRun) open(ctx context.Context, role Role, name StepName, image, ph
 // summary of the phase that ends is the one the provider took with the swap; a read just
 // before the switch stands in when the provider reports none. The lifecycle switches an
 // environment only after its open succeeded and before its close.
-func (tr *taskRun) apply(ctx context.Context, role Role, phase string, p policy.Policy) error {
+func (tr *taskRun) apply(ctx context.Context, role lifecycle.Role, phase string, p policy.Policy) error {
 	es := tr.envOf(role)
 	ended := tr.readBlocked(ctx, es)
 	tr.mu.Lock()
-	tr.current, tr.stepRole = StepName("switch:"+phase), role
+	tr.current, tr.stepRole = lifecycle.StepName("switch:"+phase), role
 	tr.mu.Unlock()
 	tr.report()
 	actx, cancel := context.WithTimeout(ctx, tr.r.controlTimeout())
@@ -319,7 +317,7 @@ func (tr *taskRun) apply(ctx context.Context, role Role, phase string, p policy.
 	if err != nil {
 		// Never a step's own failure, whatever cut it short (a timeout, Ctrl-C): a failed
 		// switch ends the task, and finish tells a cancellation by the run's context.
-		return &stepError{step: StepName("switch_" + phase), status: StepError,
+		return &stepError{step: lifecycle.StepName("switch_" + phase), status: StepError,
 			err: fmt.Errorf("controller: switch %s to %s: %w", es.env.ID(), phase, err)}
 	}
 	tr.r.logger().Info("policy in force", "task", tr.t.ID, "environment", es.env.ID(), "phase", phase,
@@ -363,7 +361,7 @@ func completeTransition(tn Transition, task string, es *envState, phase string, 
 // closeEnv closes (or keeps, with retain) an environment under the policy in force:
 // the lifecycle has already put the policy the tables name there. It runs even after
 // cancellation, since leaving an environment behind is worse than a late close.
-func (tr *taskRun) closeEnv(ctx context.Context, role Role, retain bool) error {
+func (tr *taskRun) closeEnv(ctx context.Context, role lifecycle.Role, retain bool) error {
 	es := tr.envOf(role)
 	if es == nil {
 		return nil
@@ -372,9 +370,9 @@ func (tr *taskRun) closeEnv(ctx context.Context, role Role, retain bool) error {
 	defer cancel()
 	// No switch ends the last phase: its summary is read just before the close.
 	tr.recordBlocked(tr.readBlocked(cctx, es))
-	name := StepClose
-	if role == RoleEvaluation {
-		name = StepEvaluationEnd
+	name := lifecycle.StepClose
+	if role == lifecycle.RoleEvaluation {
+		name = lifecycle.StepEvaluationEnd
 	}
 	idx := tr.beginStep(name, role, es.env.ID(), es.phase, es.policy.Mode)
 	err := closeOnce(cctx, es.env, retain)
@@ -443,7 +441,7 @@ func closeOnce(ctx context.Context, env Environment, retain bool) (err error) {
 // policy in force: a failed or cancelled task is not given back a broader policy just to
 // be torn down.
 func (tr *taskRun) closeAll(ctx context.Context) {
-	for _, role := range []Role{RoleEvaluation, RoleAgent} {
+	for _, role := range []lifecycle.Role{lifecycle.RoleEvaluation, lifecycle.RoleAgent} {
 		if err := tr.closeEnv(ctx, role, tr.t.Retain); err != nil {
 			tr.r.logger().Error("close failed", "task", tr.t.ID, "role", role, "err", err)
 		}
@@ -458,7 +456,7 @@ func reachOf(task string, env Environment) string {
 		env.ID(), task, task)
 }
 
-func (tr *taskRun) envOf(role Role) *envState {
+func (tr *taskRun) envOf(role lifecycle.Role) *envState {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	return tr.envs[role]
@@ -515,7 +513,7 @@ func (tr *taskRun) noticeRecord() NoticeRecord {
 	}
 }
 
-func (tr *taskRun) initialRecord(prev *Record, from StepName) Record {
+func (tr *taskRun) initialRecord(prev *Record, from lifecycle.StepName) Record {
 	t := tr.t
 	if prev != nil {
 		// A deep copy: the record's changes (an environment closed) must not reach
@@ -526,10 +524,10 @@ func (tr *taskRun) initialRecord(prev *Record, from StepName) Record {
 		return rec
 	}
 	pols := map[string]policy.Policy{
-		PhaseBaseline: t.Policies.Baseline, PhaseRun: t.Policies.Run, PhaseEvaluation: t.Policies.Evaluation,
+		string(policy.PhaseBaseline): t.Policies.Baseline, string(policy.PhaseRun): t.Policies.Run, string(policy.PhaseEvaluation): t.Policies.Evaluation,
 	}
-	if t.Mode == EvaluationFresh {
-		pols[PhaseEvaluationBaseline] = t.Policies.EvaluationBaseline
+	if t.Mode == policy.EvaluationFresh {
+		pols[string(policy.PhaseEvaluationBaseline)] = t.Policies.EvaluationBaseline
 	}
 	modes := map[string]policy.Mode{}
 	for phase, p := range pols {
@@ -537,7 +535,7 @@ func (tr *taskRun) initialRecord(prev *Record, from StepName) Record {
 	}
 	return Record{
 		Version: RecordVersion, Task: t.ID, TaskDigest: t.Digest(), EvaluationMode: t.Mode,
-		Status: StatusRunning, Started: tr.started, Phase: StepOpen, Plan: t.Plan,
+		Status: StatusRunning, Started: tr.started, Phase: lifecycle.StepOpen, Plan: t.Plan,
 		Policies: pols, NetworkModes: modes, Notice: tr.noticeRecord(),
 		Environments: []EnvRecord{}, Transitions: []Transition{}, Steps: []StepRecord{},
 		Blocked: []PhaseBlocked{}, Artifacts: []ArtifactRecord{},
@@ -567,7 +565,7 @@ func (tr *taskRun) finish(ctx context.Context, err error) *Record {
 		r.Ended = &now
 		r.Status = StatusSucceeded
 		// Only a step's last attempt counts: a resumed task retries what was cut short.
-		last := map[StepName]int{}
+		last := map[lifecycle.StepName]int{}
 		for i, s := range r.Steps {
 			last[s.Name] = i
 		}

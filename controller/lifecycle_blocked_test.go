@@ -9,6 +9,8 @@ import (
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
+	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // A phase's blocked summary is the one the provider took with the swap that ended it, so
@@ -51,9 +53,9 @@ func TestBlockedSummaryOfEndedPhase(t *testing.T) {
 					return nil
 				}
 			}
-			tr := task(t, controller.EvaluationFresh)
-			tr.Run = []controller.Command{{"blocked", "3"}}
-			tr.Evaluate = []controller.Command{{"blocked", "1"}}
+			tr := task(t, policy.EvaluationFresh)
+			tr.Run = []lifecycle.Command{{"blocked", "3"}}
+			tr.Evaluate = []lifecycle.Command{{"blocked", "1"}}
 			r := newRunner(t, p)
 			_, err := r.RunTask(context.Background(), tr, nil)
 			if (err != nil) != tc.failSwitch {

@@ -12,6 +12,7 @@ import (
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // specProvider is the fake provider that keeps every EnvSpec it was asked to open.
@@ -32,11 +33,11 @@ func (p specProvider) Open(ctx context.Context, spec controller.EnvSpec) (contro
 // proxy start timeout and the baseline of its role, in both modes.
 func TestOpenSpec(t *testing.T) {
 	for _, tc := range []struct {
-		mode controller.EvaluationMode
+		mode policy.EvaluationMode
 		want []string // role image baseline
 	}{
-		{controller.EvaluationShared, []string{"agent agent:1 public"}},
-		{controller.EvaluationFresh, []string{"agent agent:1 public", "evaluation grader:1 no-network"}},
+		{policy.EvaluationShared, []string{"agent agent:1 public"}},
+		{policy.EvaluationFresh, []string{"agent agent:1 public", "evaluation grader:1 no-network"}},
 	} {
 		t.Run(string(tc.mode), func(t *testing.T) {
 			var specs []controller.EnvSpec
@@ -104,12 +105,12 @@ func TestTransitionCompleted(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := wrappingProvider{controllertest.New(), func(e controller.Environment) controller.Environment { return bareEnv{e} }}
 			p.ApplyErr = func(phase string) error {
-				if phase == controller.PhaseRun {
+				if phase == string(policy.PhaseRun) {
 					return tc.applyErr
 				}
 				return nil
 			}
-			tr := task(t, controller.EvaluationShared)
+			tr := task(t, policy.EvaluationShared)
 			rec, err := newRunner(t, p).RunTask(context.Background(), tr, nil)
 			if (err == nil) != (tc.applyErr == nil) {
 				t.Fatalf("RunTask: %v", err)
@@ -145,7 +146,7 @@ func (e reachEnv) Reach() string { return "docker exec -it " + e.ID() + " sh" }
 // TestRetainReach: a retained environment's record says how to reach it in the
 // provider's own words when the provider has them.
 func TestRetainReach(t *testing.T) {
-	tr := task(t, controller.EvaluationShared)
+	tr := task(t, policy.EvaluationShared)
 	tr.Retain = true
 	rec, err := newRunner(t, reachProvider()).RunTask(context.Background(), tr, nil)
 	if err != nil {
@@ -159,11 +160,11 @@ func TestRetainReach(t *testing.T) {
 // TestUploadUnsupported: with a provider that cannot copy files into an environment, the
 // upload is skipped, saying why, rather than crashing the task.
 func TestUploadUnsupported(t *testing.T) {
-	rec, err := newRunner(t, reachProvider()).RunTask(context.Background(), task(t, controller.EvaluationFresh), nil)
+	rec, err := newRunner(t, reachProvider()).RunTask(context.Background(), task(t, policy.EvaluationFresh), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	i := slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == controller.StepUpload })
+	i := slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == lifecycle.StepUpload })
 	if s := rec.Steps[i]; s.Status != controller.StepSkipped || s.Reason != "the provider cannot copy files into an environment" {
 		t.Errorf("upload recorded %s (%s), want skipped, saying why", s.Status, s.Reason)
 	}

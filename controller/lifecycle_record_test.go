@@ -14,6 +14,8 @@ import (
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
+	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // TestRecordMidRun reads the record on disk while a step runs, as an operator (or a
@@ -23,23 +25,23 @@ import (
 func TestRecordMidRun(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		mode   controller.EvaluationMode
+		mode   policy.EvaluationMode
 		resume bool
-		step   controller.StepName // the step that reads the record
+		step   lifecycle.StepName // the step that reads the record
 	}{
-		{"shared, during the rollout", controller.EvaluationShared, false, controller.StepRun},
-		{"fresh, during evaluate", controller.EvaluationFresh, false, controller.StepEvaluate},
-		{"resumed, during evaluate", controller.EvaluationFresh, true, controller.StepEvaluate},
+		{"shared, during the rollout", policy.EvaluationShared, false, lifecycle.StepRun},
+		{"fresh, during evaluate", policy.EvaluationFresh, false, lifecycle.StepEvaluate},
+		{"resumed, during evaluate", policy.EvaluationFresh, true, lifecycle.StepEvaluate},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := controllertest.New()
 			r := newRunner(t, p)
 			tr := task(t, tc.mode)
 			switch tc.step {
-			case controller.StepRun:
-				tr.Run = []controller.Command{{"cancel"}}
-			case controller.StepEvaluate:
-				tr.Evaluate = []controller.Command{{"cancel"}}
+			case lifecycle.StepRun:
+				tr.Run = []lifecycle.Command{{"cancel"}}
+			case lifecycle.StepEvaluate:
+				tr.Evaluate = []lifecycle.Command{{"cancel"}}
 			}
 			var prev *controller.Record
 			if tc.resume {
@@ -79,7 +81,7 @@ func TestStaleNotice(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRunner(t, controllertest.New())
-			tr := task(t, controller.EvaluationShared)
+			tr := task(t, policy.EvaluationShared)
 			tc.change(&tr)
 			path := filepath.Join(r.OutDir, tr.ID, controller.NoticeFile)
 			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -133,7 +135,7 @@ func TestBlockedReadFails(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := blindProvider{controllertest.New()}
 			p.ReportPrevious = tc.report
-			rec, err := newRunner(t, p).RunTask(context.Background(), task(t, controller.EvaluationShared), nil)
+			rec, err := newRunner(t, p).RunTask(context.Background(), task(t, policy.EvaluationShared), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -170,14 +172,14 @@ func (p *progressLog) Update(u controller.ProgressUpdate) {
 func TestProgressBlockedCount(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		mode  controller.EvaluationMode
-		run   []controller.Command
+		mode  policy.EvaluationMode
+		run   []lifecycle.Command
 		polls bool // the run is cancelled once the poller showed the rollout's 3 attempts
 		total uint64
 	}{
-		{"shared", controller.EvaluationShared, []controller.Command{{"blocked", "3"}}, false, 4},
-		{"fresh", controller.EvaluationFresh, []controller.Command{{"blocked", "3"}}, false, 4},
-		{"polled during the rollout", controller.EvaluationShared, []controller.Command{{"blocked", "3"}, {"hang"}}, true, 3},
+		{"shared", policy.EvaluationShared, []lifecycle.Command{{"blocked", "3"}}, false, 4},
+		{"fresh", policy.EvaluationFresh, []lifecycle.Command{{"blocked", "3"}}, false, 4},
+		{"polled during the rollout", policy.EvaluationShared, []lifecycle.Command{{"blocked", "3"}, {"hang"}}, true, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
@@ -185,7 +187,7 @@ func TestProgressBlockedCount(t *testing.T) {
 			pl := &progressLog{}
 			if tc.polls {
 				pl.onUpdate = func(u controller.ProgressUpdate) {
-					if u.Step == controller.StepRun && u.Blocked == 3 {
+					if u.Step == lifecycle.StepRun && u.Blocked == 3 {
 						cancel()
 					}
 				}
@@ -196,9 +198,9 @@ func TestProgressBlockedCount(t *testing.T) {
 			tr.Run = tc.run
 			if tc.polls {
 				// Bounds the test should the live count never show: the total is then wrong.
-				tr.Timeouts = map[controller.StepName]time.Duration{controller.StepRun: 10 * time.Second}
+				tr.Timeouts = map[lifecycle.StepName]time.Duration{lifecycle.StepRun: 10 * time.Second}
 			}
-			tr.Evaluate = []controller.Command{{"blocked", "1"}}
+			tr.Evaluate = []lifecycle.Command{{"blocked", "1"}}
 			rec, _ := r.RunTask(ctx, tr, nil)
 			if rec.BlockedTotal() != tc.total {
 				t.Fatalf("record's total %d, want %d", rec.BlockedTotal(), tc.total)
@@ -221,9 +223,9 @@ func TestProgressBlockedCount(t *testing.T) {
 // its stdout, and its stderr under a header of its own.
 func TestStepLog(t *testing.T) {
 	r := newRunner(t, controllertest.New())
-	tr := task(t, controller.EvaluationShared)
-	tr.Prepare = []controller.Command{{"prep"}, {"stdout", "no", "newline"}, {"stderr", "no", "newline"}, {"hang"}}
-	tr.Timeouts = map[controller.StepName]time.Duration{controller.StepPrepare: 20 * time.Millisecond}
+	tr := task(t, policy.EvaluationShared)
+	tr.Prepare = []lifecycle.Command{{"prep"}, {"stdout", "no", "newline"}, {"stderr", "no", "newline"}, {"hang"}}
+	tr.Timeouts = map[lifecycle.StepName]time.Duration{lifecycle.StepPrepare: 20 * time.Millisecond}
 	rec, _ := r.RunTask(context.Background(), tr, nil)
 	b, err := os.ReadFile(filepath.Join(r.OutDir, tr.ID, "logs", "prepare.log"))
 	if err != nil {
@@ -236,7 +238,7 @@ func TestStepLog(t *testing.T) {
 	if string(b) != want {
 		t.Errorf("log\n got  %q\n want %q", b, want)
 	}
-	i := slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == controller.StepPrepare })
+	i := slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == lifecycle.StepPrepare })
 	var codes []string
 	for _, c := range rec.Steps[i].Commands {
 		code := "-"
@@ -257,32 +259,32 @@ func TestCancelledWhateverTheError(t *testing.T) {
 	aborted := errors.New("engine: request aborted")
 	for _, tc := range []struct {
 		name  string
-		mode  controller.EvaluationMode
+		mode  policy.EvaluationMode
 		setup func(tr *controller.TaskRun, p *controllertest.Provider, cancel func())
 		steps []string
 		last  string // the last event: nothing runs or switches after the Ctrl-C
 	}{
-		{"open", controller.EvaluationShared, func(_ *controller.TaskRun, p *controllertest.Provider, cancel func()) {
-			p.OpenErr = func(controller.Role) error { cancel(); return aborted }
+		{"open", policy.EvaluationShared, func(_ *controller.TaskRun, p *controllertest.Provider, cancel func()) {
+			p.OpenErr = func(lifecycle.Role) error { cancel(); return aborted }
 		}, []string{"open:cancelled"}, "agent open failed"},
-		{"switch to run", controller.EvaluationShared, func(_ *controller.TaskRun, p *controllertest.Provider, cancel func()) {
+		{"switch to run", policy.EvaluationShared, func(_ *controller.TaskRun, p *controllertest.Provider, cancel func()) {
 			p.ApplyErr = func(phase string) error {
-				if phase == controller.PhaseRun {
+				if phase == string(policy.PhaseRun) {
 					cancel()
 					return aborted
 				}
 				return nil
 			}
 		}, []string{"open:ok", "prepare:ok", "harness_start:ok", "close:ok"}, "agent close retain=false mode=no-network"},
-		{"as a step ends, before the switch", controller.EvaluationShared, func(tr *controller.TaskRun, p *controllertest.Provider, cancel func()) {
-			tr.Harness.Start = []controller.Command{{"cancel"}}
+		{"as a step ends, before the switch", policy.EvaluationShared, func(tr *controller.TaskRun, p *controllertest.Provider, cancel func()) {
+			tr.Harness.Start = []lifecycle.Command{{"cancel"}}
 			p.Cancel = cancel
 		}, []string{"open:ok", "prepare:ok", "harness_start:ok", "close:ok"}, "agent close retain=false mode=no-network"},
-		{"download", controller.EvaluationShared, func(_ *controller.TaskRun, p *controllertest.Provider, cancel func()) {
+		{"download", policy.EvaluationShared, func(_ *controller.TaskRun, p *controllertest.Provider, cancel func()) {
 			p.DownloadErr = func() error { cancel(); return aborted }
 		}, []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok", "collect:ok",
 			"download:cancelled", "close:ok"}, "agent close retain=false mode=allowlist"},
-		{"upload", controller.EvaluationFresh, func(_ *controller.TaskRun, p *controllertest.Provider, cancel func()) {
+		{"upload", policy.EvaluationFresh, func(_ *controller.TaskRun, p *controllertest.Provider, cancel func()) {
 			p.UploadErr = func() error { cancel(); return aborted }
 		}, []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok", "collect:ok", "download:ok",
 			"close:ok", "evaluation_open:ok", "upload_artifacts:cancelled", "evaluation_close:ok"},
@@ -316,7 +318,7 @@ func TestCancelledWhateverTheError(t *testing.T) {
 // saved under the task's artifacts directory and nowhere else on the host.
 func TestArtifactPathsStayInside(t *testing.T) {
 	r := newRunner(t, controllertest.New())
-	tr := task(t, controller.EvaluationShared)
+	tr := task(t, policy.EvaluationShared)
 	tr.Artifacts = []string{"/out/result.tar", "../../escape.tar", "rel/../../up.tar"}
 	rec, err := r.RunTask(context.Background(), tr, nil)
 	if err != nil {
@@ -347,7 +349,7 @@ func TestArtifactPathsStayInside(t *testing.T) {
 func TestNoticeWriteFails(t *testing.T) {
 	p := controllertest.New()
 	r := newRunner(t, p)
-	tr := task(t, controller.EvaluationShared)
+	tr := task(t, policy.EvaluationShared)
 	// A directory in the statement's place.
 	if err := os.MkdirAll(filepath.Join(r.OutDir, tr.ID, controller.NoticeFile), 0o755); err != nil {
 		t.Fatal(err)
@@ -367,21 +369,21 @@ func TestNoticeWriteFails(t *testing.T) {
 func TestProgressModes(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		mode     controller.EvaluationMode
+		mode     policy.EvaluationMode
 		applyErr bool // the switch to run fails
 		want     []string
 	}{
-		{"shared", controller.EvaluationShared, false, []string{"open public", "prepare public", "harness_start public", "switch:run public",
+		{"shared", policy.EvaluationShared, false, []string{"open public", "prepare public", "harness_start public", "switch:run public",
 			"switch:run allowlist", "run allowlist", "harness_close allowlist", "collect allowlist", "download allowlist",
 			"switch:evaluation allowlist", "switch:evaluation denylist", "evaluate denylist", "switch:baseline denylist",
 			"switch:baseline public", "close public", "done: succeeded -"}},
-		{"fresh", controller.EvaluationFresh, false, []string{"open public", "prepare public", "harness_start public",
+		{"fresh", policy.EvaluationFresh, false, []string{"open public", "prepare public", "harness_start public",
 			"switch:run public", "switch:run allowlist", "run allowlist", "harness_close allowlist", "collect allowlist",
 			"download allowlist", "close allowlist", "evaluation_open no-network", "upload_artifacts no-network",
 			"switch:evaluation no-network", "switch:evaluation denylist", "evaluate denylist",
 			"switch:evaluation_baseline denylist", "switch:evaluation_baseline no-network", "evaluation_close no-network",
 			"done: succeeded -"}},
-		{"failed switch", controller.EvaluationShared, true, []string{"open public", "prepare public", "harness_start public", "switch:run public",
+		{"failed switch", policy.EvaluationShared, true, []string{"open public", "prepare public", "harness_start public", "switch:run public",
 			"switch:run no-network", "close no-network", "done: failed -"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -389,7 +391,7 @@ func TestProgressModes(t *testing.T) {
 			p := controllertest.New()
 			if tc.applyErr {
 				p.ApplyErr = func(phase string) error {
-					if phase == controller.PhaseRun {
+					if phase == string(policy.PhaseRun) {
 						return errors.New("sidecar refused")
 					}
 					return nil
@@ -425,7 +427,7 @@ func TestProgressModes(t *testing.T) {
 func TestRecordCannotBeWritten(t *testing.T) {
 	p := controllertest.New()
 	r := newRunner(t, p)
-	tr := task(t, controller.EvaluationShared)
+	tr := task(t, policy.EvaluationShared)
 	// A directory, not empty, in the record's place.
 	if err := os.MkdirAll(filepath.Join(r.OutDir, tr.ID, controller.RecordFile, "x"), 0o755); err != nil {
 		t.Fatal(err)

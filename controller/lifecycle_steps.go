@@ -11,12 +11,13 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // stepError is a step that did not end ok. Failed and timed-out steps of the rollout are
 // tolerated (the task goes on to evaluation); the others end the lifecycle.
 type stepError struct {
-	step   StepName
+	step   lifecycle.StepName
 	status StepStatus
 	err    error
 }
@@ -45,7 +46,7 @@ func stepStatusOf(runCtx, stepCtx context.Context, otherwise StepStatus) StepSta
 	return otherwise
 }
 
-func (tr *taskRun) stepContext(ctx context.Context, name StepName) (context.Context, context.CancelFunc) {
+func (tr *taskRun) stepContext(ctx context.Context, name lifecycle.StepName) (context.Context, context.CancelFunc) {
 	if d := tr.t.Timeouts[name]; d > 0 {
 		return context.WithTimeout(ctx, d)
 	}
@@ -53,7 +54,7 @@ func (tr *taskRun) stepContext(ctx context.Context, name StepName) (context.Cont
 }
 
 // beginStep appends a running step to the record and returns its index.
-func (tr *taskRun) beginStep(name StepName, role Role, envID, phase string, mode policy.Mode) int {
+func (tr *taskRun) beginStep(name lifecycle.StepName, role lifecycle.Role, envID, phase string, mode policy.Mode) int {
 	tr.mu.Lock()
 	tr.current, tr.currentMode, tr.stepRole = name, mode, role
 	tr.mu.Unlock()
@@ -82,7 +83,7 @@ func (tr *taskRun) endStep(idx int, status StepStatus, exit *int, err error) {
 }
 
 // skip records a row of the table whose condition does not hold.
-func (tr *taskRun) skip(name StepName, role Role, reason string) {
+func (tr *taskRun) skip(name lifecycle.StepName, role lifecycle.Role, reason string) {
 	now := time.Now()
 	s := StepRecord{Name: name, Start: now, End: &now, Status: StepSkipped, Reason: reason}
 	if es := tr.envOf(role); es != nil {
@@ -94,7 +95,7 @@ func (tr *taskRun) skip(name StepName, role Role, reason string) {
 // step runs cmds one after the other in the role's environment, under the policy already
 // in force there, and stops at the first command that does not exit 0. As for apply, the
 // role's environment is open: a failed open ends the lifecycle.
-func (tr *taskRun) step(ctx context.Context, name StepName, role Role, cmds []Command, env map[string]string) (err error) {
+func (tr *taskRun) step(ctx context.Context, name lifecycle.StepName, role lifecycle.Role, cmds []lifecycle.Command, env map[string]string) (err error) {
 	es := tr.envOf(role)
 	logRel := filepath.Join("logs", string(name)+".log")
 	idx := tr.beginStep(name, role, es.env.ID(), es.phase, es.policy.Mode)
@@ -160,7 +161,7 @@ func openLog(path string) (*os.File, error) {
 
 // writeCommandLog appends a command's output to its step log: a header line, stdout,
 // then stderr, each command's section easy to split and parse.
-func writeCommandLog(f *os.File, cmd Command, res ExecResult, err error) {
+func writeCommandLog(f *os.File, cmd lifecycle.Command, res ExecResult, err error) {
 	status := fmt.Sprintf("exit %d", res.ExitCode)
 	if err != nil {
 		status = "error: " + err.Error()
@@ -211,10 +212,10 @@ func (tr *taskRun) pollBlocked(ctx context.Context, es *envState) func() {
 
 // download is row 6's second half: each declared path is copied into
 // <task>/artifacts/<path>. A path that does not resolve is recorded, not fatal.
-func (tr *taskRun) download(ctx context.Context, role Role) error {
+func (tr *taskRun) download(ctx context.Context, role lifecycle.Role) error {
 	es := tr.envOf(role)
-	idx := tr.beginStep(StepDownload, role, es.env.ID(), es.phase, es.policy.Mode)
-	sctx, cancel := tr.stepContext(ctx, StepDownload)
+	idx := tr.beginStep(lifecycle.StepDownload, role, es.env.ID(), es.phase, es.policy.Mode)
+	sctx, cancel := tr.stepContext(ctx, lifecycle.StepDownload)
 	defer cancel()
 	var failed []string
 	for _, p := range tr.t.Artifacts {
@@ -244,12 +245,12 @@ func (tr *taskRun) download(ctx context.Context, role Role) error {
 	status := stepStatusOf(ctx, sctx, StepFailed)
 	err := fmt.Errorf("controller: download: not saved: %s", strings.Join(failed, ", "))
 	tr.endStep(idx, status, nil, err)
-	return &stepError{step: StepDownload, status: status, err: err}
+	return &stepError{step: lifecycle.StepDownload, status: status, err: err}
 }
 
 // upload hands the saved artifacts to the fresh evaluation environment, at the paths the
 // agent environment had them, before the evaluation policy is applied.
-func (tr *taskRun) upload(ctx context.Context, role Role) error {
+func (tr *taskRun) upload(ctx context.Context, role lifecycle.Role) error {
 	es := tr.envOf(role)
 	saved := tr.rec.snapshot().Artifacts
 	var files []ArtifactRecord
@@ -261,21 +262,21 @@ func (tr *taskRun) upload(ctx context.Context, role Role) error {
 	up, ok := es.env.(Uploader)
 	switch {
 	case len(files) == 0:
-		tr.skip(StepUpload, role, "no saved artifacts")
+		tr.skip(lifecycle.StepUpload, role, "no saved artifacts")
 		return nil
 	case !ok:
-		tr.skip(StepUpload, role, "the provider cannot copy files into an environment")
+		tr.skip(lifecycle.StepUpload, role, "the provider cannot copy files into an environment")
 		return nil
 	}
-	idx := tr.beginStep(StepUpload, role, es.env.ID(), es.phase, es.policy.Mode)
-	sctx, cancel := tr.stepContext(ctx, StepUpload)
+	idx := tr.beginStep(lifecycle.StepUpload, role, es.env.ID(), es.phase, es.policy.Mode)
+	sctx, cancel := tr.stepContext(ctx, lifecycle.StepUpload)
 	defer cancel()
 	for _, a := range files {
 		if err := up.Upload(sctx, filepath.Join(tr.dir, a.Local), filepath.Dir(a.Path)); err != nil {
 			status := stepStatusOf(ctx, sctx, StepError)
 			err = fmt.Errorf("controller: upload %s: %w", a.Path, err)
 			tr.endStep(idx, status, nil, err)
-			return &stepError{step: StepUpload, status: status, err: err}
+			return &stepError{step: lifecycle.StepUpload, status: status, err: err}
 		}
 	}
 	tr.endStep(idx, StepOK, nil, nil)

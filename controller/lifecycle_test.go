@@ -18,6 +18,7 @@ import (
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -35,7 +36,7 @@ const notice = "<IMPORTANT>restricted</IMPORTANT>\n"
 
 // task is a full task: every step declared, distinct policies per phase so that the
 // event log shows which one each step ran under.
-func task(t *testing.T, mode controller.EvaluationMode) controller.TaskRun {
+func task(t *testing.T, mode policy.EvaluationMode) controller.TaskRun {
 	return controller.TaskRun{
 		ID: "t1", Mode: mode, Image: "agent:1", EvaluationImage: "grader:1",
 		Policies: controller.PhasePolicies{
@@ -45,13 +46,13 @@ func task(t *testing.T, mode controller.EvaluationMode) controller.TaskRun {
 			EvaluationBaseline: policy.NoNetwork,
 		},
 		Notice: notice, InjectNotice: true,
-		Prepare:       []controller.Command{{"prep"}},
-		Harness:       &controller.HarnessSession{Start: []controller.Command{{"hstart"}}, Close: []controller.Command{{"hclose"}}},
-		Run:           []controller.Command{{"agent"}},
-		Collect:       []controller.Command{{"collect"}},
+		Prepare:       []lifecycle.Command{{"prep"}},
+		Harness:       &lifecycle.HarnessSession{Start: []lifecycle.Command{{"hstart"}}, Close: []lifecycle.Command{{"hclose"}}},
+		Run:           []lifecycle.Command{{"agent"}},
+		Collect:       []lifecycle.Command{{"collect"}},
 		Artifacts:     []string{"/out/result.tar"},
 		SaveArtifacts: true,
-		Evaluate:      []controller.Command{{"grade"}},
+		Evaluate:      []lifecycle.Command{{"grade"}},
 	}
 }
 
@@ -79,10 +80,10 @@ func TestLifecycleOrder(t *testing.T) {
 	noticeQ := ` notice="<IMPORTANT>restricted</IMPORTANT>\n"`
 	tests := []struct {
 		name string
-		mode controller.EvaluationMode
+		mode policy.EvaluationMode
 		want []string
 	}{
-		{"shared", controller.EvaluationShared, []string{
+		{"shared", policy.EvaluationShared, []string{
 			"agent open public image=agent:1",
 			"agent exec [prep] mode=public",
 			"agent exec [hstart] mode=public",
@@ -96,7 +97,7 @@ func TestLifecycleOrder(t *testing.T) {
 			"agent apply baseline public",
 			"agent close retain=false mode=public",
 		}},
-		{"fresh", controller.EvaluationFresh, []string{
+		{"fresh", policy.EvaluationFresh, []string{
 			"agent open public image=agent:1",
 			"agent exec [prep] mode=public",
 			"agent exec [hstart] mode=public",
@@ -149,14 +150,14 @@ func stepsOf(rec *controller.Record) []string {
 func TestStepConditions(t *testing.T) {
 	tests := []struct {
 		name    string
-		mode    controller.EvaluationMode // shared unless set
+		mode    policy.EvaluationMode // shared unless set
 		change  func(tr *controller.TaskRun, p *controllertest.Provider, taskDir string)
 		steps   []string
 		status  controller.TaskStatus
-		reasons map[controller.StepName]string
-		errs    map[controller.StepName]string // what a step's error says
-		where   map[controller.StepName]string // a skipped step's "environment phase mode"
-		taskErr string                         // what the record's error says
+		reasons map[lifecycle.StepName]string
+		errs    map[lifecycle.StepName]string // what a step's error says
+		where   map[lifecycle.StepName]string // a skipped step's "environment phase mode"
+		taskErr string                        // what the record's error says
 	}{
 		{
 			name:   "no harness session: steps 3 and 5 skipped",
@@ -164,10 +165,10 @@ func TestStepConditions(t *testing.T) {
 			steps: []string{"open:ok", "prepare:ok", "harness_start:skipped", "run:ok", "harness_close:skipped",
 				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
 			status: controller.StatusSucceeded,
-			reasons: map[controller.StepName]string{controller.StepHarnessStart: "no harness session declared",
-				controller.StepHarnessClose: "no harness session was started"},
-			where: map[controller.StepName]string{controller.StepHarnessStart: "t1 baseline public",
-				controller.StepHarnessClose: "t1 run allowlist"},
+			reasons: map[lifecycle.StepName]string{lifecycle.StepHarnessStart: "no harness session declared",
+				lifecycle.StepHarnessClose: "no harness session was started"},
+			where: map[lifecycle.StepName]string{lifecycle.StepHarnessStart: "t1 baseline public",
+				lifecycle.StepHarnessClose: "t1 run allowlist"},
 		},
 		{
 			name: "no collection commands, no save_artifacts",
@@ -177,8 +178,8 @@ func TestStepConditions(t *testing.T) {
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
 				"collect:skipped", "download:skipped", "evaluate:ok", "close:ok"},
 			status: controller.StatusSucceeded,
-			reasons: map[controller.StepName]string{controller.StepCollect: "no collection commands declared",
-				controller.StepDownload: "save_artifacts is false"},
+			reasons: map[lifecycle.StepName]string{lifecycle.StepCollect: "no collection commands declared",
+				lifecycle.StepDownload: "save_artifacts is false"},
 		},
 		{
 			name:   "save_artifacts without paths",
@@ -186,7 +187,7 @@ func TestStepConditions(t *testing.T) {
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
 				"collect:ok", "download:skipped", "evaluate:ok", "close:ok"},
 			status:  controller.StatusSucceeded,
-			reasons: map[controller.StepName]string{controller.StepDownload: "no artifact paths declared"},
+			reasons: map[lifecycle.StepName]string{lifecycle.StepDownload: "no artifact paths declared"},
 		},
 		{
 			name: "artifact path that does not resolve",
@@ -200,11 +201,11 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "failed prepare ends the task under the baseline",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Prepare = []controller.Command{{"exit", "3"}}
+				tr.Prepare = []lifecycle.Command{{"exit", "3"}}
 			},
 			steps:  []string{"open:ok", "prepare:failed", "close:ok"},
 			status: controller.StatusFailed,
-			errs:   map[controller.StepName]string{controller.StepPrepare: "step prepare: exit 3 exited 3"},
+			errs:   map[lifecycle.StepName]string{lifecycle.StepPrepare: "step prepare: exit 3 exited 3"},
 		},
 		{
 			name: "a step log that cannot be written ends the task",
@@ -218,12 +219,12 @@ func TestStepConditions(t *testing.T) {
 			},
 			steps:  []string{"open:ok", "prepare:error", "close:ok"},
 			status: controller.StatusFailed,
-			errs:   map[controller.StepName]string{controller.StepPrepare: "create log directory"},
+			errs:   map[lifecycle.StepName]string{lifecycle.StepPrepare: "create log directory"},
 		},
 		{
 			name: "a negative exit status is a failure",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Prepare = []controller.Command{{"exit", "-1"}}
+				tr.Prepare = []lifecycle.Command{{"exit", "-1"}}
 			},
 			steps:  []string{"open:ok", "prepare:failed", "close:ok"},
 			status: controller.StatusFailed,
@@ -231,7 +232,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "failed harness start ends the task",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Harness.Start = []controller.Command{{"exit", "1"}}
+				tr.Harness.Start = []lifecycle.Command{{"exit", "1"}}
 			},
 			steps:  []string{"open:ok", "prepare:ok", "harness_start:failed", "close:ok"},
 			status: controller.StatusFailed,
@@ -239,7 +240,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "failed rollout still collects and evaluates",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Run = []controller.Command{{"exit", "2"}, {"never-run"}}
+				tr.Run = []lifecycle.Command{{"exit", "2"}, {"never-run"}}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:failed", "harness_close:ok",
 				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
@@ -249,7 +250,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "failed harness close still collects and evaluates",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Harness.Close = []controller.Command{{"exit", "4"}}
+				tr.Harness.Close = []lifecycle.Command{{"exit", "4"}}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:failed",
 				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
@@ -258,7 +259,7 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "failed collection still downloads and evaluates",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Collect = []controller.Command{{"exit", "5"}}
+				tr.Collect = []lifecycle.Command{{"exit", "5"}}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:ok", "harness_close:ok",
 				"collect:failed", "download:ok", "evaluate:ok", "close:ok"},
@@ -266,7 +267,7 @@ func TestStepConditions(t *testing.T) {
 		},
 		{
 			name: "fresh: an artifact that was not saved is not uploaded",
-			mode: controller.EvaluationFresh,
+			mode: policy.EvaluationFresh,
 			change: func(_ *controller.TaskRun, p *controllertest.Provider, _ string) {
 				p.Missing = map[string]bool{"/out/result.tar": true}
 			},
@@ -274,16 +275,16 @@ func TestStepConditions(t *testing.T) {
 				"collect:ok", "download:failed", "close:ok", "evaluation_open:ok", "upload_artifacts:skipped",
 				"evaluate:ok", "evaluation_close:ok"},
 			status:  controller.StatusFailed,
-			reasons: map[controller.StepName]string{controller.StepUpload: "no saved artifacts"},
+			reasons: map[lifecycle.StepName]string{lifecycle.StepUpload: "no saved artifacts"},
 			taskErr: "steps not ok: [download failed]",
 		},
 		{
 			// The grader would judge without the agent's work: nothing is evaluated.
 			name: "fresh: a failed upload of the artifacts ends the task before evaluate",
-			mode: controller.EvaluationFresh,
+			mode: policy.EvaluationFresh,
 			change: func(_ *controller.TaskRun, p *controllertest.Provider, taskDir string) {
-				p.OpenErr = func(role controller.Role) error {
-					if role == controller.RoleEvaluation {
+				p.OpenErr = func(role lifecycle.Role) error {
+					if role == lifecycle.RoleEvaluation {
 						// The saved artifact is gone by the time it is to be uploaded.
 						return os.RemoveAll(filepath.Join(taskDir, "artifacts"))
 					}
@@ -297,29 +298,29 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "rollout timeout is recorded and evaluation still runs",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Run = []controller.Command{{"hang"}}
-				tr.Timeouts = map[controller.StepName]time.Duration{controller.StepRun: 20 * time.Millisecond}
+				tr.Run = []lifecycle.Command{{"hang"}}
+				tr.Timeouts = map[lifecycle.StepName]time.Duration{lifecycle.StepRun: 20 * time.Millisecond}
 			},
 			steps: []string{"open:ok", "prepare:ok", "harness_start:ok", "run:timed_out", "harness_close:ok",
 				"collect:ok", "download:ok", "evaluate:ok", "close:ok"},
 			status: controller.StatusFailed,
-			errs:   map[controller.StepName]string{controller.StepRun: "step run: hang: context deadline exceeded"},
+			errs:   map[lifecycle.StepName]string{lifecycle.StepRun: "step run: hang: context deadline exceeded"},
 		},
 		{
 			// A crash is not the rollout's own failure: nothing more runs in the task.
 			name: "a panic in the rollout ends the task",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Run = []controller.Command{{"panic"}}
+				tr.Run = []lifecycle.Command{{"panic"}}
 			},
 			steps:  []string{"open:ok", "prepare:ok", "harness_start:ok", "run:crashed", "close:ok"},
 			status: controller.StatusFailed,
-			errs:   map[controller.StepName]string{controller.StepRun: "step run panicked: fake: command panicked"},
+			errs:   map[lifecycle.StepName]string{lifecycle.StepRun: "step run panicked: fake: command panicked"},
 		},
 		{
 			name: "a timed-out rollout that could not be stopped ends the task before anything runs under another policy",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Run = []controller.Command{{"unkillable"}}
-				tr.Timeouts = map[controller.StepName]time.Duration{controller.StepRun: 20 * time.Millisecond}
+				tr.Run = []lifecycle.Command{{"unkillable"}}
+				tr.Timeouts = map[lifecycle.StepName]time.Duration{lifecycle.StepRun: 20 * time.Millisecond}
 			},
 			steps:  []string{"open:ok", "prepare:ok", "harness_start:ok", "run:error", "close:ok"},
 			status: controller.StatusFailed,
@@ -327,8 +328,8 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "prepare timeout ends the task",
 			change: func(tr *controller.TaskRun, _ *controllertest.Provider, _ string) {
-				tr.Prepare = []controller.Command{{"hang"}}
-				tr.Timeouts = map[controller.StepName]time.Duration{controller.StepPrepare: 20 * time.Millisecond}
+				tr.Prepare = []lifecycle.Command{{"hang"}}
+				tr.Timeouts = map[lifecycle.StepName]time.Duration{lifecycle.StepPrepare: 20 * time.Millisecond}
 			},
 			steps:  []string{"open:ok", "prepare:timed_out", "close:ok"},
 			status: controller.StatusFailed,
@@ -337,7 +338,7 @@ func TestStepConditions(t *testing.T) {
 			name: "failed switch to run: nothing runs, environment closed",
 			change: func(_ *controller.TaskRun, p *controllertest.Provider, _ string) {
 				p.ApplyErr = func(phase string) error {
-					if phase == controller.PhaseRun {
+					if phase == string(policy.PhaseRun) {
 						return errors.New("sidecar did not acknowledge")
 					}
 					return nil
@@ -349,11 +350,11 @@ func TestStepConditions(t *testing.T) {
 		{
 			name: "open fails",
 			change: func(_ *controller.TaskRun, p *controllertest.Provider, _ string) {
-				p.OpenErr = func(controller.Role) error { return errors.New("image missing") }
+				p.OpenErr = func(lifecycle.Role) error { return errors.New("image missing") }
 			},
 			steps:  []string{"open:error"},
 			status: controller.StatusFailed,
-			errs:   map[controller.StepName]string{controller.StepOpen: "open agent environment: image missing"},
+			errs:   map[lifecycle.StepName]string{lifecycle.StepOpen: "open agent environment: image missing"},
 		},
 	}
 	for _, tc := range tests {
@@ -361,7 +362,7 @@ func TestStepConditions(t *testing.T) {
 			p := controllertest.New()
 			mode := tc.mode
 			if mode == "" {
-				mode = controller.EvaluationShared
+				mode = policy.EvaluationShared
 			}
 			tr := task(t, mode)
 			r := newRunner(t, p)
@@ -392,7 +393,7 @@ func TestStepConditions(t *testing.T) {
 				if s.TimedOut != (s.Status == controller.StepTimedOut) {
 					t.Errorf("step %s %s has timed_out %t", s.Name, s.Status, s.TimedOut)
 				}
-				if s.Status == controller.StepFailed && s.Name != controller.StepDownload && (s.ExitCode == nil || *s.ExitCode == 0) {
+				if s.Status == controller.StepFailed && s.Name != lifecycle.StepDownload && (s.ExitCode == nil || *s.ExitCode == 0) {
 					t.Errorf("failed step %s records exit code %v", s.Name, s.ExitCode)
 				}
 			}
@@ -411,23 +412,23 @@ func TestStepConditions(t *testing.T) {
 func TestEvaluateRestoresBaseline(t *testing.T) {
 	endings := []struct {
 		name     string
-		evaluate []controller.Command
+		evaluate []lifecycle.Command
 		timeout  time.Duration
 		step     controller.StepStatus
 		status   controller.TaskStatus
 	}{
-		{"non-zero exit", []controller.Command{{"exit", "1"}}, 0, controller.StepFailed, controller.StatusFailed},
-		{"timeout", []controller.Command{{"hang"}}, 20 * time.Millisecond, controller.StepTimedOut, controller.StatusFailed},
-		{"cancellation", []controller.Command{{"cancel"}, {"hang"}}, 0, controller.StepCancelled, controller.StatusCancelled},
-		{"panic", []controller.Command{{"panic"}}, 0, controller.StepCrashed, controller.StatusFailed},
+		{"non-zero exit", []lifecycle.Command{{"exit", "1"}}, 0, controller.StepFailed, controller.StatusFailed},
+		{"timeout", []lifecycle.Command{{"hang"}}, 20 * time.Millisecond, controller.StepTimedOut, controller.StatusFailed},
+		{"cancellation", []lifecycle.Command{{"cancel"}, {"hang"}}, 0, controller.StepCancelled, controller.StatusCancelled},
+		{"panic", []lifecycle.Command{{"panic"}}, 0, controller.StepCrashed, controller.StatusFailed},
 	}
 	modes := []struct {
-		mode    controller.EvaluationMode
+		mode    policy.EvaluationMode
 		role    string
 		restore string
 	}{
-		{controller.EvaluationShared, "agent", "agent apply baseline public"},
-		{controller.EvaluationFresh, "evaluation", "evaluation apply evaluation_baseline no-network"},
+		{policy.EvaluationShared, "agent", "agent apply baseline public"},
+		{policy.EvaluationFresh, "evaluation", "evaluation apply evaluation_baseline no-network"},
 	}
 	for _, m := range modes {
 		for _, e := range endings {
@@ -439,7 +440,7 @@ func TestEvaluateRestoresBaseline(t *testing.T) {
 				tr := task(t, m.mode)
 				tr.Evaluate = e.evaluate
 				if e.timeout > 0 {
-					tr.Timeouts = map[controller.StepName]time.Duration{controller.StepEvaluate: e.timeout}
+					tr.Timeouts = map[lifecycle.StepName]time.Duration{lifecycle.StepEvaluate: e.timeout}
 				}
 				r := newRunner(t, p)
 				rec, err := r.RunTask(ctx, tr, nil)
@@ -458,7 +459,7 @@ func TestEvaluateRestoresBaseline(t *testing.T) {
 				}
 				var got controller.StepStatus
 				for _, s := range rec.Steps {
-					if s.Name == controller.StepEvaluate {
+					if s.Name == lifecycle.StepEvaluate {
 						got = s.Status
 					}
 				}
@@ -483,22 +484,22 @@ func TestEvaluateRestoresBaseline(t *testing.T) {
 func TestEvaluateRestoreFails(t *testing.T) {
 	for _, e := range []struct {
 		name     string
-		evaluate []controller.Command
+		evaluate []lifecycle.Command
 		step     string
 	}{
-		{"ok", []controller.Command{{"grade"}}, "evaluate:ok"},
-		{"non-zero exit", []controller.Command{{"exit", "1"}}, "evaluate:failed"},
-		{"panic", []controller.Command{{"panic"}}, "evaluate:crashed"},
+		{"ok", []lifecycle.Command{{"grade"}}, "evaluate:ok"},
+		{"non-zero exit", []lifecycle.Command{{"exit", "1"}}, "evaluate:failed"},
+		{"panic", []lifecycle.Command{{"panic"}}, "evaluate:crashed"},
 	} {
 		t.Run(e.name, func(t *testing.T) {
 			p := controllertest.New()
 			p.ApplyErr = func(phase string) error {
-				if phase == controller.PhaseBaseline {
+				if phase == string(policy.PhaseBaseline) {
 					return errors.New("sidecar did not acknowledge")
 				}
 				return nil
 			}
-			tr := task(t, controller.EvaluationShared)
+			tr := task(t, policy.EvaluationShared)
 			tr.Evaluate = e.evaluate
 			r := newRunner(t, p)
 			rec, err := r.RunTask(context.Background(), tr, nil)
@@ -520,17 +521,17 @@ func TestEvaluateRestoreFails(t *testing.T) {
 // (public in shared mode) and closes under it.
 func TestEvaluateNotStoppedLosesEgress(t *testing.T) {
 	for _, m := range []struct {
-		mode controller.EvaluationMode
+		mode policy.EvaluationMode
 		role string
 	}{
-		{controller.EvaluationShared, "agent"},
-		{controller.EvaluationFresh, "evaluation"},
+		{policy.EvaluationShared, "agent"},
+		{policy.EvaluationFresh, "evaluation"},
 	} {
 		t.Run(string(m.mode), func(t *testing.T) {
 			p := controllertest.New()
 			tr := task(t, m.mode)
-			tr.Evaluate = []controller.Command{{"unkillable"}}
-			tr.Timeouts = map[controller.StepName]time.Duration{controller.StepEvaluate: 20 * time.Millisecond}
+			tr.Evaluate = []lifecycle.Command{{"unkillable"}}
+			tr.Timeouts = map[lifecycle.StepName]time.Duration{lifecycle.StepEvaluate: 20 * time.Millisecond}
 			rec, err := newRunner(t, p).RunTask(context.Background(), tr, nil)
 			if err == nil {
 				t.Fatal("RunTask succeeded")
@@ -561,18 +562,18 @@ func TestEvaluateNotStoppedLosesEgress(t *testing.T) {
 // says cancelled.
 func TestCancellation(t *testing.T) {
 	tests := []struct {
-		mode      controller.EvaluationMode
-		step      controller.StepName
+		mode      policy.EvaluationMode
+		step      lifecycle.StepName
 		closeLine string
 	}{
-		{controller.EvaluationShared, controller.StepPrepare, "agent close retain=false mode=public"},
-		{controller.EvaluationShared, controller.StepHarnessStart, "agent close retain=false mode=public"},
-		{controller.EvaluationShared, controller.StepRun, "agent close retain=false mode=allowlist"},
-		{controller.EvaluationShared, controller.StepHarnessClose, "agent close retain=false mode=allowlist"},
-		{controller.EvaluationShared, controller.StepCollect, "agent close retain=false mode=allowlist"},
-		{controller.EvaluationShared, controller.StepEvaluate, "agent close retain=false mode=public"},
-		{controller.EvaluationFresh, controller.StepRun, "agent close retain=false mode=allowlist"},
-		{controller.EvaluationFresh, controller.StepEvaluate, "evaluation close retain=false mode=no-network"},
+		{policy.EvaluationShared, lifecycle.StepPrepare, "agent close retain=false mode=public"},
+		{policy.EvaluationShared, lifecycle.StepHarnessStart, "agent close retain=false mode=public"},
+		{policy.EvaluationShared, lifecycle.StepRun, "agent close retain=false mode=allowlist"},
+		{policy.EvaluationShared, lifecycle.StepHarnessClose, "agent close retain=false mode=allowlist"},
+		{policy.EvaluationShared, lifecycle.StepCollect, "agent close retain=false mode=allowlist"},
+		{policy.EvaluationShared, lifecycle.StepEvaluate, "agent close retain=false mode=public"},
+		{policy.EvaluationFresh, lifecycle.StepRun, "agent close retain=false mode=allowlist"},
+		{policy.EvaluationFresh, lifecycle.StepEvaluate, "evaluation close retain=false mode=no-network"},
 	}
 	for _, tc := range tests {
 		t.Run(string(tc.mode)+"/"+string(tc.step), func(t *testing.T) {
@@ -581,19 +582,19 @@ func TestCancellation(t *testing.T) {
 			defer cancel()
 			p.Cancel = cancel
 			tr := task(t, tc.mode)
-			stop := []controller.Command{{"cancel"}, {"hang"}}
+			stop := []lifecycle.Command{{"cancel"}, {"hang"}}
 			switch tc.step {
-			case controller.StepPrepare:
+			case lifecycle.StepPrepare:
 				tr.Prepare = stop
-			case controller.StepHarnessStart:
+			case lifecycle.StepHarnessStart:
 				tr.Harness.Start = stop
-			case controller.StepRun:
+			case lifecycle.StepRun:
 				tr.Run = stop
-			case controller.StepHarnessClose:
+			case lifecycle.StepHarnessClose:
 				tr.Harness.Close = stop
-			case controller.StepCollect:
+			case lifecycle.StepCollect:
 				tr.Collect = stop
-			case controller.StepEvaluate:
+			case lifecycle.StepEvaluate:
 				tr.Evaluate = stop
 			}
 			r := newRunner(t, p)
@@ -636,22 +637,22 @@ func TestCancellation(t *testing.T) {
 func TestCancelledAfterTheEnd(t *testing.T) {
 	tests := []struct {
 		name   string
-		mode   controller.EvaluationMode
-		run    []controller.Command
+		mode   policy.EvaluationMode
+		run    []lifecycle.Command
 		status controller.TaskStatus
 	}{
-		{"shared, all ok", controller.EvaluationShared, nil, controller.StatusSucceeded},
-		{"fresh, all ok", controller.EvaluationFresh, nil, controller.StatusSucceeded},
-		{"shared, rollout failed", controller.EvaluationShared, []controller.Command{{"exit", "1"}}, controller.StatusFailed},
+		{"shared, all ok", policy.EvaluationShared, nil, controller.StatusSucceeded},
+		{"fresh, all ok", policy.EvaluationFresh, nil, controller.StatusSucceeded},
+		{"shared, rollout failed", policy.EvaluationShared, []lifecycle.Command{{"exit", "1"}}, controller.StatusFailed},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := controllertest.New()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			last := map[controller.EvaluationMode]controller.Role{
-				controller.EvaluationShared: controller.RoleAgent, controller.EvaluationFresh: controller.RoleEvaluation}[tc.mode]
-			p.CloseErr = func(role controller.Role) error {
+			last := map[policy.EvaluationMode]lifecycle.Role{
+				policy.EvaluationShared: lifecycle.RoleAgent, policy.EvaluationFresh: lifecycle.RoleEvaluation}[tc.mode]
+			p.CloseErr = func(role lifecycle.Role) error {
 				if role == last {
 					cancel() // Ctrl-C while the last close is under way
 				}
@@ -682,13 +683,13 @@ func TestDownloadCutShort(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	p.Cancel = cancel
-	tr := task(t, controller.EvaluationFresh)
+	tr := task(t, policy.EvaluationFresh)
 	tr.Artifacts = []string{"/out/a.tar", "/out/b.tar"}
-	tr.Collect = []controller.Command{{"cancel"}} // Ctrl-C as collection ends
+	tr.Collect = []lifecycle.Command{{"cancel"}} // Ctrl-C as collection ends
 	r := newRunner(t, p)
 	rec, _ := r.RunTask(ctx, tr, nil)
 	for _, s := range rec.Steps {
-		if s.Name == controller.StepDownload && s.Status != controller.StepCancelled {
+		if s.Name == lifecycle.StepDownload && s.Status != controller.StepCancelled {
 			t.Errorf("download step %s (%s), want %s", s.Status, s.Error, controller.StepCancelled)
 		}
 	}
@@ -713,11 +714,11 @@ func TestFailedSwitchLeavesNoEgress(t *testing.T) {
 		phase  string
 		cancel bool // cancel the run as the switch starts, instead of failing it
 	}{
-		{"switch to run fails", controller.PhaseRun, false},
-		{"switch to run cancelled", controller.PhaseRun, true},
-		{"switch to evaluation fails", controller.PhaseEvaluation, false},
-		{"switch to evaluation cancelled", controller.PhaseEvaluation, true},
-		{"switch to run panics", controller.PhaseRun, false},
+		{"switch to run fails", string(policy.PhaseRun), false},
+		{"switch to run cancelled", string(policy.PhaseRun), true},
+		{"switch to evaluation fails", string(policy.PhaseEvaluation), false},
+		{"switch to evaluation cancelled", string(policy.PhaseEvaluation), true},
+		{"switch to run panics", string(policy.PhaseRun), false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -737,7 +738,7 @@ func TestFailedSwitchLeavesNoEgress(t *testing.T) {
 			}
 			p.ApplyPanics = func(phase string) bool { return panics && phase == tc.phase }
 			r := newRunner(t, p)
-			rec, err := r.RunTask(ctx, task(t, controller.EvaluationShared), nil)
+			rec, err := r.RunTask(ctx, task(t, policy.EvaluationShared), nil)
 			if err == nil {
 				t.Fatal("RunTask succeeded")
 			}
@@ -749,7 +750,7 @@ func TestFailedSwitchLeavesNoEgress(t *testing.T) {
 			if want := "agent close retain=false mode=no-network"; ev[len(ev)-1] != want {
 				t.Errorf("last event %q, want %q\n%s", ev[len(ev)-1], want, strings.Join(ev, "\n"))
 			}
-			if last := rec.Steps[len(rec.Steps)-1]; last.Name != controller.StepClose || last.Mode != policy.ModeNoNetwork {
+			if last := rec.Steps[len(rec.Steps)-1]; last.Name != lifecycle.StepClose || last.Mode != policy.ModeNoNetwork {
 				t.Errorf("last step %s under %s, want close under no-network", last.Name, last.Mode)
 			}
 		})
@@ -761,10 +762,10 @@ func TestFailedSwitchLeavesNoEgress(t *testing.T) {
 // run's process, leaving every other task's environments behind; it must end this task
 // as failed instead, its environment recorded as still open.
 func TestClosePanics(t *testing.T) {
-	for _, mode := range []controller.EvaluationMode{controller.EvaluationShared, controller.EvaluationFresh} {
+	for _, mode := range []policy.EvaluationMode{policy.EvaluationShared, policy.EvaluationFresh} {
 		t.Run(string(mode), func(t *testing.T) {
 			p := controllertest.New()
-			p.CloseErr = func(controller.Role) error { panic("fake: close panicked") }
+			p.CloseErr = func(lifecycle.Role) error { panic("fake: close panicked") }
 			r := newRunner(t, p)
 			var rec *controller.Record
 			var err error
@@ -788,7 +789,7 @@ func TestClosePanics(t *testing.T) {
 
 func TestRetain(t *testing.T) {
 	p := controllertest.New()
-	tr := task(t, controller.EvaluationFresh)
+	tr := task(t, policy.EvaluationFresh)
 	tr.Retain = true
 	r := newRunner(t, p)
 	rec, err := r.RunTask(context.Background(), tr, nil)
@@ -807,10 +808,10 @@ func TestRetain(t *testing.T) {
 
 func TestRecordContents(t *testing.T) {
 	p := controllertest.New()
-	tr := task(t, controller.EvaluationFresh)
+	tr := task(t, policy.EvaluationFresh)
 	tr.Plan = json.RawMessage(`{"applied_recipes":["model-endpoint"]}`)
-	tr.Run = []controller.Command{{"blocked", "3"}}
-	tr.Evaluate = []controller.Command{{"blocked", "1"}}
+	tr.Run = []lifecycle.Command{{"blocked", "3"}}
+	tr.Evaluate = []lifecycle.Command{{"blocked", "1"}}
 	r := newRunner(t, p)
 	if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
 		t.Fatal(err)
@@ -830,8 +831,8 @@ func TestRecordContents(t *testing.T) {
 			t.Errorf("%s = %s, want %s", k, rec.NetworkModes[k], v)
 		}
 	}
-	if !rec.Policies[controller.PhaseRun].Equal(tr.Policies.Run) {
-		t.Errorf("run policy %s", rec.Policies[controller.PhaseRun])
+	if !rec.Policies[string(policy.PhaseRun)].Equal(tr.Policies.Run) {
+		t.Errorf("run policy %s", rec.Policies[string(policy.PhaseRun)])
 	}
 	b, err := os.ReadFile(filepath.Join(r.OutDir, "t1", controller.NoticeFile))
 	if err != nil || string(b) != notice || !rec.Notice.Injected {
@@ -874,7 +875,7 @@ func TestRecordContents(t *testing.T) {
 			t.Errorf("step %+v", s)
 		}
 	}
-	run := rec.Steps[slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == controller.StepRun })]
+	run := rec.Steps[slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == lifecycle.StepRun })]
 	if run.Log != "logs/run.log" || *run.ExitCode != 0 || len(run.Commands) != 1 || run.Phase != "run" {
 		t.Errorf("run step %+v", run)
 	}
@@ -896,7 +897,7 @@ func TestNotice(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := controllertest.New()
-			tr := task(t, controller.EvaluationShared)
+			tr := task(t, policy.EvaluationShared)
 			tc.change(&tr)
 			r := newRunner(t, p)
 			rec, err := r.RunTask(context.Background(), tr, nil)
@@ -922,7 +923,7 @@ func TestRunAll(t *testing.T) {
 	p := controllertest.New()
 	var tasks []controller.TaskRun
 	for _, id := range []string{"a", "b", "c", "d"} {
-		tr := task(t, controller.EvaluationFresh)
+		tr := task(t, policy.EvaluationFresh)
 		tr.ID = id
 		tasks = append(tasks, tr)
 	}
@@ -966,7 +967,7 @@ func TestCloseRetry(t *testing.T) {
 			p := controllertest.New()
 			var mu sync.Mutex
 			left := tc.failures
-			p.CloseErr = func(controller.Role) error {
+			p.CloseErr = func(lifecycle.Role) error {
 				mu.Lock()
 				defer mu.Unlock()
 				if left > 0 {
@@ -976,7 +977,7 @@ func TestCloseRetry(t *testing.T) {
 				return nil
 			}
 			r := newRunner(t, p)
-			rec, _ := r.RunTask(context.Background(), task(t, controller.EvaluationShared), nil)
+			rec, _ := r.RunTask(context.Background(), task(t, policy.EvaluationShared), nil)
 			if rec.Status != tc.status || rec.Environments[0].State != tc.state {
 				t.Errorf("status %s, environment %s; want %s, %s", rec.Status, rec.Environments[0].State, tc.status, tc.state)
 			}
@@ -1027,19 +1028,19 @@ func (e panickingEnv) Upload(ctx context.Context, src, dst string) error {
 func TestProviderPanicEndsStep(t *testing.T) {
 	for _, tc := range []struct {
 		op   string
-		mode controller.EvaluationMode
-		step controller.StepName
+		mode policy.EvaluationMode
+		step lifecycle.StepName
 	}{
-		{"open", controller.EvaluationShared, controller.StepOpen},
-		{"download", controller.EvaluationShared, controller.StepDownload},
-		{"upload", controller.EvaluationFresh, controller.StepUpload},
+		{"open", policy.EvaluationShared, lifecycle.StepOpen},
+		{"download", policy.EvaluationShared, lifecycle.StepDownload},
+		{"upload", policy.EvaluationFresh, lifecycle.StepUpload},
 	} {
 		t.Run(tc.op, func(t *testing.T) {
 			fake := controllertest.New()
 			r := newRunner(t, panicking{Provider: fake, op: tc.op})
 			tr := task(t, tc.mode)
 			// A step that ended before the panic keeps its own outcome.
-			tr.Run = []controller.Command{{"exit", "2"}}
+			tr.Run = []lifecycle.Command{{"exit", "2"}}
 			rec, err := r.RunTask(context.Background(), tr, nil)
 			if err == nil || rec.Status != controller.StatusFailed {
 				t.Fatalf("status %s, err %v; want failed", rec.Status, err)
@@ -1064,8 +1065,8 @@ func TestProviderPanicEndsStep(t *testing.T) {
 // success, though every step of it was ok: the record on disk does not say how it ended.
 func TestRecordWriteFailure(t *testing.T) {
 	p := controllertest.New()
-	tr := task(t, controller.EvaluationShared)
-	tr.Evaluate = []controller.Command{{"cancel"}}
+	tr := task(t, policy.EvaluationShared)
+	tr.Evaluate = []lifecycle.Command{{"cancel"}}
 	r := newRunner(t, p)
 	dir := filepath.Join(r.OutDir, tr.ID)
 	// During evaluate, the task directory goes away and a file takes its name.

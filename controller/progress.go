@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // ProgressUpdate is the state of one task as the progress display shows it.
 type ProgressUpdate struct {
 	Task    string
-	Step    StepName
+	Step    lifecycle.StepName
 	Mode    policy.Mode // the mode in force in the environment the step runs in
 	Started time.Time   // when the task started
 	Blocked uint64      // blocked attempts so far, every phase

@@ -11,6 +11,8 @@ import (
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
 	"github.com/compass-egress/compass-egress/internal/testutil"
+	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 func TestLogProgress(t *testing.T) {
@@ -18,8 +20,8 @@ func TestLogProgress(t *testing.T) {
 	p := controllertest.New()
 	r := newRunner(t, p)
 	r.Progress = controller.NewLogProgress(&out)
-	tr := task(t, controller.EvaluationShared)
-	tr.Run = []controller.Command{{"blocked", "2"}}
+	tr := task(t, policy.EvaluationShared)
+	tr.Run = []lifecycle.Command{{"blocked", "2"}}
 	if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -42,12 +44,12 @@ func TestLogProgress(t *testing.T) {
 func TestLiveProgressRedrawsInPlace(t *testing.T) {
 	var out testutil.SyncBuffer
 	lp := controller.NewLiveProgress(&out, time.Hour)
-	lp.Update(controller.ProgressUpdate{Task: "a", Step: controller.StepRun, Mode: "no-network", Started: time.Now(), Blocked: 1})
-	lp.Update(controller.ProgressUpdate{Task: "b", Step: controller.StepPrepare, Mode: "public", Started: time.Now()})
+	lp.Update(controller.ProgressUpdate{Task: "a", Step: lifecycle.StepRun, Mode: "no-network", Started: time.Now(), Blocked: 1})
+	lp.Update(controller.ProgressUpdate{Task: "b", Step: lifecycle.StepPrepare, Mode: "public", Started: time.Now()})
 	start := time.Now().Add(-time.Hour)
-	lp.Update(controller.ProgressUpdate{Task: "c", Step: controller.StepClose, Started: start, Done: true,
+	lp.Update(controller.ProgressUpdate{Task: "c", Step: lifecycle.StepClose, Started: start, Done: true,
 		Ended: start.Add(90 * time.Second), Status: controller.StatusSucceeded})
-	lp.Update(controller.ProgressUpdate{Task: "a", Step: controller.StepEvaluate, Mode: "allowlist", Started: time.Now(), Blocked: 3})
+	lp.Update(controller.ProgressUpdate{Task: "a", Step: lifecycle.StepEvaluate, Mode: "allowlist", Started: time.Now(), Blocked: 3})
 	lp.Stop()
 	text := out.String()
 	if !strings.Contains(text, "task=c phase=done: succeeded mode=- elapsed=1m30s") {
@@ -66,12 +68,12 @@ func TestLogProgressLines(t *testing.T) {
 	lp := controller.NewLogProgress(&out)
 	start := time.Now()
 	for _, u := range []controller.ProgressUpdate{
-		{Task: "a", Step: controller.StepRun, Mode: "public", Started: start},
-		{Task: "a", Step: controller.StepRun, Mode: "public", Started: start, Blocked: 1}, // a poll: no line
-		{Task: "b", Step: controller.StepRun, Mode: "public", Started: start},             // another task
-		{Task: "a", Step: controller.StepRun, Mode: "no-network", Started: start, Blocked: 1},
-		{Task: "a", Step: controller.StepEvaluate, Mode: "no-network", Started: start, Blocked: 1},
-		{Task: "a", Step: controller.StepEvaluate, Mode: "no-network", Started: start, Blocked: 1, Done: true, Status: controller.StatusSucceeded},
+		{Task: "a", Step: lifecycle.StepRun, Mode: "public", Started: start},
+		{Task: "a", Step: lifecycle.StepRun, Mode: "public", Started: start, Blocked: 1}, // a poll: no line
+		{Task: "b", Step: lifecycle.StepRun, Mode: "public", Started: start},             // another task
+		{Task: "a", Step: lifecycle.StepRun, Mode: "no-network", Started: start, Blocked: 1},
+		{Task: "a", Step: lifecycle.StepEvaluate, Mode: "no-network", Started: start, Blocked: 1},
+		{Task: "a", Step: lifecycle.StepEvaluate, Mode: "no-network", Started: start, Blocked: 1, Done: true, Status: controller.StatusSucceeded},
 	} {
 		lp.Update(u)
 	}
@@ -100,8 +102,8 @@ func TestLiveProgressMovesUp(t *testing.T) {
 	var out testutil.SyncBuffer
 	lp := controller.NewLiveProgress(&out, time.Millisecond)
 	defer lp.Stop()
-	lp.Update(controller.ProgressUpdate{Task: "a", Step: controller.StepRun, Mode: "no-network", Started: time.Now()})
-	lp.Update(controller.ProgressUpdate{Task: "b", Step: controller.StepPrepare, Mode: "public", Started: time.Now()})
+	lp.Update(controller.ProgressUpdate{Task: "a", Step: lifecycle.StepRun, Mode: "no-network", Started: time.Now()})
+	lp.Update(controller.ProgressUpdate{Task: "b", Step: lifecycle.StepPrepare, Mode: "public", Started: time.Now()})
 	// Wait for a redraw after the first frame with both tasks (bounded: it fails then).
 	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(out.String(), "\x1b[2A"); {
 		if time.Now().After(deadline) {

@@ -10,20 +10,13 @@ import (
 
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/policy"
-)
-
-// Role says which of a task's environments this is.
-type Role string
-
-const (
-	RoleAgent      Role = "agent"      // the agent's environment (shared mode: also evaluates)
-	RoleEvaluation Role = "evaluation" // the separate evaluation environment of fresh mode
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // EnvSpec is what a provider needs to open one environment.
 type EnvSpec struct {
 	Task  string            // task ID, unique among the tasks a controller manages
-	Role  Role              // agent or evaluation
+	Role  lifecycle.Role    // agent or evaluation
 	Image string            // container image, present locally
 	Env   map[string]string // extra environment variables for the container
 	Cmd   []string          // the container's command; empty: the image's default

@@ -11,6 +11,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // RecordVersion is the run_info.json format version.
@@ -59,16 +60,16 @@ const (
 // Record is run_info.json: the evidence of what one task's lifecycle did, under which
 // policy, and what was blocked. It is rewritten atomically after every change.
 type Record struct {
-	Version        int            `json:"version"`
-	Task           string         `json:"task_id"`
-	TaskDigest     string         `json:"task_digest"`
-	EvaluationMode EvaluationMode `json:"evaluation_mode"`
-	Status         TaskStatus     `json:"status"`
-	Error          string         `json:"error,omitempty"`
-	Started        time.Time      `json:"started"`
-	Ended          *time.Time     `json:"ended,omitempty"`
+	Version        int                   `json:"version"`
+	Task           string                `json:"task_id"`
+	TaskDigest     string                `json:"task_digest"`
+	EvaluationMode policy.EvaluationMode `json:"evaluation_mode"`
+	Status         TaskStatus            `json:"status"`
+	Error          string                `json:"error,omitempty"`
+	Started        time.Time             `json:"started"`
+	Ended          *time.Time            `json:"ended,omitempty"`
 	// Phase is the step in progress, or the last one reached.
-	Phase        StepName                 `json:"phase"`
+	Phase        lifecycle.StepName       `json:"phase"`
 	Plan         json.RawMessage          `json:"plan,omitempty"`
 	Policies     map[string]policy.Policy `json:"policies"`
 	NetworkModes map[string]policy.Mode   `json:"network_modes"`
@@ -90,29 +91,29 @@ type NoticeRecord struct {
 
 // EnvRecord is one environment of the task.
 type EnvRecord struct {
-	ID    string   `json:"id"`
-	Role  Role     `json:"role"`
-	Image string   `json:"image"`
-	State EnvState `json:"state"`
-	Reach string   `json:"reach,omitempty"` // how to reach a retained environment
+	ID    string         `json:"id"`
+	Role  lifecycle.Role `json:"role"`
+	Image string         `json:"image"`
+	State EnvState       `json:"state"`
+	Reach string         `json:"reach,omitempty"` // how to reach a retained environment
 }
 
 // StepRecord is one lifecycle step.
 type StepRecord struct {
-	Name        StepName        `json:"name"`
-	Environment string          `json:"environment,omitempty"`
-	Phase       string          `json:"phase"` // the policy field in force
-	Mode        policy.Mode     `json:"mode"`
-	Start       time.Time       `json:"start"`
-	End         *time.Time      `json:"end,omitempty"`
-	Duration    time.Duration   `json:"duration_ns"`
-	Status      StepStatus      `json:"status"`
-	ExitCode    *int            `json:"exit_code,omitempty"`
-	TimedOut    bool            `json:"timed_out"`
-	Reason      string          `json:"reason,omitempty"` // why skipped
-	Error       string          `json:"error,omitempty"`
-	Log         string          `json:"log,omitempty"` // path relative to the task directory
-	Commands    []CommandRecord `json:"commands,omitempty"`
+	Name        lifecycle.StepName `json:"name"`
+	Environment string             `json:"environment,omitempty"`
+	Phase       string             `json:"phase"` // the policy field in force
+	Mode        policy.Mode        `json:"mode"`
+	Start       time.Time          `json:"start"`
+	End         *time.Time         `json:"end,omitempty"`
+	Duration    time.Duration      `json:"duration_ns"`
+	Status      StepStatus         `json:"status"`
+	ExitCode    *int               `json:"exit_code,omitempty"`
+	TimedOut    bool               `json:"timed_out"`
+	Reason      string             `json:"reason,omitempty"` // why skipped
+	Error       string             `json:"error,omitempty"`
+	Log         string             `json:"log,omitempty"` // path relative to the task directory
+	Commands    []CommandRecord    `json:"commands,omitempty"`
 }
 
 // CommandRecord is one command of a step.
@@ -143,8 +144,8 @@ type ArtifactRecord struct {
 
 // ResumeRecord notes a --resume of this task.
 type ResumeRecord struct {
-	Time time.Time `json:"time"`
-	From StepName  `json:"from"`
+	Time time.Time          `json:"time"`
+	From lifecycle.StepName `json:"from"`
 }
 
 // BlockedTotal is the number of blocked attempts over every recorded phase.

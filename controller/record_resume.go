@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // Finished reports whether a record shows a lifecycle that ran to its end (whatever
@@ -31,8 +32,8 @@ func Finished(rec *Record) bool {
 // The interrupted run's leftovers must be closed first: the provider must be able to
 // reattach them (Reattacher), and to remove what an open its runner died in left
 // (Remover), otherwise the resume is refused.
-func ResumeFrom(prev *Record, t TaskRun, p Provider) (StepName, error) {
-	refuse := func(format string, args ...any) (StepName, error) {
+func ResumeFrom(prev *Record, t TaskRun, p Provider) (lifecycle.StepName, error) {
+	refuse := func(format string, args ...any) (lifecycle.StepName, error) {
 		return "", fmt.Errorf("controller: cannot resume task %s: %s", t.ID, fmt.Sprintf(format, args...))
 	}
 	switch {
@@ -52,12 +53,12 @@ func ResumeFrom(prev *Record, t TaskRun, p Provider) (StepName, error) {
 				cut[0].Role, p.Name(), t.ID)
 		}
 	}
-	if !stepOK(prev, StepOpen) {
+	if !stepOK(prev, lifecycle.StepOpen) {
 		// No agent environment ever came up (none opened, or only opens that failed or
 		// were cut, whose leftovers the resume removes first): nothing ran in a sandbox.
-		return StepOpen, nil
+		return lifecycle.StepOpen, nil
 	}
-	if t.Mode != EvaluationFresh {
+	if t.Mode != policy.EvaluationFresh {
 		return refuse("it stopped at step %q in shared mode, where evaluation needs the agent environment's state, which is lost; run it again without --resume", prev.Phase)
 	}
 	if missing := agentStepsUnfinished(prev, t); len(missing) > 0 {
@@ -69,20 +70,20 @@ func ResumeFrom(prev *Record, t TaskRun, p Provider) (StepName, error) {
 				strings.Join(open, ", "), p.Name(), t.ID)
 		}
 	}
-	return StepEvaluationOpen, nil
+	return lifecycle.StepEvaluationOpen, nil
 }
 
 // agentStepsUnfinished lists the agent steps the task needs whose end is not recorded.
 func agentStepsUnfinished(prev *Record, t TaskRun) []string {
-	needed := []StepName{StepRun}
+	needed := []lifecycle.StepName{lifecycle.StepRun}
 	if t.Harness != nil {
-		needed = append(needed, StepHarnessClose)
+		needed = append(needed, lifecycle.StepHarnessClose)
 	}
 	if len(t.Collect) > 0 {
-		needed = append(needed, StepCollect)
+		needed = append(needed, lifecycle.StepCollect)
 	}
 	if t.SaveArtifacts && len(t.Artifacts) > 0 {
-		needed = append(needed, StepDownload)
+		needed = append(needed, lifecycle.StepDownload)
 	}
 	var missing []string
 	for _, name := range needed {
@@ -94,13 +95,13 @@ func agentStepsUnfinished(prev *Record, t TaskRun) []string {
 }
 
 // stepOK reports whether a step of that name ended ok.
-func stepOK(rec *Record, name StepName) bool {
+func stepOK(rec *Record, name lifecycle.StepName) bool {
 	return slices.ContainsFunc(rec.Steps, func(s StepRecord) bool { return s.Name == name && s.Status == StepOK })
 }
 
 // stepEnded reports whether a step of that name ran to its own end (ok, failed or timed
 // out: the rollout's outcome is the evaluation's business).
-func stepEnded(rec *Record, name StepName) bool {
+func stepEnded(rec *Record, name lifecycle.StepName) bool {
 	for _, s := range rec.Steps {
 		if s.Name == name && (s.Status == StepOK || s.Status == StepFailed || s.Status == StepTimedOut) {
 			return true
@@ -113,7 +114,7 @@ func stepEnded(rec *Record, name StepName) bool {
 // an evaluation environment the interrupted run kept (retain), whose name the new
 // evaluation environment needs.
 func leftover(e EnvRecord) bool {
-	return e.State == EnvOpen || e.Role == RoleEvaluation && e.State == EnvRetained
+	return e.State == EnvOpen || e.Role == lifecycle.RoleEvaluation && e.State == EnvRetained
 }
 
 func leftoverIDs(rec *Record) []string {
@@ -131,7 +132,7 @@ func leftoverIDs(rec *Record) []string {
 // name the resume's open needs.
 type cutOpen struct {
 	Step  int // the open's index in the record's steps
-	Role  Role
+	Role  lifecycle.Role
 	Phase string
 	Mode  policy.Mode
 }
@@ -140,7 +141,7 @@ type cutOpen struct {
 // counts, since a resume that ran the open again made the environment now under its
 // name (kept with retain, or its own leftover, recorded as such).
 func cutOpens(rec *Record) []cutOpen {
-	last := map[StepName]int{}
+	last := map[lifecycle.StepName]int{}
 	for i, s := range rec.Steps {
 		last[s.Name] = i
 	}
@@ -150,10 +151,10 @@ func cutOpens(rec *Record) []cutOpen {
 			continue
 		}
 		switch s.Name {
-		case StepOpen:
-			cut = append(cut, cutOpen{i, RoleAgent, s.Phase, s.Mode})
-		case StepEvaluationOpen:
-			cut = append(cut, cutOpen{i, RoleEvaluation, s.Phase, s.Mode})
+		case lifecycle.StepOpen:
+			cut = append(cut, cutOpen{i, lifecycle.RoleAgent, s.Phase, s.Mode})
+		case lifecycle.StepEvaluationOpen:
+			cut = append(cut, cutOpen{i, lifecycle.RoleEvaluation, s.Phase, s.Mode})
 		}
 	}
 	return cut
@@ -198,7 +199,7 @@ func (tr *taskRun) closeLeftovers(ctx context.Context, prev *Record) error {
 		tr.mu.Lock()
 		tr.envs[e.Role] = &envState{env: env, role: e.Role, phase: "reattached"}
 		tr.mu.Unlock()
-		if err := tr.closeEnv(ctx, e.Role, tr.t.Retain && e.Role != RoleEvaluation); err != nil {
+		if err := tr.closeEnv(ctx, e.Role, tr.t.Retain && e.Role != lifecycle.RoleEvaluation); err != nil {
 			return err
 		}
 	}
@@ -213,7 +214,7 @@ func (tr *taskRun) closeLeftovers(ctx context.Context, prev *Record) error {
 }
 
 // removeGone removes what is left of an environment that cannot be reattached.
-func (tr *taskRun) removeGone(ctx context.Context, rm Remover, role Role) error {
+func (tr *taskRun) removeGone(ctx context.Context, rm Remover, role lifecycle.Role) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tr.r.controlTimeout())
 	defer cancel()
 	_, err := rm.RemoveEnvironment(cctx, tr.t.ID, role)
@@ -229,9 +230,9 @@ func (tr *taskRun) removeGone(ctx context.Context, rm Remover, role Role) error 
 func (tr *taskRun) removeCutOpen(ctx context.Context, rm Remover, c cutOpen) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tr.r.controlTimeout())
 	defer cancel()
-	name := StepClose
-	if c.Role == RoleEvaluation {
-		name = StepEvaluationEnd
+	name := lifecycle.StepClose
+	if c.Role == lifecycle.RoleEvaluation {
+		name = lifecycle.StepEvaluationEnd
 	}
 	idx := tr.beginStep(name, c.Role, "", c.Phase, c.Mode)
 	id, err := rm.RemoveEnvironment(cctx, tr.t.ID, c.Role)

@@ -12,6 +12,7 @@ import (
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // interrupted runs tr until the "cancel" command, as a Ctrl-C would stop it.
@@ -30,7 +31,7 @@ func interrupted(t *testing.T, p controller.Provider, fake *controllertest.Provi
 func TestResumeFreshEvaluation(t *testing.T) {
 	fake := controllertest.New()
 	r := newRunner(t, fake)
-	tr := task(t, controller.EvaluationFresh)
+	tr := task(t, policy.EvaluationFresh)
 	if rec, err := r.RunTask(ctrlCAtEvaluationOpen(t, fake), tr, nil); err == nil || rec.Status != controller.StatusCancelled {
 		t.Fatalf("interrupted run: %v", err)
 	}
@@ -41,7 +42,7 @@ func TestResumeFreshEvaluation(t *testing.T) {
 	if err != nil {
 		t.Fatalf("resume: %v", err)
 	}
-	if rec.Status != controller.StatusSucceeded || len(rec.Resumes) != 1 || rec.Resumes[0].From != controller.StepEvaluationOpen {
+	if rec.Status != controller.StatusSucceeded || len(rec.Resumes) != 1 || rec.Resumes[0].From != lifecycle.StepEvaluationOpen {
 		t.Errorf("status %s (%s), resumes %+v", rec.Status, rec.Error, rec.Resumes)
 	}
 	want := []string{
@@ -63,7 +64,7 @@ func TestResumeFreshEvaluation(t *testing.T) {
 // environment still open.
 func diedDuringEvaluation(t *testing.T, fake *controllertest.Provider) (*controller.Runner, controller.TaskRun, *controller.Record) {
 	t.Helper()
-	tr := task(t, controller.EvaluationFresh)
+	tr := task(t, policy.EvaluationFresh)
 	r := newRunner(t, fake)
 	if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
 		t.Fatal(err)
@@ -72,7 +73,7 @@ func diedDuringEvaluation(t *testing.T, fake *controllertest.Provider) (*control
 	rec.Status, rec.Ended = controller.StatusRunning, nil
 	rec.Steps = rec.Steps[:len(rec.Steps)-2]
 	for i := range rec.Environments {
-		if rec.Environments[i].Role == controller.RoleEvaluation {
+		if rec.Environments[i].Role == lifecycle.RoleEvaluation {
 			rec.Environments[i].State = controller.EnvOpen
 		}
 	}
@@ -82,7 +83,7 @@ func diedDuringEvaluation(t *testing.T, fake *controllertest.Provider) (*control
 func TestResumeClosesLeftovers(t *testing.T) {
 	fake := controllertest.New()
 	r, tr, rec := diedDuringEvaluation(t, fake)
-	if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: "t1", Role: controller.RoleEvaluation}); err != nil {
+	if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: "t1", Role: lifecycle.RoleEvaluation}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -102,7 +103,7 @@ func TestResumeClosesLeftovers(t *testing.T) {
 	}
 	// Its close is recorded in the phase it was found in; the mode then in force is not
 	// known, so none is claimed.
-	i := slices.IndexFunc(out.Steps, func(s controller.StepRecord) bool { return s.Name == controller.StepEvaluationEnd })
+	i := slices.IndexFunc(out.Steps, func(s controller.StepRecord) bool { return s.Name == lifecycle.StepEvaluationEnd })
 	if s := out.Steps[i]; s.Phase != "reattached" || s.Mode != "" || s.Status != controller.StepOK {
 		t.Errorf("leftover's close recorded %s, phase %q, mode %q; want ok, reattached, no mode", s.Status, s.Phase, s.Mode)
 	}
@@ -112,37 +113,37 @@ func TestResumeRefusals(t *testing.T) {
 	fake := controllertest.New()
 	r := newRunner(t, fake)
 
-	shared := task(t, controller.EvaluationShared)
+	shared := task(t, policy.EvaluationShared)
 	shared.ID = "s"
-	shared.Run = []controller.Command{{"cancel"}, {"hang"}}
+	shared.Run = []lifecycle.Command{{"cancel"}, {"hang"}}
 	sharedRec := interrupted(t, fake, fake, r, shared)
 
-	fresh := task(t, controller.EvaluationFresh)
+	fresh := task(t, policy.EvaluationFresh)
 	fresh.ID = "f"
-	fresh.Run = []controller.Command{{"cancel"}, {"hang"}}
+	fresh.Run = []lifecycle.Command{{"cancel"}, {"hang"}}
 	freshRec := interrupted(t, fake, fake, r, fresh)
 
 	// Nothing to download: the collection is the last of the agent's part.
-	collecting := task(t, controller.EvaluationFresh)
+	collecting := task(t, policy.EvaluationFresh)
 	collecting.ID = "c"
-	collecting.Collect, collecting.SaveArtifacts = []controller.Command{{"cancel"}, {"hang"}}, false
+	collecting.Collect, collecting.SaveArtifacts = []lifecycle.Command{{"cancel"}, {"hang"}}, false
 	collectingRec := interrupted(t, fake, fake, r, collecting)
 
 	// Nothing after the harness close in the agent's part.
-	closing := task(t, controller.EvaluationFresh)
+	closing := task(t, policy.EvaluationFresh)
 	closing.ID = "h"
-	closing.Harness.Close = []controller.Command{{"cancel"}, {"hang"}}
+	closing.Harness.Close = []lifecycle.Command{{"cancel"}, {"hang"}}
 	closing.Collect, closing.SaveArtifacts = nil, false
 	closingRec := interrupted(t, fake, fake, r, closing)
 
-	done := task(t, controller.EvaluationShared)
+	done := task(t, policy.EvaluationShared)
 	done.ID = "d"
 	doneRec, err := r.RunTask(context.Background(), done, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	changed := shared
-	changed.Evaluate = []controller.Command{{"other"}}
+	changed.Evaluate = []lifecycle.Command{{"other"}}
 
 	tests := []struct {
 		name string
@@ -179,12 +180,12 @@ func TestResumeRefusals(t *testing.T) {
 	}
 
 	// A task that never opened an environment starts from the top.
-	never := task(t, controller.EvaluationShared)
+	never := task(t, policy.EvaluationShared)
 	never.ID = "n"
-	fake.OpenErr = func(controller.Role) error { return context.Canceled }
+	fake.OpenErr = func(lifecycle.Role) error { return context.Canceled }
 	neverRec, _ := r.RunTask(context.Background(), never, nil)
 	fake.OpenErr = nil
-	if from, err := controller.ResumeFrom(neverRec, never, fake); err != nil || from != controller.StepOpen {
+	if from, err := controller.ResumeFrom(neverRec, never, fake); err != nil || from != lifecycle.StepOpen {
 		t.Errorf("never-opened task: %s, %v", from, err)
 	}
 }
@@ -208,11 +209,11 @@ func TestResumeLeftoverGoneOrUnreached(t *testing.T) {
 			fake := controllertest.New()
 			r, tr, rec := diedDuringEvaluation(t, fake)
 			if tc.running {
-				if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: "t1", Role: controller.RoleEvaluation, Baseline: policy.Public}); err != nil {
+				if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: "t1", Role: lifecycle.RoleEvaluation, Baseline: policy.Public}); err != nil {
 					t.Fatal(err)
 				}
 			}
-			fake.ReattachErr = func(controller.Role) error { return tc.err }
+			fake.ReattachErr = func(lifecycle.Role) error { return tc.err }
 			r.Provider = controllertest.ReattachingProvider{Provider: fake}
 			before := len(fake.Events())
 
@@ -223,7 +224,7 @@ func TestResumeLeftoverGoneOrUnreached(t *testing.T) {
 			// The first evaluation environment is the leftover; a resume that went on
 			// opened a second one.
 			for _, e := range out.Environments {
-				if e.Role == controller.RoleEvaluation {
+				if e.Role == lifecycle.RoleEvaluation {
 					if e.State != tc.wantState {
 						t.Errorf("leftover recorded as %s (%s), want %s", e.State, e.Reach, tc.wantState)
 					}
@@ -244,24 +245,24 @@ func TestResumeLeftoverGoneOrUnreached(t *testing.T) {
 func TestResumeChecksDefinition(t *testing.T) {
 	fake := controllertest.New()
 	r := newRunner(t, fake)
-	asPlanned := func(mode controller.EvaluationMode) controller.TaskRun {
+	asPlanned := func(mode policy.EvaluationMode) controller.TaskRun {
 		tr := task(t, mode)
-		if mode == controller.EvaluationShared {
+		if mode == policy.EvaluationShared {
 			tr.Policies.EvaluationBaseline = policy.Policy{}
 		}
 		return tr
 	}
 	neverOpened := func(tr controller.TaskRun) *controller.Record {
-		fake.OpenErr = func(controller.Role) error { return context.Canceled }
+		fake.OpenErr = func(lifecycle.Role) error { return context.Canceled }
 		defer func() { fake.OpenErr = nil }()
 		rec, _ := r.RunTask(context.Background(), tr, nil)
 		return rec
 	}
 	withRun := func(tr controller.TaskRun, run string) controller.TaskRun {
-		tr.Run = []controller.Command{{run}}
+		tr.Run = []lifecycle.Command{{run}}
 		return tr
 	}
-	shared, fresh := asPlanned(controller.EvaluationShared), asPlanned(controller.EvaluationFresh)
+	shared, fresh := asPlanned(policy.EvaluationShared), asPlanned(policy.EvaluationFresh)
 	// A definition whose digest cannot be computed, and a record without one: two empty
 	// digests are no evidence of the same definition.
 	undigested := shared
@@ -283,8 +284,8 @@ func TestResumeChecksDefinition(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			from, err := controller.ResumeFrom(tc.rec, tc.task, fake)
 			switch {
-			case tc.want == "" && (err != nil || from != controller.StepOpen):
-				t.Errorf("ResumeFrom = %q, %v; want %q", from, err, controller.StepOpen)
+			case tc.want == "" && (err != nil || from != lifecycle.StepOpen):
+				t.Errorf("ResumeFrom = %q, %v; want %q", from, err, lifecycle.StepOpen)
 			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 				t.Errorf("ResumeFrom = %q, %v; want an error saying %q", from, err, tc.want)
 			}
@@ -302,9 +303,9 @@ func TestRunAllCancelledBeforeResume(t *testing.T) {
 	var tasks []controller.TaskRun
 	prevs := map[string]*controller.Record{}
 	for _, id := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
-		tr := task(t, controller.EvaluationFresh)
+		tr := task(t, policy.EvaluationFresh)
 		tr.ID = id
-		tr.Evaluate = []controller.Command{{"cancel"}, {"hang"}}
+		tr.Evaluate = []lifecycle.Command{{"cancel"}, {"hang"}}
 		interrupted(t, fake, fake, r, tr)
 		prevs[id] = readRecord(t, r, id)
 		tasks = append(tasks, tr)
@@ -328,8 +329,8 @@ func TestRunAllCancelledBeforeResume(t *testing.T) {
 				tr.ID, stepsOf(onDisk), len(onDisk.Environments), onDisk.Resumes, stepsOf(prev), len(prev.Environments))
 		}
 		// A wiped record would resume from the top, running the agent's part again.
-		if from, err := controller.ResumeFrom(onDisk, tr, fake); err != nil || from != controller.StepEvaluationOpen {
-			t.Errorf("task %s: a later --resume would start at %q (%v), want %q", tr.ID, from, err, controller.StepEvaluationOpen)
+		if from, err := controller.ResumeFrom(onDisk, tr, fake); err != nil || from != lifecycle.StepEvaluationOpen {
+			t.Errorf("task %s: a later --resume would start at %q (%v), want %q", tr.ID, from, err, lifecycle.StepEvaluationOpen)
 		}
 	}
 }
@@ -353,7 +354,7 @@ func TestResumeRetainedTask(t *testing.T) {
 			rec.Status, rec.Ended = controller.StatusRunning, nil
 			rec.Steps = rec.Steps[:len(rec.Steps)-2]
 			for i := range rec.Environments {
-				if rec.Environments[i].Role == controller.RoleEvaluation {
+				if rec.Environments[i].Role == lifecycle.RoleEvaluation {
 					rec.Environments[i].State, rec.Environments[i].Reach = controller.EnvOpen, ""
 				}
 			}
@@ -363,7 +364,7 @@ func TestResumeRetainedTask(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			fake.ApplyErr = func(phase string) error {
-				if phase == controller.PhaseEvaluation {
+				if phase == string(policy.PhaseEvaluation) {
 					cancel() // Ctrl-C as the evaluation policy is being put in force
 				}
 				return nil
@@ -378,7 +379,7 @@ func TestResumeRetainedTask(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fake := controllertest.New()
 			r := newRunner(t, fake)
-			tr := task(t, controller.EvaluationFresh)
+			tr := task(t, policy.EvaluationFresh)
 			tr.Retain = true
 			prev := tc.interrupt(t, fake, r, tr)
 			r.Provider = controllertest.ReattachingProvider{Provider: fake}
@@ -397,7 +398,7 @@ func TestResumeRetainedTask(t *testing.T) {
 			}
 			states := map[controller.EnvState]int{}
 			for _, e := range out.Environments {
-				if e.Role == controller.RoleEvaluation {
+				if e.Role == lifecycle.RoleEvaluation {
 					states[e.State]++
 				}
 			}
@@ -421,16 +422,16 @@ func TestResumeUnreachedLeftoverCanResumeAgain(t *testing.T) {
 		fail func(fake *controllertest.Provider)
 	}{
 		{"lookup fails", func(fake *controllertest.Provider) {
-			fake.ReattachErr = func(controller.Role) error { return unreachable }
+			fake.ReattachErr = func(lifecycle.Role) error { return unreachable }
 		}},
 		{"close fails", func(fake *controllertest.Provider) {
-			fake.CloseErr = func(controller.Role) error { return unreachable }
+			fake.CloseErr = func(lifecycle.Role) error { return unreachable }
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fake := controllertest.New()
 			r, tr, rec := diedDuringEvaluation(t, fake)
-			if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: "t1", Role: controller.RoleEvaluation, Baseline: policy.Public}); err != nil {
+			if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: "t1", Role: lifecycle.RoleEvaluation, Baseline: policy.Public}); err != nil {
 				t.Fatal(err)
 			}
 			r.Provider = controllertest.ReattachingProvider{Provider: fake}
@@ -467,7 +468,7 @@ func TestResumePanicKeepsInterruptedSteps(t *testing.T) {
 	for i := range rec.Environments {
 		rec.Environments[i].State = controller.EnvClosed // nothing left to reattach
 	}
-	rec.Steps = append(rec.Steps, controller.StepRecord{Name: controller.StepEvaluate, Status: controller.StepRunning})
+	rec.Steps = append(rec.Steps, controller.StepRecord{Name: lifecycle.StepEvaluate, Status: controller.StepRunning})
 	dead := len(rec.Steps) - 1
 	r.Provider = panicking{Provider: fake, op: "upload"}
 
@@ -489,7 +490,7 @@ func TestResumePanicKeepsInterruptedSteps(t *testing.T) {
 func TestResumeLeavesPreviousRecord(t *testing.T) {
 	fake := controllertest.New()
 	r, tr, rec := diedDuringEvaluation(t, fake)
-	if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: "t1", Role: controller.RoleEvaluation}); err != nil {
+	if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: "t1", Role: lifecycle.RoleEvaluation}); err != nil {
 		t.Fatal(err)
 	}
 	r.Provider = controllertest.ReattachingProvider{Provider: fake}
@@ -509,13 +510,13 @@ func TestResumeLeavesPreviousRecord(t *testing.T) {
 func TestResumeAfterACutOpen(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		mode controller.EvaluationMode
-		role controller.Role
-		open controller.StepName
+		mode policy.EvaluationMode
+		role lifecycle.Role
+		open lifecycle.StepName
 	}{
-		{"agent open, shared", controller.EvaluationShared, controller.RoleAgent, controller.StepOpen},
-		{"agent open, fresh", controller.EvaluationFresh, controller.RoleAgent, controller.StepOpen},
-		{"evaluation open", controller.EvaluationFresh, controller.RoleEvaluation, controller.StepEvaluationOpen},
+		{"agent open, shared", policy.EvaluationShared, lifecycle.RoleAgent, lifecycle.StepOpen},
+		{"agent open, fresh", policy.EvaluationFresh, lifecycle.RoleAgent, lifecycle.StepOpen},
+		{"evaluation open", policy.EvaluationFresh, lifecycle.RoleEvaluation, lifecycle.StepEvaluationOpen},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fake := controllertest.New()
@@ -535,7 +536,7 @@ func TestResumeAfterACutOpen(t *testing.T) {
 			prev.Steps[cut].Status, prev.Steps[cut].End, prev.Steps[cut].Environment = controller.StepRunning, nil, ""
 			// No environment opened from the cut one on (the agent's open is the first).
 			prev.Environments = slices.DeleteFunc(prev.Environments, func(e controller.EnvRecord) bool {
-				return tc.role == controller.RoleAgent || e.Role == tc.role
+				return tc.role == lifecycle.RoleAgent || e.Role == tc.role
 			})
 			leftover, err := fake.Open(context.Background(), controller.EnvSpec{Task: tr.ID, Role: tc.role})
 			if err != nil {
@@ -575,8 +576,8 @@ func TestResumeAfterACutOpen(t *testing.T) {
 			}
 			// The removal is the close step of that environment, under the mode its open
 			// was putting in force.
-			wantClose := map[controller.Role]string{controller.RoleAgent: "close:ok public",
-				controller.RoleEvaluation: "evaluation_close:ok no-network"}[tc.role]
+			wantClose := map[lifecycle.Role]string{lifecycle.RoleAgent: "close:ok public",
+				lifecycle.RoleEvaluation: "evaluation_close:ok no-network"}[tc.role]
 			if s := out.Steps[cut+1]; string(s.Name)+":"+string(s.Status)+" "+string(s.Mode) != wantClose || s.Environment != leftover.ID() {
 				t.Errorf("the removal recorded %s:%s %s in %q, want %s in %s", s.Name, s.Status, s.Mode, s.Environment, wantClose, leftover.ID())
 			}
@@ -590,10 +591,10 @@ func TestResumeAfterACutOpen(t *testing.T) {
 func TestResumeCutOpenRunningUntilRemoved(t *testing.T) {
 	fake := controllertest.New()
 	r := newRunner(t, controllertest.ReattachingProvider{Provider: fake})
-	tr := task(t, controller.EvaluationFresh)
-	prev := cutIn(finishedRecord(t, r, tr), controller.StepEvaluationOpen, controller.RoleEvaluation)
+	tr := task(t, policy.EvaluationFresh)
+	prev := cutIn(finishedRecord(t, r, tr), lifecycle.StepEvaluationOpen, lifecycle.RoleEvaluation)
 	cut := len(prev.Steps) - 1
-	fake.RemoveErr = func(controller.Role) error { return errors.New("fake: engine unreachable") }
+	fake.RemoveErr = func(lifecycle.Role) error { return errors.New("fake: engine unreachable") }
 	out, err := r.RunTask(context.Background(), tr, prev)
 	if err == nil || !strings.Contains(err.Error(), "engine unreachable") {
 		t.Fatalf("resume with a failing removal: %v", err)
@@ -622,28 +623,28 @@ func TestResumeCutOpenRunningUntilRemoved(t *testing.T) {
 func TestResumeIgnoresARetriedCutOpen(t *testing.T) {
 	fake := controllertest.New()
 	r := newRunner(t, fake)
-	tr := task(t, controller.EvaluationFresh)
+	tr := task(t, policy.EvaluationFresh)
 	tr.Retain = true
 	if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
 		t.Fatal(err)
 	}
 	// cutAt is the record as a runner that died inside the last open step named open
 	// left it, without the environments that open and those after it made.
-	cutAt := func(rec *controller.Record, open controller.StepName, role controller.Role) *controller.Record {
+	cutAt := func(rec *controller.Record, open lifecycle.StepName, role lifecycle.Role) *controller.Record {
 		rec.Status, rec.Ended = controller.StatusRunning, nil
 		cut := slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == open && s.Environment != "" })
 		rec.Steps = rec.Steps[:cut+1]
 		rec.Steps[cut].Status, rec.Steps[cut].End, rec.Steps[cut].Environment = controller.StepRunning, nil, ""
 		rec.Environments = slices.DeleteFunc(rec.Environments, func(e controller.EnvRecord) bool {
-			return e.Role == role && e.State != controller.EnvClosed || role == controller.RoleAgent
+			return e.Role == role && e.State != controller.EnvClosed || role == lifecycle.RoleAgent
 		})
 		return rec
 	}
 	// First run: died in the agent's open, which left the agent environment.
 	fake = controllertest.New()
 	r.Provider = controllertest.ReattachingProvider{Provider: fake}
-	prev := cutAt(readRecord(t, r, tr.ID), controller.StepOpen, controller.RoleAgent)
-	if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: tr.ID, Role: controller.RoleAgent}); err != nil {
+	prev := cutAt(readRecord(t, r, tr.ID), lifecycle.StepOpen, lifecycle.RoleAgent)
+	if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: tr.ID, Role: lifecycle.RoleAgent}); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := r.RunTask(context.Background(), tr, prev); err != nil || out.Status != controller.StatusSucceeded {
@@ -651,7 +652,7 @@ func TestResumeIgnoresARetriedCutOpen(t *testing.T) {
 	}
 	// That resume then died in the evaluation open, which left the evaluation environment
 	// beside the agent environment it kept.
-	prev = cutAt(readRecord(t, r, tr.ID), controller.StepEvaluationOpen, controller.RoleEvaluation)
+	prev = cutAt(readRecord(t, r, tr.ID), lifecycle.StepEvaluationOpen, lifecycle.RoleEvaluation)
 	if _, err := controller.ResumeFrom(prev, tr, r.Provider); err != nil {
 		t.Fatalf("ResumeFrom: %v", err)
 	}
@@ -678,7 +679,7 @@ func TestResumeRemovesWhatAGoneLeftoverLeft(t *testing.T) {
 	r.Provider = controllertest.ReattachingProvider{Provider: fake}
 	// An earlier evaluation environment of the same name, closed by an earlier attempt:
 	// its record is history, not the leftover.
-	i := slices.IndexFunc(rec.Environments, func(e controller.EnvRecord) bool { return e.Role == controller.RoleEvaluation })
+	i := slices.IndexFunc(rec.Environments, func(e controller.EnvRecord) bool { return e.Role == lifecycle.RoleEvaluation })
 	earlier := rec.Environments[i]
 	earlier.State = controller.EnvClosed
 	rec.Environments = slices.Insert(rec.Environments, i, earlier)
@@ -706,14 +707,14 @@ func TestResumeRemovesWhatAGoneLeftoverLeft(t *testing.T) {
 func TestResumeAfterACancelledResumeOfACutOpen(t *testing.T) {
 	fake := controllertest.New()
 	r := newRunner(t, controllertest.ReattachingProvider{Provider: fake})
-	tr := task(t, controller.EvaluationShared)
-	prev := cutIn(finishedRecord(t, r, tr), controller.StepOpen, controller.RoleAgent)
-	if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: tr.ID, Role: controller.RoleAgent}); err != nil {
+	tr := task(t, policy.EvaluationShared)
+	prev := cutIn(finishedRecord(t, r, tr), lifecycle.StepOpen, lifecycle.RoleAgent)
+	if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: tr.ID, Role: lifecycle.RoleAgent}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	fake.OpenErr = func(controller.Role) error { cancel(); return context.Canceled }
+	fake.OpenErr = func(lifecycle.Role) error { cancel(); return context.Canceled }
 	if out, err := r.RunTask(ctx, tr, prev); err == nil || out.Status != controller.StatusCancelled {
 		t.Fatalf("resume cancelled in its open: %v, status %s", err, out.Status)
 	}
@@ -723,7 +724,7 @@ func TestResumeAfterACancelledResumeOfACutOpen(t *testing.T) {
 		t.Fatalf("environments %+v, want the cut open's, closed", prev.Environments)
 	}
 	from, err := controller.ResumeFrom(prev, tr, r.Provider)
-	if err != nil || from != controller.StepOpen {
+	if err != nil || from != lifecycle.StepOpen {
 		t.Fatalf("ResumeFrom = %s, %v; want open", from, err)
 	}
 	if out, err := r.RunTask(context.Background(), tr, prev); err != nil || out.Status != controller.StatusSucceeded {
@@ -738,14 +739,14 @@ func TestResumeAfterACancelledResumeOfACutOpen(t *testing.T) {
 // task: every step the task needed ended ok.
 func TestResumeAfterADiedAgentClose(t *testing.T) {
 	fake := controllertest.New()
-	tr := task(t, controller.EvaluationFresh)
+	tr := task(t, policy.EvaluationFresh)
 	r := newRunner(t, fake)
 	if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
 		t.Fatal(err)
 	}
 	prev := readRecord(t, r, tr.ID)
 	prev.Status, prev.Ended = controller.StatusRunning, nil
-	cut := slices.IndexFunc(prev.Steps, func(s controller.StepRecord) bool { return s.Name == controller.StepClose })
+	cut := slices.IndexFunc(prev.Steps, func(s controller.StepRecord) bool { return s.Name == lifecycle.StepClose })
 	prev.Steps = prev.Steps[:cut+1]
 	prev.Steps[cut].Status, prev.Steps[cut].End = controller.StepRunning, nil
 	prev.Environments = prev.Environments[:1]
@@ -775,8 +776,8 @@ func TestResumeAfterTheAgentsPart(t *testing.T) {
 		status controller.TaskStatus // of the resumed task
 	}{
 		{"rollout timed out", func(tr *controller.TaskRun) {
-			tr.Run = []controller.Command{{"hang"}}
-			tr.Timeouts = map[controller.StepName]time.Duration{controller.StepRun: 20 * time.Millisecond}
+			tr.Run = []lifecycle.Command{{"hang"}}
+			tr.Timeouts = map[lifecycle.StepName]time.Duration{lifecycle.StepRun: 20 * time.Millisecond}
 		}, controller.StatusFailed},
 		{"save_artifacts without paths, no harness, no collection", func(tr *controller.TaskRun) {
 			tr.Harness, tr.Collect, tr.Artifacts = nil, nil, nil
@@ -785,11 +786,11 @@ func TestResumeAfterTheAgentsPart(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fake := controllertest.New()
 			r := newRunner(t, fake)
-			tr := task(t, controller.EvaluationFresh)
+			tr := task(t, policy.EvaluationFresh)
 			tc.change(&tr)
 			prev, _ := r.RunTask(ctrlCAtEvaluationOpen(t, fake), tr, nil)
 			fake.OpenErr = nil
-			if from, err := controller.ResumeFrom(prev, tr, fake); err != nil || from != controller.StepEvaluationOpen {
+			if from, err := controller.ResumeFrom(prev, tr, fake); err != nil || from != lifecycle.StepEvaluationOpen {
 				t.Fatalf("ResumeFrom: %s, %v; want the evaluation environment's open", from, err)
 			}
 			rec, _ := r.RunTask(context.Background(), tr, prev)
@@ -808,7 +809,7 @@ func TestResumeStopsWhenAGoneLeftoverCannotBeRemoved(t *testing.T) {
 	r, tr, rec := diedDuringEvaluation(t, fake)
 	r.Provider = controllertest.ReattachingProvider{Provider: fake}
 	unreachable := errors.New("engine unreachable")
-	fake.RemoveErr = func(controller.Role) error { return unreachable }
+	fake.RemoveErr = func(lifecycle.Role) error { return unreachable }
 	before := len(fake.Events())
 	out, err := r.RunTask(context.Background(), tr, rec)
 	if !errors.Is(err, unreachable) || out.Status != rec.Status {
@@ -817,7 +818,7 @@ func TestResumeStopsWhenAGoneLeftoverCannotBeRemoved(t *testing.T) {
 	if ev := fake.Events()[before:]; !slices.Equal(ev, []string{"evaluation remove failed"}) {
 		t.Errorf("events %v, want only the failed removal", ev)
 	}
-	if e := out.Environments[slices.IndexFunc(out.Environments, func(e controller.EnvRecord) bool { return e.Role == controller.RoleEvaluation })]; e.State != controller.EnvOpen {
+	if e := out.Environments[slices.IndexFunc(out.Environments, func(e controller.EnvRecord) bool { return e.Role == lifecycle.RoleEvaluation })]; e.State != controller.EnvOpen {
 		t.Errorf("the leftover recorded %+v, want it still open, for a later resume", e)
 	}
 }
@@ -838,18 +839,18 @@ func TestResumeCleanUpOutlastsCtrlC(t *testing.T) {
 			return rec
 		}},
 		{"a cut open", true, func(t *testing.T, r *controller.Runner, fake *controllertest.Provider, tr controller.TaskRun) *controller.Record {
-			return cutIn(finishedRecord(t, r, tr), controller.StepEvaluationOpen, controller.RoleEvaluation)
+			return cutIn(finishedRecord(t, r, tr), lifecycle.StepEvaluationOpen, lifecycle.RoleEvaluation)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fake := controllertest.New()
-			tr := task(t, controller.EvaluationFresh)
+			tr := task(t, policy.EvaluationFresh)
 			r := newRunner(t, controllertest.ReattachingProvider{Provider: fake})
 			prev := tc.prev(t, r, fake, tr)
 			r = newRunner(t, controllertest.ReattachingProvider{Provider: fake})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			fake.ReattachErr = func(controller.Role) error { cancel(); return nil }
+			fake.ReattachErr = func(lifecycle.Role) error { cancel(); return nil }
 			if tc.cancelFirst {
 				cancel()
 			}
@@ -860,7 +861,7 @@ func TestResumeCleanUpOutlastsCtrlC(t *testing.T) {
 				t.Errorf("events %v, want the removal, and nothing opened", ev)
 			}
 			for _, e := range out.Environments {
-				if e.Role == controller.RoleEvaluation && e.State != controller.EnvClosed {
+				if e.Role == lifecycle.RoleEvaluation && e.State != controller.EnvClosed {
 					t.Errorf("evaluation environment recorded %+v, want closed", e)
 				}
 			}
@@ -873,8 +874,8 @@ func TestResumeCleanUpOutlastsCtrlC(t *testing.T) {
 func ctrlCAtEvaluationOpen(t *testing.T, p *controllertest.Provider) context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	p.OpenErr = func(role controller.Role) error {
-		if role == controller.RoleEvaluation {
+	p.OpenErr = func(role lifecycle.Role) error {
+		if role == lifecycle.RoleEvaluation {
 			cancel()
 			return context.Canceled
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/policy"
 )
 
 // TestWriteSummary: one row per task with its mode, status, step counts (in the order
@@ -16,7 +17,7 @@ import (
 func TestWriteSummary(t *testing.T) {
 	ok, failed, skipped := controller.StepOK, controller.StepFailed, controller.StepSkipped
 	rec := &controller.Record{
-		Task: "a", EvaluationMode: controller.EvaluationShared, Status: controller.StatusFailed,
+		Task: "a", EvaluationMode: policy.EvaluationShared, Status: controller.StatusFailed,
 		Steps: []controller.StepRecord{{Status: ok}, {Status: skipped}, {Status: ok}, {Status: failed}, {Status: ok}},
 		Blocked: []controller.PhaseBlocked{
 			{Phase: "baseline"}, {Phase: "run", Summary: adminapi.BlockedSummary{Total: 5}},
@@ -28,7 +29,7 @@ func TestWriteSummary(t *testing.T) {
 			{ID: "a-eval", State: controller.EnvClosed, Reach: "not found on resume"},
 		},
 	}
-	empty := &controller.Record{Task: "b", EvaluationMode: controller.EvaluationFresh, Status: controller.StatusRefused}
+	empty := &controller.Record{Task: "b", EvaluationMode: policy.EvaluationFresh, Status: controller.StatusRefused}
 	var out bytes.Buffer
 	controller.WriteSummary(&out, "out", []controller.Outcome{
 		{Task: "a", Record: rec, Err: errors.New("controller: task a failed: steps not ok")},

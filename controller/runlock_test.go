@@ -12,6 +12,8 @@ import (
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
+	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // locking is a provider with run locks over locks, on the engine fake.
@@ -21,13 +23,13 @@ func locking(fake *controllertest.Provider, locks *controllertest.Locks) control
 
 // cutIn makes a finished record of tr look like a runner that died inside the last open
 // step named open: that step running, no environment from it on.
-func cutIn(rec *controller.Record, open controller.StepName, role controller.Role) *controller.Record {
+func cutIn(rec *controller.Record, open lifecycle.StepName, role lifecycle.Role) *controller.Record {
 	rec.Status, rec.Ended = controller.StatusRunning, nil
 	cut := slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == open })
 	rec.Steps = rec.Steps[:cut+1]
 	rec.Steps[cut].Status, rec.Steps[cut].End, rec.Steps[cut].Environment = controller.StepRunning, nil, ""
 	rec.Environments = slices.DeleteFunc(rec.Environments, func(e controller.EnvRecord) bool {
-		return role == controller.RoleAgent || e.Role == role
+		return role == lifecycle.RoleAgent || e.Role == role
 	})
 	return rec
 }
@@ -49,36 +51,36 @@ func finishedRecord(t *testing.T, r *controller.Runner, tr controller.TaskRun) *
 func TestRunLockSpansTheTask(t *testing.T) {
 	tests := []struct {
 		name  string
-		mode  controller.EvaluationMode
+		mode  policy.EvaluationMode
 		setup func(t *testing.T, r *controller.Runner, fake *controllertest.Provider, tr *controller.TaskRun) *controller.Record
 		ok    bool
 	}{
-		{"shared", controller.EvaluationShared, nil, true},
-		{"fresh", controller.EvaluationFresh, nil, true},
-		{"prepare fails: closed after the lifecycle stopped", controller.EvaluationShared,
+		{"shared", policy.EvaluationShared, nil, true},
+		{"fresh", policy.EvaluationFresh, nil, true},
+		{"prepare fails: closed after the lifecycle stopped", policy.EvaluationShared,
 			func(_ *testing.T, _ *controller.Runner, _ *controllertest.Provider, tr *controller.TaskRun) *controller.Record {
-				tr.Prepare = []controller.Command{{"exit", "3"}}
+				tr.Prepare = []lifecycle.Command{{"exit", "3"}}
 				return nil
 			}, false},
-		{"resume after a cut agent open", controller.EvaluationShared,
+		{"resume after a cut agent open", policy.EvaluationShared,
 			func(t *testing.T, r *controller.Runner, fake *controllertest.Provider, tr *controller.TaskRun) *controller.Record {
-				prev := cutIn(finishedRecord(t, r, *tr), controller.StepOpen, controller.RoleAgent)
-				if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: tr.ID, Role: controller.RoleAgent}); err != nil {
+				prev := cutIn(finishedRecord(t, r, *tr), lifecycle.StepOpen, lifecycle.RoleAgent)
+				if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: tr.ID, Role: lifecycle.RoleAgent}); err != nil {
 					t.Fatal(err)
 				}
 				return prev
 			}, true},
-		{"resume with an evaluation environment left open", controller.EvaluationFresh,
+		{"resume with an evaluation environment left open", policy.EvaluationFresh,
 			func(t *testing.T, r *controller.Runner, fake *controllertest.Provider, tr *controller.TaskRun) *controller.Record {
 				prev := finishedRecord(t, r, *tr)
 				prev.Status, prev.Ended = controller.StatusRunning, nil
 				prev.Steps = prev.Steps[:len(prev.Steps)-2]
 				for i := range prev.Environments {
-					if prev.Environments[i].Role == controller.RoleEvaluation {
+					if prev.Environments[i].Role == lifecycle.RoleEvaluation {
 						prev.Environments[i].State = controller.EnvOpen
 					}
 				}
-				if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: tr.ID, Role: controller.RoleEvaluation}); err != nil {
+				if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: tr.ID, Role: lifecycle.RoleEvaluation}); err != nil {
 					t.Fatal(err)
 				}
 				return prev
@@ -120,18 +122,18 @@ func TestRunLockSpansTheTask(t *testing.T) {
 func TestRunLockRefusesASecondRun(t *testing.T) {
 	tests := []struct {
 		name string
-		mode controller.EvaluationMode
+		mode policy.EvaluationMode
 		// prev makes the record the refused run was to resume from (nil: a fresh run).
 		prev func(t *testing.T, r *controller.Runner, tr controller.TaskRun) *controller.Record
 	}{
-		{"fresh run", controller.EvaluationShared, nil},
-		{"resume after a cut open", controller.EvaluationShared, func(t *testing.T, r *controller.Runner, tr controller.TaskRun) *controller.Record {
-			return cutIn(finishedRecord(t, r, tr), controller.StepOpen, controller.RoleAgent)
+		{"fresh run", policy.EvaluationShared, nil},
+		{"resume after a cut open", policy.EvaluationShared, func(t *testing.T, r *controller.Runner, tr controller.TaskRun) *controller.Record {
+			return cutIn(finishedRecord(t, r, tr), lifecycle.StepOpen, lifecycle.RoleAgent)
 		}},
-		{"resume after a cut evaluation open", controller.EvaluationFresh, func(t *testing.T, r *controller.Runner, tr controller.TaskRun) *controller.Record {
-			return cutIn(finishedRecord(t, r, tr), controller.StepEvaluationOpen, controller.RoleEvaluation)
+		{"resume after a cut evaluation open", policy.EvaluationFresh, func(t *testing.T, r *controller.Runner, tr controller.TaskRun) *controller.Record {
+			return cutIn(finishedRecord(t, r, tr), lifecycle.StepEvaluationOpen, lifecycle.RoleEvaluation)
 		}},
-		{"resume with an environment left open", controller.EvaluationFresh, func(t *testing.T, r *controller.Runner, tr controller.TaskRun) *controller.Record {
+		{"resume with an environment left open", policy.EvaluationFresh, func(t *testing.T, r *controller.Runner, tr controller.TaskRun) *controller.Record {
 			prev := finishedRecord(t, r, tr)
 			prev.Status, prev.Ended = controller.StatusRunning, nil
 			prev.Steps = prev.Steps[:len(prev.Steps)-2]
@@ -149,7 +151,7 @@ func TestRunLockRefusesASecondRun(t *testing.T) {
 			if !locks.Hold(tr.ID) {
 				t.Fatal("lock already held")
 			}
-			for _, role := range []controller.Role{controller.RoleAgent, controller.RoleEvaluation} {
+			for _, role := range []lifecycle.Role{lifecycle.RoleAgent, lifecycle.RoleEvaluation} {
 				if _, err := fake.Open(context.Background(), controller.EnvSpec{Task: tr.ID, Role: role}); err != nil {
 					t.Fatal(err)
 				}
@@ -218,7 +220,7 @@ func TestRunLockRefusesASecondRun(t *testing.T) {
 			}
 			// The other run ended (its environments gone, its lock let go): --resume runs
 			// the refused task from the start.
-			for _, role := range []controller.Role{controller.RoleAgent, controller.RoleEvaluation} {
+			for _, role := range []lifecycle.Role{lifecycle.RoleAgent, lifecycle.RoleEvaluation} {
 				e, err := controllertest.ReattachingProvider{Provider: fake}.Reattach(context.Background(), tr.ID, role)
 				if err != nil {
 					t.Fatal(err)
@@ -229,7 +231,7 @@ func TestRunLockRefusesASecondRun(t *testing.T) {
 			}
 			locks.Release(tr.ID)
 			from, err := controller.ResumeFrom(disk, tr, r.Provider)
-			if err != nil || from != controller.StepOpen {
+			if err != nil || from != lifecycle.StepOpen {
 				t.Fatalf("ResumeFrom the refused record: %s, %v; want the start", from, err)
 			}
 			if rec, err := r.RunTask(context.Background(), tr, disk); err != nil || rec.Status != controller.StatusSucceeded {
@@ -261,11 +263,11 @@ func TestRunLockCutByCancellation(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			r := newRunner(t, cancellingLocker{fake, cancel})
-			tr := task(t, controller.EvaluationShared)
+			tr := task(t, policy.EvaluationShared)
 			var prev *controller.Record
 			var onDisk []byte
 			if resume {
-				prev = cutIn(finishedRecord(t, r, tr), controller.StepOpen, controller.RoleAgent)
+				prev = cutIn(finishedRecord(t, r, tr), lifecycle.StepOpen, lifecycle.RoleAgent)
 				b, err := os.ReadFile(filepath.Join(r.OutDir, tr.ID, controller.RecordFile))
 				if err != nil {
 					t.Fatal(err)

@@ -11,47 +11,13 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/policy"
-)
-
-// EvaluationMode says where a task's evaluate step runs.
-type EvaluationMode string
-
-const (
-	EvaluationShared EvaluationMode = "shared" // in the agent's environment
-	EvaluationFresh  EvaluationMode = "fresh"  // in a separate evaluation environment
-)
-
-// Policy phases: the four fields of a plan, named as transitions and records name them.
-const (
-	PhaseBaseline           = "baseline"
-	PhaseRun                = "run"
-	PhaseEvaluation         = "evaluation"
-	PhaseEvaluationBaseline = "evaluation_baseline"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // PhaseNotStopped labels the switch to no-network that replaces the restore of a
-// baseline when an evaluate command that was cut could not be stopped.
+// baseline when an evaluate command that was cut could not be stopped. It is a label of
+// that switch in records, not a policy field.
 const PhaseNotStopped = "command_not_stopped"
-
-// StepName names one row of a lifecycle table (docs/policy.md §7).
-type StepName string
-
-const (
-	StepOpen           StepName = "open"
-	StepPrepare        StepName = "prepare"
-	StepHarnessStart   StepName = "harness_start"
-	StepRun            StepName = "run"
-	StepHarnessClose   StepName = "harness_close"
-	StepCollect        StepName = "collect"
-	StepDownload       StepName = "download"
-	StepClose          StepName = "close"
-	StepEvaluationOpen StepName = "evaluation_open"
-	StepEvaluate       StepName = "evaluate"
-	StepEvaluationEnd  StepName = "evaluation_close"
-)
-
-// Command is one argv run with Exec (no shell: the task images may have none).
-type Command []string
 
 // PhasePolicies are a task's effective policies, as the planner resolved them.
 type PhasePolicies struct {
@@ -64,38 +30,32 @@ type PhasePolicies struct {
 	EvaluationBaseline policy.Policy `json:"evaluation_baseline,omitzero"`
 }
 
-// HarnessSession is a declared harness session: steps 3 and 5 exist only with one.
-type HarnessSession struct {
-	Start []Command `json:"start"`
-	Close []Command `json:"close"`
-}
-
 // TaskRun is everything the runner needs for one task's lifecycle: the planner's
 // effective policies and the commands of each step.
 type TaskRun struct {
-	ID              string         `json:"task_id"`
-	Mode            EvaluationMode `json:"evaluation_mode"`
-	Image           string         `json:"image"`
-	EvaluationImage string         `json:"evaluation_image,omitempty"`
-	Policies        PhasePolicies  `json:"policies"`
+	ID              string                `json:"task_id"`
+	Mode            policy.EvaluationMode `json:"evaluation_mode"`
+	Image           string                `json:"image"`
+	EvaluationImage string                `json:"evaluation_image,omitempty"`
+	Policies        PhasePolicies         `json:"policies"`
 	// Plan is the planner's resolved plan (sources, applied recipes, mode summaries),
 	// copied into the record as it is.
 	Plan json.RawMessage `json:"plan,omitempty"`
 	// Notice is the restriction statement of the effective run policy ("" for public).
-	Notice        string          `json:"notice,omitempty"`
-	InjectNotice  bool            `json:"inject_network_restriction_notice"`
-	Prepare       []Command       `json:"prepare,omitempty"`
-	Harness       *HarnessSession `json:"harness,omitempty"`
-	Run           []Command       `json:"run,omitempty"`
-	Collect       []Command       `json:"collect,omitempty"`
-	Artifacts     []string        `json:"artifacts,omitempty"`
-	SaveArtifacts bool            `json:"save_artifacts"`
-	Evaluate      []Command       `json:"evaluate,omitempty"`
-	Retain        bool            `json:"retain"`
+	Notice        string                    `json:"notice,omitempty"`
+	InjectNotice  bool                      `json:"inject_network_restriction_notice"`
+	Prepare       []lifecycle.Command       `json:"prepare,omitempty"`
+	Harness       *lifecycle.HarnessSession `json:"harness,omitempty"`
+	Run           []lifecycle.Command       `json:"run,omitempty"`
+	Collect       []lifecycle.Command       `json:"collect,omitempty"`
+	Artifacts     []string                  `json:"artifacts,omitempty"`
+	SaveArtifacts bool                      `json:"save_artifacts"`
+	Evaluate      []lifecycle.Command       `json:"evaluate,omitempty"`
+	Retain        bool                      `json:"retain"`
 	// Timeouts bounds steps by name; a step without an entry is bounded only by the run.
-	Timeouts          map[StepName]time.Duration `json:"timeouts,omitempty"`
-	Env               map[string]string          `json:"env,omitempty"`
-	ProxyStartTimeout time.Duration              `json:"proxy_start_timeout,omitempty"`
+	Timeouts          map[lifecycle.StepName]time.Duration `json:"timeouts,omitempty"`
+	Env               map[string]string                    `json:"env,omitempty"`
+	ProxyStartTimeout time.Duration                        `json:"proxy_start_timeout,omitempty"`
 }
 
 // Digest identifies the task's definition, so that --resume refuses a record made from a
@@ -126,7 +86,7 @@ type Reacher interface {
 // that means the environment no longer exists wraps ErrEnvironmentGone; any other leaves
 // the environment's fate unknown.
 type Reattacher interface {
-	Reattach(ctx context.Context, task string, role Role) (Environment, error)
+	Reattach(ctx context.Context, task string, role lifecycle.Role) (Environment, error)
 }
 
 // Remover is implemented by providers that can remove whatever exists of a task's
@@ -134,7 +94,7 @@ type Reattacher interface {
 // may have no enforcement point to reattach, only objects under the environment's name.
 // It returns the environment's ID.
 type Remover interface {
-	RemoveEnvironment(ctx context.Context, task string, role Role) (string, error)
+	RemoveEnvironment(ctx context.Context, task string, role lifecycle.Role) (string, error)
 }
 
 // ErrEnvironmentGone is what a Reattacher's error wraps when there is nothing to reattach.

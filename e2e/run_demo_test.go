@@ -14,6 +14,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/e2e/harness"
+	"github.com/compass-egress/compass-egress/policy"
 )
 
 // expected is what the demo must show: per step, who tried what, and the outcome.
@@ -151,7 +152,7 @@ func checkDemo(t *testing.T, task string, rec *controller.Record, rows []demoRow
 	}
 	var runBlocked uint64
 	for _, b := range rec.Blocked {
-		if b.Phase == controller.PhaseRun {
+		if b.Phase == string(policy.PhaseRun) {
 			runBlocked += b.Summary.Total
 		}
 	}

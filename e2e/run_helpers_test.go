@@ -28,6 +28,7 @@ import (
 	"github.com/compass-egress/compass-egress/controller/docker"
 	"github.com/compass-egress/compass-egress/e2e/harness"
 	"github.com/compass-egress/compass-egress/internal/testutil"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // The demo images, under the tags the example task files name.
@@ -175,7 +176,7 @@ func (r *run) wait(t *testing.T, limit time.Duration) (int, string) {
 func (r *run) signal(sig syscall.Signal) { _ = r.cmd.Process.Signal(sig) }
 
 // waitPhase polls a task's record until its phase is the given step.
-func waitPhase(t *testing.T, r *run, dir string, step controller.StepName) {
+func waitPhase(t *testing.T, r *run, dir string, step lifecycle.StepName) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/e2e/harness"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 var h *harness.Harness
@@ -74,13 +75,13 @@ func TestRunCtrlC(t *testing.T) {
 	tests := []struct {
 		name  string
 		mode  string
-		step  controller.StepName
+		step  lifecycle.StepName
 		steps string
 	}{
-		{"prepare", "shared", controller.StepPrepare, "prepare: [demo]\nrun: [agent]\nevaluate: [grade]\n"},
-		{"run", "shared", controller.StepRun, "run: [demo]\nevaluate: [grade]\n"},
-		{"evaluate shared", "shared", controller.StepEvaluate, "run: [\"demo sleep 1ms\"]\nevaluate: [demo]\n"},
-		{"evaluate fresh", "fresh", controller.StepEvaluate, "run: [\"demo sleep 1ms\"]\nevaluate: [demo]\n"},
+		{"prepare", "shared", lifecycle.StepPrepare, "prepare: [demo]\nrun: [agent]\nevaluate: [grade]\n"},
+		{"run", "shared", lifecycle.StepRun, "run: [demo]\nevaluate: [grade]\n"},
+		{"evaluate shared", "shared", lifecycle.StepEvaluate, "run: [\"demo sleep 1ms\"]\nevaluate: [demo]\n"},
+		{"evaluate fresh", "fresh", lifecycle.StepEvaluate, "run: [\"demo sleep 1ms\"]\nevaluate: [demo]\n"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -112,7 +113,7 @@ func TestRunCtrlC(t *testing.T) {
 					t.Errorf("environment %s is %s:\n%s", e.ID, e.State, diagnose(taskDir))
 				}
 			}
-			if tc.step == controller.StepEvaluate {
+			if tc.step == lifecycle.StepEvaluate {
 				last := rec.Transitions[len(rec.Transitions)-1]
 				wantPhase := map[string]string{"shared": "baseline", "fresh": "evaluation_baseline"}[tc.mode]
 				if !last.OK || last.Phase != wantPhase {
@@ -164,11 +165,11 @@ func TestRunEvaluateEndings(t *testing.T) {
 			if !slices.Equal(phases, want) {
 				t.Errorf("transitions %v, want %v", phases, want)
 			}
-			i := slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == controller.StepEvaluate })
+			i := slices.IndexFunc(rec.Steps, func(s controller.StepRecord) bool { return s.Name == lifecycle.StepEvaluate })
 			if i < 0 || rec.Steps[i].Status != tc.status {
 				t.Errorf("evaluate step: %+v", rec.Steps)
 			}
-			if last := rec.Steps[len(rec.Steps)-1]; last.Name != controller.StepClose || last.Mode != "public" || last.Status != controller.StepOK {
+			if last := rec.Steps[len(rec.Steps)-1]; last.Name != lifecycle.StepClose || last.Mode != "public" || last.Status != controller.StepOK {
 				t.Errorf("close step %+v, want ok under public", last)
 			}
 			if left := taskLeftovers(t, id); len(left) > 0 {
@@ -193,7 +194,7 @@ func TestRunResumeAfterKill(t *testing.T) {
 			file := writeTask(t, dir, "task.yaml", taskYAML(id, mode, normalSteps+
 				"evaluate: [\"demo sleep 3s\", \"grade --judge http://judge.test/grade /out/result.tar\"]\n"))
 			r := startRun(t, context.Background(), file, "--out", out)
-			waitPhase(t, r, filepath.Join(out, id), controller.StepEvaluate)
+			waitPhase(t, r, filepath.Join(out, id), lifecycle.StepEvaluate)
 			r.signal(syscall.SIGKILL)
 			r.wait(t, time.Minute)
 
@@ -217,7 +218,7 @@ func TestRunResumeAfterKill(t *testing.T) {
 			if code != 0 || rec.Status != controller.StatusSucceeded {
 				t.Fatalf("resume: exit %d, status %s (%s):\n%s", code, rec.Status, rec.Error, text)
 			}
-			checkResumed(t, rec, id, controller.StepEvaluationOpen)
+			checkResumed(t, rec, id, lifecycle.StepEvaluationOpen)
 		})
 	}
 }
@@ -250,7 +251,7 @@ func TestRunResumeAfterKillInOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if last := prev.Steps[len(prev.Steps)-1]; last.Name != controller.StepOpen || last.Status != controller.StepRunning || len(prev.Environments) != 0 {
+	if last := prev.Steps[len(prev.Steps)-1]; last.Name != lifecycle.StepOpen || last.Status != controller.StepRunning || len(prev.Environments) != 0 {
 		t.Fatalf("the kill did not land inside the open: last step %s %s, environments %+v", last.Name, last.Status, prev.Environments)
 	}
 	left := settledLeftovers(t, id)
@@ -269,10 +270,10 @@ func TestRunResumeAfterKillInOpen(t *testing.T) {
 	if len(rec.Environments) != 2 {
 		t.Errorf("environments %+v, want the killed open's and the resume's", rec.Environments)
 	}
-	if cut := rec.Steps[0]; cut.Name != controller.StepOpen || cut.Status != controller.StepCrashed || cut.End != nil {
+	if cut := rec.Steps[0]; cut.Name != lifecycle.StepOpen || cut.Status != controller.StepCrashed || cut.End != nil {
 		t.Errorf("the killed open's step is %s %s (end %v), want open crashed with no end", cut.Name, cut.Status, cut.End)
 	}
-	checkResumed(t, rec, id, controller.StepOpen)
+	checkResumed(t, rec, id, lifecycle.StepOpen)
 }
 
 // TestRunRefusesATaskAnotherRunHolds runs a task while a second run, into another output
@@ -287,7 +288,7 @@ func TestRunRefusesATaskAnotherRunHolds(t *testing.T) {
 	outA, outB := filepath.Join(dir, "a"), filepath.Join(dir, "b")
 	held := writeTask(t, dir, "held.yaml", taskYAML(id, "shared", "run: [demo]\nevaluate: [\"demo sleep 1ms\"]\n"))
 	a := startRun(t, context.Background(), held, "--out", outA)
-	waitPhase(t, a, filepath.Join(outA, id), controller.StepRun)
+	waitPhase(t, a, filepath.Join(outA, id), lifecycle.StepRun)
 	before := taskLeftovers(t, id)
 
 	quick := writeTask(t, dir, "quick.yaml", taskYAML(id, "shared", "run: [\"demo sleep 1ms\"]\nevaluate: [\"demo sleep 1ms\"]\n"))
@@ -328,12 +329,12 @@ func TestRunRefusesATaskAnotherRunHolds(t *testing.T) {
 	if code != 0 || recB.Status != controller.StatusSucceeded {
 		t.Fatalf("resume of the refused task once the first run ended: exit %d, status %s (%s):\n%s", code, recB.Status, recB.Error, text)
 	}
-	checkResumed(t, recB, id, controller.StepOpen)
+	checkResumed(t, recB, id, lifecycle.StepOpen)
 }
 
 // checkResumed checks a resumed task's record and the engine: one resume, from the step
 // given, every environment closed, nothing of the task left.
-func checkResumed(t *testing.T, rec *controller.Record, id string, from controller.StepName) {
+func checkResumed(t *testing.T, rec *controller.Record, id string, from lifecycle.StepName) {
 	t.Helper()
 	if len(rec.Resumes) != 1 || rec.Resumes[0].From != from {
 		t.Errorf("resumes %+v, want one from %s", rec.Resumes, from)
@@ -439,7 +440,7 @@ func TestRunSecondCtrlC(t *testing.T) {
 	dir := t.TempDir()
 	file := writeTask(t, dir, "task.yaml", taskYAML(id, "shared", "run: [demo]\nevaluate: [\"demo sleep 1ms\"]\n"))
 	r := startRun(t, context.Background(), file, "--out", filepath.Join(dir, "out"))
-	waitPhase(t, r, filepath.Join(dir, "out", id), controller.StepRun)
+	waitPhase(t, r, filepath.Join(dir, "out", id), lifecycle.StepRun)
 	r.signal(syscall.SIGINT)
 	// Go merges a signal that arrives before the first of its kind was taken: the second
 	// goes only once compassctl has said it took the first.

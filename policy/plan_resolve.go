@@ -22,6 +22,10 @@ type Planner struct {
 	Provider string
 	// EvaluationMode, when set (--evaluation-mode), replaces the task's mode likewise.
 	EvaluationMode EvaluationMode
+	// Check, when set, checks what else the caller needs of a plan (compassctl run: what
+	// the runner and its provider require); its problems are reported with the plan's.
+	// It sees the plan resolved as far as planning got, its policies perhaps not all.
+	Check func(*Plan) []*FieldError
 }
 
 // Validate checks the planner's own inputs: a known provider and mode, and recipe names
@@ -101,18 +105,7 @@ func (pl *Planner) Plan(t Task) (*Plan, error) {
 		// Only a Task or Planner built in code, not one parsed, can get here.
 		return nil, &TaskError{TaskID: t.ID, Errs: ErrorList{{Rule: fmt.Sprintf("cannot plan provider %s in evaluation mode %s", Quote(plan.Provider), Quote(string(plan.EvaluationMode)))}}}
 	}
-	var errs ErrorList
-	if p, set := pl.Override.Policies[PhaseEvaluationBaseline]; set && plan.EvaluationMode != EvaluationFresh {
-		errs.add(&FieldError{Path: PhaseEvaluationBaseline.Field(), Value: Clip(p.String()), Rule: "an override of the evaluation baseline is only legal in fresh mode; this task is planned in shared mode, where the evaluation runs in the agent's environment under its baseline"})
-	}
-	if plan.Provider != ProviderDocker {
-		if pl.Override.Network != "" {
-			errs.add(&FieldError{Path: "network", Value: Quote(pl.Override.Network), Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
-		}
-		if pl.Override.ProxyStartTimeout != 0 {
-			errs.add(&FieldError{Path: "allowlist_proxy_start_timeout", Value: strconv.FormatFloat(pl.Override.ProxyStartTimeout.Seconds(), 'f', -1, 64), Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
-		}
-	}
+	errs := pl.checkOverride(plan)
 
 	var matched []Recipe
 	for _, r := range pl.Recipes {
@@ -154,6 +147,9 @@ func (pl *Planner) Plan(t Task) (*Plan, error) {
 	if plan.Provider == ProviderDocker {
 		errs.add(checkDockerNetwork(plan.Network, plan)...)
 	}
+	if pl.Check != nil {
+		errs.add(pl.Check(plan)...)
+	}
 	if len(errs) > 0 {
 		return nil, &TaskError{TaskID: t.ID, Errs: errs}
 	}
@@ -169,6 +165,23 @@ func (pl *Planner) Plan(t Task) (*Plan, error) {
 	}
 	plan.Steps = Steps(plan)
 	return plan, nil
+}
+
+// checkOverride refuses the run-wide settings the task's plan cannot take.
+func (pl *Planner) checkOverride(plan *Plan) ErrorList {
+	var errs ErrorList
+	if p, set := pl.Override.Policies[PhaseEvaluationBaseline]; set && plan.EvaluationMode != EvaluationFresh {
+		errs.add(&FieldError{Path: PhaseEvaluationBaseline.Field(), Value: Clip(p.String()), Rule: "an override of the evaluation baseline is only legal in fresh mode; this task is planned in shared mode, where the evaluation runs in the agent's environment under its baseline"})
+	}
+	if plan.Provider != ProviderDocker {
+		if pl.Override.Network != "" {
+			errs.add(&FieldError{Path: "network", Value: Quote(pl.Override.Network), Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
+		}
+		if pl.Override.ProxyStartTimeout != 0 {
+			errs.add(&FieldError{Path: "allowlist_proxy_start_timeout", Value: strconv.FormatFloat(pl.Override.ProxyStartTimeout.Seconds(), 'f', -1, 64), Rule: fmt.Sprintf("is a docker option; provider %s does not take it", plan.Provider)})
+		}
+	}
+	return errs
 }
 
 // resolve picks one phase's policy: override > task > recipe > default, with the fresh

@@ -1,48 +1,48 @@
 package policy
 
-// Environments of a task, as steps name them.
-const (
-	EnvironmentAgent      = "agent"
-	EnvironmentEvaluation = "evaluation"
-)
+import "github.com/compass-egress/compass-egress/policy/lifecycle"
 
 // Step is one lifecycle boundary of docs/policy.md §7 and the policy in force during it.
 type Step struct {
-	Number      int    `json:"step"`
-	Boundary    string `json:"boundary"`
-	Environment string `json:"environment"`
+	Number      int            `json:"step"`
+	Boundary    string         `json:"boundary"`
+	Environment lifecycle.Role `json:"environment"`
 	// Phase is the policy field in force; Mode is that policy's mode.
 	Phase     Phase  `json:"phase"`
 	Mode      Mode   `json:"mode"`
 	Condition string `json:"condition"`
+	// Names are the lifecycle steps the row covers, in the order they run.
+	Names []lifecycle.StepName `json:"-"`
 }
 
 type stepRow struct {
-	boundary, environment string
-	phase                 Phase
-	condition             string
+	boundary    string
+	environment lifecycle.Role
+	phase       Phase
+	condition   string
+	names       []lifecycle.StepName
 }
 
 // The rows of docs/policy.md §7, common to both modes up to collection.
 var agentSteps = []stepRow{
-	{"open environment", EnvironmentAgent, PhaseBaseline, "always"},
-	{"prepare task", EnvironmentAgent, PhaseBaseline, "always"},
-	{"start harness session", EnvironmentAgent, PhaseBaseline, "when the task declares a harness"},
-	{"run task (agent rollout)", EnvironmentAgent, PhaseRun, "always"},
-	{"close harness session", EnvironmentAgent, PhaseRun, "when a harness session was started"},
-	{"collection commands, then artifact download", EnvironmentAgent, PhaseRun, "commands when declared; download when save_artifacts is true and paths resolve"},
+	{"open environment", lifecycle.RoleAgent, PhaseBaseline, "always", []lifecycle.StepName{lifecycle.StepOpen}},
+	{"prepare task", lifecycle.RoleAgent, PhaseBaseline, "always", []lifecycle.StepName{lifecycle.StepPrepare}},
+	{"start harness session", lifecycle.RoleAgent, PhaseBaseline, "when the task declares a harness", []lifecycle.StepName{lifecycle.StepHarnessStart}},
+	{"run task (agent rollout)", lifecycle.RoleAgent, PhaseRun, "always", []lifecycle.StepName{lifecycle.StepRun}},
+	{"close harness session", lifecycle.RoleAgent, PhaseRun, "when a harness session was started", []lifecycle.StepName{lifecycle.StepHarnessClose}},
+	{"collection commands, then artifact download", lifecycle.RoleAgent, PhaseRun, "commands when declared; download when save_artifacts is true and paths resolve", []lifecycle.StepName{lifecycle.StepCollect, lifecycle.StepDownload}},
 }
 
 var sharedSteps = append(append([]stepRow{}, agentSteps...),
-	stepRow{"evaluate", EnvironmentAgent, PhaseEvaluation, "always; baseline restored however it ends"},
-	stepRow{"close environment", EnvironmentAgent, PhaseBaseline, "unless retained"},
+	stepRow{"evaluate", lifecycle.RoleAgent, PhaseEvaluation, "always; baseline restored however it ends", []lifecycle.StepName{lifecycle.StepEvaluate}},
+	stepRow{"close environment", lifecycle.RoleAgent, PhaseBaseline, "unless retained", []lifecycle.StepName{lifecycle.StepClose}},
 )
 
 var freshSteps = append(append([]stepRow{}, agentSteps...),
-	stepRow{"close agent environment", EnvironmentAgent, PhaseRun, "unless retained"},
-	stepRow{"open evaluation environment", EnvironmentEvaluation, PhaseEvaluationBaseline, "always"},
-	stepRow{"evaluate", EnvironmentEvaluation, PhaseEvaluation, "always; evaluation baseline restored however it ends"},
-	stepRow{"close evaluation environment", EnvironmentEvaluation, PhaseEvaluationBaseline, "unless retained"},
+	stepRow{"close agent environment", lifecycle.RoleAgent, PhaseRun, "unless retained", []lifecycle.StepName{lifecycle.StepClose}},
+	stepRow{"open evaluation environment", lifecycle.RoleEvaluation, PhaseEvaluationBaseline, "always", []lifecycle.StepName{lifecycle.StepEvaluationOpen, lifecycle.StepUpload}},
+	stepRow{"evaluate", lifecycle.RoleEvaluation, PhaseEvaluation, "always; evaluation baseline restored however it ends", []lifecycle.StepName{lifecycle.StepEvaluate}},
+	stepRow{"close evaluation environment", lifecycle.RoleEvaluation, PhaseEvaluationBaseline, "unless retained", []lifecycle.StepName{lifecycle.StepEvaluationEnd}},
 )
 
 // Steps lists the plan's lifecycle rows with the mode in force at each.
@@ -60,6 +60,7 @@ func Steps(p *Plan) []Step {
 			Phase:       r.phase,
 			Mode:        p.Policy(r.phase).Mode,
 			Condition:   r.condition,
+			Names:       r.names,
 		}
 	}
 	return out

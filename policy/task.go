@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // Task is one task as a task file declares it. Fields the file leaves out stay at their
@@ -27,19 +29,10 @@ type Task struct {
 	// InjectNotice is the task's inject_network_restriction_notice; nil means the
 	// default (true).
 	InjectNotice *bool
-	// Runner holds the runner's fields (image, prepare, run, ...) as decoded, not
-	// interpreted here: a generic tree of map[string]any, []any, string, json.Number,
-	// bool and nil. Only keys listed in RunnerKeys appear.
-	Runner map[string]any
+	// Runner holds the runner's fields (image, prepare, run, ...), their form checked.
+	Runner lifecycle.Fields
 	// Origin says where the task was read, for error messages: "tasks.yaml[2]".
 	Origin string
-}
-
-// RunnerKeys are the task fields the lifecycle runner interprets; the planner only
-// checks that they are known and keeps them.
-var RunnerKeys = []string{
-	"image", "evaluation_image", "prepare", "harness", "run", "collect", "artifacts",
-	"save_artifacts", "evaluate", "retain", "timeouts",
 }
 
 // taskKeys are the fields the planner itself reads.
@@ -55,7 +48,8 @@ var evaluationEnvironmentKeys = []string{"baseline_network_policy"}
 // taskIDPattern keeps task IDs usable in container, network and file names.
 var taskIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
-// LoadTasks reads a task file (JSON or YAML) holding one task or a list of tasks.
+// LoadTasks reads a task file (JSON or YAML) holding one task or a list of tasks. On
+// error it also returns the tasks that have no problem of their own (see ParseTasks).
 func LoadTasks(path string) ([]Task, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -67,22 +61,25 @@ func LoadTasks(path string) ([]Task, error) {
 	}
 	tasks, err := ParseTasks(v, path)
 	if err != nil {
-		return nil, prefixLines(path+": ", err)
+		return tasks, prefixLines(path+": ", err)
 	}
 	return tasks, nil
 }
 
 // ParseTasks validates a decoded task document: one task object or a list of them.
 // origin names the document in each task's Origin. Every problem is reported together;
-// paths start with "[i]" for the i-th task of a list.
+// paths start with "[i]" for the i-th task of a list. On error it also returns the tasks
+// that have no problem of their own (nor repeat an earlier task's ID), so that a caller
+// can report the problems of their plans in the same pass.
 func ParseTasks(v any, origin string) ([]Task, error) {
 	var errs ErrorList
 	var tasks []Task
 	switch x := v.(type) {
 	case map[string]any:
-		t := parseTask(x, "", &errs)
-		t.Origin = origin
-		tasks = append(tasks, t)
+		if t, ok := parseTaskInto(x, "", &errs); ok {
+			t.Origin = origin
+			tasks = append(tasks, t)
+		}
 	case []any:
 		if len(x) == 0 {
 			errs.add(&FieldError{Rule: "the task list is empty"})
@@ -94,28 +91,36 @@ func ParseTasks(v any, origin string) ([]Task, error) {
 				errs.add(&FieldError{Path: path, Value: display(item), Rule: "a task is an object, not " + describe(item)})
 				continue
 			}
-			t := parseTask(obj, path, &errs)
-			t.Origin = fmt.Sprintf("%s%s", origin, path)
-			tasks = append(tasks, t)
+			if t, ok := parseTaskInto(obj, path, &errs); ok {
+				t.Origin = fmt.Sprintf("%s%s", origin, path)
+				tasks = append(tasks, t)
+			}
 		}
 	default:
 		errs.add(&FieldError{Value: display(v), Rule: "a task file holds a task object or a list of task objects, not " + describe(v)})
 	}
 	seen := map[string]string{}
+	unique := tasks[:0]
 	for _, t := range tasks {
-		if t.ID == "" {
-			continue
-		}
 		if first, dup := seen[t.ID]; dup {
 			errs.add(&FieldError{Path: "task_id", Value: display(t.ID), Rule: "appears twice (" + first + " and " + t.Origin + "); task IDs must be unique"})
 			continue
 		}
 		seen[t.ID] = t.Origin
+		unique = append(unique, t)
 	}
 	if len(errs) > 0 {
-		return nil, errs
+		return unique, errs
 	}
 	return tasks, nil
+}
+
+// parseTaskInto parses one task, adding its problems to errs; ok is false if it has any.
+func parseTaskInto(obj map[string]any, path string, errs *ErrorList) (Task, bool) {
+	var own ErrorList
+	t := parseTask(obj, path, &own)
+	errs.add(own...)
+	return t, len(own) == 0
 }
 
 func parseTask(obj map[string]any, path string, errs *ErrorList) Task {
@@ -153,14 +158,7 @@ func parseTask(obj map[string]any, path string, errs *ErrorList) Task {
 			errs.add(&FieldError{Path: at("inject_network_restriction_notice"), Value: display(raw), Rule: "must be true or false, not " + describe(raw)})
 		}
 	}
-	for _, k := range RunnerKeys {
-		if v, ok := obj[k]; ok {
-			if t.Runner == nil {
-				t.Runner = map[string]any{}
-			}
-			t.Runner[k] = v
-		}
-	}
+	t.Runner = parseRunnerFields(obj, path, errs)
 	return t
 }
 

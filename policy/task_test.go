@@ -8,6 +8,9 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 func TestParseTasksAccepts(t *testing.T) {
@@ -52,15 +55,20 @@ func TestParseTasksAccepts(t *testing.T) {
 	if len(a.Policies) != 4 || a.Policies[PhaseRun].String() != allowModel {
 		t.Errorf("policies: %v", a.Policies)
 	}
-	if got := len(a.Runner); got != len(RunnerKeys) {
-		t.Errorf("runner has %d fields, want all %d: %v", got, len(RunnerKeys), a.Runner)
+	yes, halfHour := true, 30*time.Minute
+	wantRunner := lifecycle.Fields{
+		Image: "compass-demo-agent:latest", EvaluationImage: "compass-demo-grader:latest",
+		Prepare: []lifecycle.Command{{"fetch", "http://packages.test/tool.tar"}},
+		Harness: &lifecycle.HarnessSession{Start: []lifecycle.Command{{"start"}}, Close: []lifecycle.Command{{"stop"}}},
+		Run:     []lifecycle.Command{{"agent", "--task", "/task"}}, Collect: []lifecycle.Command{{"tar", "-cf", "/out/result.tar", "/work"}},
+		Artifacts: []string{"/out/result.tar"}, SaveArtifacts: &yes, Evaluate: []lifecycle.Command{{"grade", "/out/result.tar"}},
+		Timeouts: map[lifecycle.StepName]time.Duration{lifecycle.StepPrepare: 10 * time.Minute, lifecycle.StepRun: halfHour, lifecycle.StepEvaluate: 10 * time.Minute},
 	}
-	wantHarness := map[string]any{"start": []any{"start"}, "close": []any{"stop"}}
-	if !reflect.DeepEqual(a.Runner["harness"], wantHarness) || a.Runner["save_artifacts"] != true || a.Runner["timeouts"].(map[string]any)["run"] != "30m" {
-		t.Errorf("runner fields not kept as decoded: %#v", a.Runner)
+	if !reflect.DeepEqual(a.Runner, wantRunner) {
+		t.Errorf("runner fields\n%#v\nwant\n%#v", a.Runner, wantRunner)
 	}
 	b := tasks[1]
-	if b.ID != "swe-2" || b.Provider != "" || b.EvaluationMode != "" || b.Policies != nil || b.EvaluationEnvironment || b.InjectNotice != nil || b.Runner != nil {
+	if b.ID != "swe-2" || b.Provider != "" || b.EvaluationMode != "" || b.Policies != nil || b.EvaluationEnvironment || b.InjectNotice != nil || !reflect.DeepEqual(b.Runner, lifecycle.Fields{}) {
 		t.Errorf("a bare task must leave every field unset: %+v", b)
 	}
 }

@@ -17,8 +17,8 @@ import (
 	"github.com/docker/docker/client"
 	"github.com/spf13/cobra"
 
-	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/docker"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 func init() { subcommands = append(subcommands, newEnvCommand) }
@@ -67,7 +67,7 @@ func (f *envFlags) connect() (*docker.Provider, *client.Client, func(), error) {
 }
 
 // lookup finds the environment the task flags name; done closes the Docker client.
-func (f *envFlags) lookup(ctx context.Context, t taskFlags, role controller.Role) (*docker.Env, func(), error) {
+func (f *envFlags) lookup(ctx context.Context, t taskFlags, role lifecycle.Role) (*docker.Env, func(), error) {
 	p, done, err := f.provider()
 	if err != nil {
 		return nil, nil, err
@@ -147,11 +147,11 @@ type taskFlags struct{ task, role string }
 
 func (t *taskFlags) bind(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&t.task, "task", "", "task ID")
-	cmd.Flags().StringVar(&t.role, "role", string(controller.RoleAgent), "agent or evaluation")
+	cmd.Flags().StringVar(&t.role, "role", string(lifecycle.RoleAgent), "agent or evaluation")
 }
 
 // parse checks --task (checkTask) and reads --role.
-func (t taskFlags) parse() (controller.Role, error) {
+func (t taskFlags) parse() (lifecycle.Role, error) {
 	if err := checkTask(t.task); err != nil {
 		return "", err
 	}
@@ -160,12 +160,12 @@ func (t taskFlags) parse() (controller.Role, error) {
 
 // parseRole checks --role before anything starts: an environment opened under any other
 // role would carry it in its labels, and its task's commands could not find it again.
-func parseRole(s string) (controller.Role, error) {
-	switch r := controller.Role(s); r {
-	case controller.RoleAgent, controller.RoleEvaluation:
+func parseRole(s string) (lifecycle.Role, error) {
+	switch r := lifecycle.Role(s); r {
+	case lifecycle.RoleAgent, lifecycle.RoleEvaluation:
 		return r, nil
 	}
-	return "", usageError{fmt.Errorf("--role %q: unknown role; use %s or %s", s, controller.RoleAgent, controller.RoleEvaluation)}
+	return "", usageError{fmt.Errorf("--role %q: unknown role; use %s or %s", s, lifecycle.RoleAgent, lifecycle.RoleEvaluation)}
 }
 
 // checkTask refuses a missing or malformed --task before anything talks to Docker.

@@ -18,6 +18,11 @@ func newEnvImageCommand(f *envFlags) *cobra.Command {
 		Args:  groupArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
+	cmd.AddCommand(newImageBuildCommand(f), newImageSaveCommand(f), newImageLoadCommand(f))
+	return cmd
+}
+
+func newImageBuildCommand(f *envFlags) *cobra.Command {
 	var binary, probeBinary string
 	var probe bool
 	build := &cobra.Command{
@@ -51,7 +56,11 @@ func newEnvImageCommand(f *envFlags) *cobra.Command {
 	build.Flags().StringVar(&binary, "binary", "", "static compass-proxy binary (default: next to compassctl)")
 	build.Flags().BoolVar(&probe, "probe", false, "also build the verify probe image")
 	build.Flags().StringVar(&probeBinary, "probe-binary", "", "static probe binary (default: next to compassctl)")
+	return build
+}
 
+func newImageSaveCommand(f *envFlags) *cobra.Command {
+	var probe bool
 	save := &cobra.Command{
 		Use:   "save FILE",
 		Short: "Export the sidecar and probe images to a tar archive",
@@ -75,8 +84,11 @@ func newEnvImageCommand(f *envFlags) *cobra.Command {
 		},
 	}
 	save.Flags().BoolVar(&probe, "probe", false, "include the probe image")
+	return save
+}
 
-	load := &cobra.Command{
+func newImageLoadCommand(f *envFlags) *cobra.Command {
+	return &cobra.Command{
 		Use:   "load FILE",
 		Short: "Import images exported by `image save` (air-gapped hosts)",
 		Args:  exactArgs("FILE"),
@@ -99,8 +111,6 @@ func newEnvImageCommand(f *envFlags) *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(build, save, load)
-	return cmd
 }
 
 // besideSelf defaults a binary path to the named file next to the running compassctl

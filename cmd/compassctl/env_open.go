@@ -12,6 +12,7 @@ import (
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/docker"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // openResult is what open and attach print.
@@ -94,9 +95,9 @@ func (s *policySource) resolve(task, def string) (policy.Policy, string, error) 
 // runtime default (public) when neither --policy nor --plan is. From a plan it is the
 // role's own baseline: fresh mode's evaluation environment opens under
 // evaluation_baseline, never under the agent's (docs/policy.md §7).
-func (s *policySource) baseline(task string, role controller.Role) (policy.Policy, error) {
+func (s *policySource) baseline(task string, role lifecycle.Role) (policy.Policy, error) {
 	def := string(policy.PhaseBaseline)
-	if role == controller.RoleEvaluation {
+	if role == lifecycle.RoleEvaluation {
 		def = string(policy.PhaseEvaluationBaseline)
 	}
 	p, _, err := s.resolve(task, def)
@@ -151,7 +152,7 @@ type envSpecFlags struct {
 
 func (s *envSpecFlags) bind(cmd *cobra.Command, taskHelp, roleHelp, phaseHelp string) {
 	cmd.Flags().StringVar(&s.task, "task", "", taskHelp)
-	cmd.Flags().StringVar(&s.role, "role", string(controller.RoleAgent), roleHelp)
+	cmd.Flags().StringVar(&s.role, "role", string(lifecycle.RoleAgent), roleHelp)
 	cmd.Flags().DurationVar(&s.timeout, "proxy-start-timeout", 30*time.Second, "how long the sidecar may take to become ready")
 	s.src.bind(cmd, phaseHelp)
 }

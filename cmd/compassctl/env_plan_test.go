@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 func TestPolicyFromPlan(t *testing.T) {
@@ -78,11 +78,11 @@ func TestPolicyFromPlanReadsPlanOutput(t *testing.T) {
 func TestOpenBaselineOfRole(t *testing.T) {
 	plan := writeTemp(t, "plan.json", `{"baseline_network_policy": "public", "evaluation_baseline_network_policy": "no-network"}`)
 	tests := []struct {
-		role controller.Role
+		role lifecycle.Role
 		want string
 	}{
-		{controller.RoleAgent, `"public"`},
-		{controller.RoleEvaluation, `"no-network"`},
+		{lifecycle.RoleAgent, `"public"`},
+		{lifecycle.RoleEvaluation, `"no-network"`},
 	}
 	for _, tc := range tests {
 		var src policySource

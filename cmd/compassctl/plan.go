@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -23,6 +24,8 @@ type planOptions struct {
 	provider       string
 	evaluationMode string
 	json           bool
+	// check is what the command needs of each plan beyond planning (run: docker.CheckTask).
+	check func(*policy.Plan) []*policy.FieldError
 }
 
 func newPlanCommand() *cobra.Command {
@@ -73,12 +76,13 @@ func runPlan(out io.Writer, o planOptions) error {
 }
 
 // buildPlans reads every input and plans every task; it returns an error, and nothing
-// else, if any input or task is invalid.
+// else, if any input or task is invalid. The problems of every task come together: a
+// task file's and, for the tasks that have none of their own, their plans'.
 func buildPlans(o planOptions) ([]*policy.Plan, error) {
 	if len(o.tasks) == 0 {
 		return nil, fmt.Errorf("plan: --task FILE is required")
 	}
-	pl := policy.Planner{Provider: o.provider, EvaluationMode: policy.EvaluationMode(o.evaluationMode)}
+	pl := policy.Planner{Provider: o.provider, EvaluationMode: policy.EvaluationMode(o.evaluationMode), Check: o.check}
 	if o.envParams != "" {
 		data, err := readInlineOrFile(o.envParams)
 		if err != nil {
@@ -98,24 +102,29 @@ func buildPlans(o planOptions) ([]*policy.Plan, error) {
 		pl.Recipes = append(pl.Recipes, rs...)
 	}
 	var tasks []policy.Task
+	var errs []error
 	for _, file := range o.tasks {
 		ts, err := policy.LoadTasks(file)
 		if err != nil {
-			return nil, err
+			errs = append(errs, err)
 		}
 		tasks = append(tasks, ts...)
 	}
 	seen := map[string]string{}
 	for _, t := range tasks {
 		if first, dup := seen[t.ID]; dup {
-			return nil, fmt.Errorf("plan: task %q is defined twice (%s and %s)", t.ID, first, t.Origin)
+			errs = append(errs, fmt.Errorf("plan: task %q is defined twice (%s and %s)", t.ID, first, t.Origin))
 		}
 		seen[t.ID] = t.Origin
 	}
 	if err := pl.Validate(); err != nil {
-		return nil, prefixed("plan: --", err)
+		return nil, errors.Join(append(errs, prefixed("plan: --", err))...)
 	}
-	return pl.PlanAll(tasks)
+	plans, err := pl.PlanAll(tasks)
+	if err := errors.Join(append(errs, err)...); err != nil {
+		return nil, err
+	}
+	return plans, nil
 }
 
 // readInlineOrFile returns the flag's value, or the contents of the file it names after

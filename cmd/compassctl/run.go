@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -39,7 +38,7 @@ func newRunCommand() *cobra.Command {
 		Use:   "run TASK_FILE... [--env-params JSON|@FILE] [--recipe FILE]... [--concurrency N] [--out DIR] [--resume]",
 		Short: "Run whole task lifecycles under their phase policies, with a record of each",
 		Long: `run plans every task first (nothing starts if any plan is invalid), then runs each
-task's lifecycle in the order of SPEC §4 for its evaluation mode (shared or fresh), with the
+task's lifecycle in the order of docs/policy.md §7 for its evaluation mode (shared or fresh), with the
 policy of each step in force in the Docker environment before the step starts. Each task
 writes <out>/<task>/run_info.json (the plan, every transition and step, blocked attempts per
 phase, artifacts) as it goes, and notice.txt (the restriction statement) unless turned off.
@@ -97,21 +96,17 @@ func runTasks(ctx context.Context, out io.Writer, files []string, o runOptions) 
 	if o.progress != "auto" && o.progress != "live" && o.progress != "plain" {
 		return usageError{fmt.Errorf("run: --progress %q: use auto, live or plain", o.progress)}
 	}
-	plans, err := buildPlans(planOptions{tasks: files, envParams: o.envParams, recipes: o.recipes})
+	plans, err := buildPlans(planOptions{tasks: files, envParams: o.envParams, recipes: o.recipes, check: docker.CheckTask})
 	if err != nil {
 		return usageError{err}
 	}
-	var tasks []controller.TaskRun
-	var errs []error
+	tasks := make([]controller.TaskRun, 0, len(plans))
 	for _, p := range plans {
-		t, err := taskRunOf(p)
+		t, err := controller.NewTaskRun(p)
 		if err != nil {
-			errs = append(errs, err)
+			return err
 		}
 		tasks = append(tasks, t)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return usageError{err}
 	}
 	prov, closeClient, err := newRunProvider(&o.env)
 	if err != nil {
@@ -124,7 +119,7 @@ func runTasks(ctx context.Context, out io.Writer, files []string, o runOptions) 
 		return err
 	}
 	defer unlock()
-	tasks, resume, skipped, err := prepareOutputs(o.out, tasks, o.resume, prov)
+	tasks, resume, skipped, err := controller.PrepareOutputs(o.out, tasks, o.resume, prov)
 	if err != nil {
 		return usageError{err}
 	}
@@ -224,55 +219,4 @@ func lockOutputs(ctx context.Context, out string) (unlock func(), err error) {
 		return nil, fmt.Errorf("run: --out %s: lock: %w", out, err)
 	}
 	return func() { f.Close() }, nil
-}
-
-// prepareOutputs decides, before anything starts, what each task does with its output
-// directory: a fresh run replaces an earlier record; --resume continues, skips finished
-// tasks, or refuses (every refusal is reported and nothing runs).
-func prepareOutputs(out string, tasks []controller.TaskRun, resume bool, p controller.Provider) ([]controller.TaskRun, map[string]*controller.Record, []string, error) {
-	var (
-		run     []controller.TaskRun
-		prevs   = map[string]*controller.Record{}
-		skipped []string
-		errs    []error
-	)
-	for _, t := range tasks {
-		dir := filepath.Join(out, t.ID)
-		_, statErr := os.Stat(filepath.Join(dir, controller.RecordFile))
-		hasRecord := statErr == nil
-		switch {
-		case !hasRecord:
-			run = append(run, t)
-		case !resume:
-			// Only a directory that holds a record is ours to clear.
-			if err := os.RemoveAll(dir); err != nil {
-				errs = append(errs, fmt.Errorf("run: clear %s: %w", dir, err))
-			}
-			run = append(run, t)
-		default:
-			prev, err := controller.ReadRecord(dir)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if controller.Finished(prev) {
-				skipped = append(skipped, t.ID)
-				continue
-			}
-			if _, err := controller.ResumeFrom(prev, t, p); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			prevs[t.ID] = prev
-			run = append(run, t)
-		}
-	}
-	if len(errs) > 0 {
-		msgs := make([]string, len(errs))
-		for i, e := range errs {
-			msgs[i] = e.Error()
-		}
-		return nil, nil, nil, errors.New(strings.Join(msgs, "\n"))
-	}
-	return run, prevs, skipped, nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/controllertest"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // TestRunResumeOutcomes: --resume leaves a finished task alone and exits 0 with nothing
@@ -19,9 +20,9 @@ func TestRunResumeOutcomes(t *testing.T) {
 	task := writeTemp(t, "task.yaml", "task_id: t1\nimage: i\nrun: [x]\n")
 	finished := t.TempDir()
 	r := &controller.Runner{Provider: controllertest.New(), OutDir: finished}
-	if _, err := r.RunTask(t.Context(), controller.TaskRun{ID: "t1", Mode: controller.EvaluationShared, Image: "i",
+	if _, err := r.RunTask(t.Context(), controller.TaskRun{ID: "t1", Mode: policy.EvaluationShared, Image: "i",
 		Policies: controller.PhasePolicies{Baseline: policy.Public, Run: policy.NoNetwork, Evaluation: policy.NoNetwork},
-		Run:      []controller.Command{{"x"}}}, nil); err != nil {
+		Run:      []lifecycle.Command{{"x"}}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	undigested := t.TempDir()
@@ -57,46 +58,5 @@ func TestRunResumeOutcomes(t *testing.T) {
 				t.Errorf("record changed: %v", err)
 			}
 		})
-	}
-}
-
-// TestPrepareOutputsResume: with --resume, a record to pick up from is handed to the
-// runner; every record that cannot be read or resumed is refused, all of them named in
-// one error, and nothing is run or cleared.
-func TestPrepareOutputsResume(t *testing.T) {
-	task := controller.TaskRun{ID: "t1", Mode: controller.EvaluationShared, Image: "i",
-		Policies: controller.PhasePolicies{Baseline: policy.Public, Run: policy.NoNetwork, Evaluation: policy.NoNetwork},
-		Run:      []controller.Command{{"x"}}}
-	other := task
-	other.ID = "t2"
-	write := func(t *testing.T, out, id, body string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Join(out, id), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(out, id, controller.RecordFile), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	interrupted := `{"version": 1, "task_id": "t1", "task_digest": "` + task.Digest() + `", "status": "running"}`
-
-	out := t.TempDir()
-	write(t, out, "t1", interrupted)
-	run, prevs, _, err := prepareOutputs(out, []controller.TaskRun{task}, true, controllertest.New())
-	if err != nil || len(run) != 1 || prevs["t1"] == nil || prevs["t1"].TaskDigest != task.Digest() {
-		t.Errorf("interrupted task: run %v prevs %v err %v; want it run from its record", run, prevs, err)
-	}
-
-	out = t.TempDir()
-	write(t, out, "t1", "not json")
-	write(t, out, "t2", `{"version": 1, "task_id": "t2", "status": "running"}`)
-	run, prevs, _, err = prepareOutputs(out, []controller.TaskRun{task, other}, true, controllertest.New())
-	if err == nil || run != nil || prevs != nil {
-		t.Fatalf("unreadable and undigested records: run %v prevs %v err %v; want both refused", run, prevs, err)
-	}
-	for _, want := range []string{"read record " + filepath.Join(out, "t1", controller.RecordFile), "cannot resume task t2: the record has no task_digest"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not say %q", err, want)
-		}
 	}
 }

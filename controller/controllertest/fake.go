@@ -17,6 +17,7 @@ import (
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // Provider is the fake provider. Commands given to Exec follow a small language so that
@@ -36,20 +37,20 @@ type Provider struct {
 	events []string
 	envs   map[string]*Env
 	// OpenErr, when set, decides whether opening an environment of that role fails.
-	OpenErr func(role controller.Role) error
+	OpenErr func(role lifecycle.Role) error
 	// ApplyErr, when set, decides whether a switch to that phase fails.
 	ApplyErr func(phase string) error
 	// ApplyPanics, when set, decides whether a switch to that phase fails closed and then
 	// panics, as the Docker provider's switch does on a bug in its client.
 	ApplyPanics func(phase string) bool
 	// CloseErr, when set, decides whether closing an environment of that role fails.
-	CloseErr func(role controller.Role) error
+	CloseErr func(role lifecycle.Role) error
 	// ReattachErr, when set, decides whether reattaching that role fails (other than by
 	// the environment being gone: the engine unreachable, say).
-	ReattachErr func(role controller.Role) error
+	ReattachErr func(role lifecycle.Role) error
 	// RemoveErr, when set, decides whether removing what is left of an environment of
 	// that role fails.
-	RemoveErr func(role controller.Role) error
+	RemoveErr func(role lifecycle.Role) error
 	// DownloadErr, when set, decides whether copying a file out of an environment fails.
 	DownloadErr func() error
 	// UploadErr, when set, decides whether copying a file into an environment fails.
@@ -127,7 +128,7 @@ func (p *Provider) Open(ctx context.Context, spec controller.EnvSpec) (controlle
 type ReattachingProvider struct{ *Provider }
 
 // Reattach returns the environment left open under that task and role.
-func (p ReattachingProvider) Reattach(_ context.Context, task string, role controller.Role) (controller.Environment, error) {
+func (p ReattachingProvider) Reattach(_ context.Context, task string, role lifecycle.Role) (controller.Environment, error) {
 	if p.ReattachErr != nil {
 		if err := p.ReattachErr(role); err != nil {
 			return nil, err
@@ -146,7 +147,7 @@ func (p ReattachingProvider) Reattach(_ context.Context, task string, role contr
 
 // RemoveEnvironment closes the environment of that task and role if one is open. Like
 // an engine call, it fails once its context has ended.
-func (p ReattachingProvider) RemoveEnvironment(ctx context.Context, task string, role controller.Role) (string, error) {
+func (p ReattachingProvider) RemoveEnvironment(ctx context.Context, task string, role lifecycle.Role) (string, error) {
 	id := envID(task, role)
 	if p.RemoveErr != nil {
 		if err := p.RemoveErr(role); err != nil {
@@ -216,8 +217,8 @@ func (p LockingProvider) LockTask(_ context.Context, task string) (func(), error
 	}, nil
 }
 
-func envID(task string, role controller.Role) string {
-	if role == controller.RoleEvaluation {
+func envID(task string, role lifecycle.Role) string {
+	if role == lifecycle.RoleEvaluation {
 		return task + "-eval"
 	}
 	return task
@@ -227,7 +228,7 @@ func envID(task string, role controller.Role) string {
 type Env struct {
 	p       *Provider
 	id      string
-	role    controller.Role
+	role    lifecycle.Role
 	mu      sync.Mutex
 	policy  policy.Policy
 	gen     uint64

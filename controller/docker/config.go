@@ -167,7 +167,7 @@ const (
 	labelOwner       = "compass-egress.owner"
 	labelEnv         = "compass-egress.env"
 	labelTask        = "compass-egress.task"
-	labelEnvRole     = "compass-egress.env-role" // agent or evaluation (controller.Role)
+	labelEnvRole     = "compass-egress.env-role" // agent or evaluation (lifecycle.Role)
 	labelRole        = "compass-egress.role"     // network, sidecar, agent, probe
 	labelAgent       = "compass-egress.agent"    // on the sidecar: the agent container's ID
 	labelAgentOwned  = "compass-egress.agent-owned"

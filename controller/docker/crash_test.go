@@ -26,6 +26,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // How a controller process stops at a crash point.
@@ -505,7 +506,7 @@ func TestSwitchCrashAtEveryStep(t *testing.T) {
 		// switchCmd is `compassctl env switch`; applying says whether it got past the
 		// lookup, before which a failure changes nothing.
 		switchCmd := func(r *rig, c *crasher, ctx context.Context, applying *bool) error {
-			e, err := r.process(t, c).LookupTask(ctx, task, controller.RoleAgent)
+			e, err := r.process(t, c).LookupTask(ctx, task, lifecycle.RoleAgent)
 			if err != nil {
 				return err
 			}
@@ -573,7 +574,7 @@ func TestSwitchKilledWhileFailingClosed(t *testing.T) {
 		} {
 			failOp := fail.op
 			switchCmd := func(r *rig, c *crasher) error {
-				e, err := r.process(t, c).LookupTask(context.Background(), task, controller.RoleAgent)
+				e, err := r.process(t, c).LookupTask(context.Background(), task, lifecycle.RoleAgent)
 				if err != nil {
 					return err
 				}
@@ -624,7 +625,7 @@ func TestSwitchKilledWhileFailingClosed(t *testing.T) {
 func (r *rig) checkStatusThenRepair(t *testing.T, task string, w world, killed bool) {
 	t.Helper()
 	ctx := context.Background()
-	e, err := r.process(t, newCrasher(0, false, crashKill, nil)).LookupTask(ctx, task, controller.RoleAgent)
+	e, err := r.process(t, newCrasher(0, false, crashKill, nil)).LookupTask(ctx, task, lifecycle.RoleAgent)
 	if err != nil {
 		t.Fatalf("lookup after the crash: %v", err)
 	}
@@ -652,7 +653,7 @@ func (r *rig) checkStatusThenRepair(t *testing.T, task string, w world, killed b
 
 // closeCmd is `compassctl env close`: by lookup, or by name once the sidecar is gone.
 func closeCmd(ctx context.Context, p *Provider, task string) error {
-	e, err := p.LookupTask(ctx, task, controller.RoleAgent)
+	e, err := p.LookupTask(ctx, task, lifecycle.RoleAgent)
 	if errors.Is(err, ErrNoEnvironment) {
 		return p.RemoveByName(ctx, task)
 	}
@@ -780,7 +781,7 @@ func TestOpenCrashAtEveryStep(t *testing.T) {
 						killed.add(t, o, c, r.p.cfg.StateDir)
 					}
 					fresh := r.process(t, newCrasher(0, false, crashKill, nil))
-					if e, err := fresh.LookupTask(ctx, task, controller.RoleAgent); err == nil {
+					if e, err := fresh.LookupTask(ctx, task, lifecycle.RoleAgent); err == nil {
 						st, err := e.Status(context.Background())
 						if err == nil && st.OK && !w.matches(baseline) {
 							t.Errorf("status ok after a crashed open: %+v", w)
@@ -878,7 +879,7 @@ func TestCloseWaitsForASwitchInFlight(t *testing.T) {
 	sw := newCrasher(0, false, crashPause, nil)
 	sw.atOp = "connect id-user test-egress"
 	swEnd := runCrashing(t, sw, func() error {
-		e, err := r.process(t, sw).LookupTask(ctx, task, controller.RoleAgent)
+		e, err := r.process(t, sw).LookupTask(ctx, task, lifecycle.RoleAgent)
 		if err != nil {
 			return err
 		}
@@ -1024,7 +1025,7 @@ func TestSwitchPanicIsRecorded(t *testing.T) {
 			c := newCrasher(0, false, crashPanic, nil)
 			c.atOp = tc.op
 			o := runCrashing(t, c, func() error {
-				e, err := r.process(t, c).LookupTask(ctx, task, controller.RoleAgent)
+				e, err := r.process(t, c).LookupTask(ctx, task, lifecycle.RoleAgent)
 				if err != nil {
 					return err
 				}
@@ -1034,7 +1035,7 @@ func TestSwitchPanicIsRecorded(t *testing.T) {
 			if o.panic == nil {
 				t.Fatalf("the switch did not panic (err %v; calls %v)", o.err, c.ops())
 			}
-			e, err := r.p.LookupTask(ctx, task, controller.RoleAgent)
+			e, err := r.p.LookupTask(ctx, task, lifecycle.RoleAgent)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/internal/filelock"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // Env is one Docker environment: a sidecar, a per-task internal network and an agent.
@@ -26,7 +27,7 @@ type Env struct {
 	p          *Provider
 	names      names
 	task       string
-	role       controller.Role
+	role       lifecycle.Role
 	plan       subnetPlan
 	dir        stateDir
 	admin      *adminapi.Client
@@ -76,7 +77,7 @@ func (p *Provider) Lookup(ctx context.Context, env string) (*Env, error) {
 		return nil, fmt.Errorf("docker: %s is not managed by this controller (owner %q)", n.Sidecar, l[labelOwner])
 	}
 	e := &Env{
-		p: p, names: n, task: l[labelTask], role: controller.Role(l[labelEnvRole]),
+		p: p, names: n, task: l[labelTask], role: lifecycle.Role(l[labelEnvRole]),
 		dir: stateDir(filepath.Join(p.cfg.StateDir, env)), agentRef: l[labelAgent],
 	}
 	if e.egressNet, err = openedEgress(sc); err != nil {
@@ -102,9 +103,9 @@ func (p *Provider) Lookup(ctx context.Context, env string) (*Env, error) {
 // LookupTask finds the environment of a task's role. Names alone are ambiguous: task
 // "x"'s evaluation environment and task "x-eval"'s agent environment are both "x-eval",
 // so the sidecar's labels must name this task and role.
-func (p *Provider) LookupTask(ctx context.Context, task string, role controller.Role) (*Env, error) {
+func (p *Provider) LookupTask(ctx context.Context, task string, role lifecycle.Role) (*Env, error) {
 	if role == "" {
-		role = controller.RoleAgent
+		role = lifecycle.RoleAgent
 	}
 	env := EnvID(task, role)
 	e, err := p.Lookup(ctx, env)
@@ -113,7 +114,7 @@ func (p *Provider) LookupTask(ctx context.Context, task string, role controller.
 	}
 	got := e.role
 	if got == "" {
-		got = controller.RoleAgent
+		got = lifecycle.RoleAgent
 	}
 	if e.task != task || got != role {
 		return nil, fmt.Errorf("docker: environment %s belongs to task %q (%s environment), not to task %q (%s environment)", env, e.task, got, task, role)
@@ -287,9 +288,9 @@ func ignorableDisconnect(err error) bool {
 // are ambiguous (see LookupTask), so a task network or agent container whose labels
 // name another task, role or owner is refused, not removed. It holds the open lock: an
 // open of that name in flight is not torn down half-way.
-func (p *Provider) RemoveTask(ctx context.Context, task string, role controller.Role) error {
+func (p *Provider) RemoveTask(ctx context.Context, task string, role lifecycle.Role) error {
 	if role == "" {
-		role = controller.RoleAgent
+		role = lifecycle.RoleAgent
 	}
 	n := namesFor(EnvID(task, role))
 	unlock, err := p.lockOpen(ctx, n.Env)
@@ -331,10 +332,10 @@ func (p *Provider) RemoveTask(ctx context.Context, task string, role controller.
 
 // checkOwned refuses an object whose labels say it is not this controller's object of
 // the task's environment of that role.
-func (p *Provider) checkOwned(l map[string]string, task string, role controller.Role) error {
-	got := controller.Role(l[labelEnvRole])
+func (p *Provider) checkOwned(l map[string]string, task string, role lifecycle.Role) error {
+	got := lifecycle.Role(l[labelEnvRole])
 	if got == "" {
-		got = controller.RoleAgent
+		got = lifecycle.RoleAgent
 	}
 	switch {
 	case l[labelManaged] != "true" || l[labelOwner] != p.cfg.Owner:

@@ -264,6 +264,9 @@ func (f *fakeDocker) ContainerExecInspect(context.Context, string) (container.Ex
 func (f *fakeDocker) CopyFromContainer(context.Context, string, string) (io.ReadCloser, container.PathStat, error) {
 	panic("not used")
 }
+func (f *fakeDocker) CopyToContainer(context.Context, string, string, io.Reader, container.CopyToContainerOptions) error {
+	panic("not used")
+}
 
 func (f *fakeDocker) NetworkCreate(_ context.Context, name string, o network.CreateOptions) (network.CreateResponse, error) {
 	f.mu.Lock()

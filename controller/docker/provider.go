@@ -20,6 +20,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // Provider opens and finds Docker environments.
@@ -59,14 +60,14 @@ func (p *Provider) Name() string { return "docker" }
 func (p *Provider) Config() Config { return p.cfg }
 
 // EnvID is the environment name of a task's environment of the given role.
-func EnvID(task string, role controller.Role) string {
-	if role == controller.RoleEvaluation {
+func EnvID(task string, role lifecycle.Role) string {
+	if role == lifecycle.RoleEvaluation {
 		return task + "-eval"
 	}
 	return task
 }
 
-func (p *Provider) labels(n names, task string, role controller.Role, objRole string) map[string]string {
+func (p *Provider) labels(n names, task string, role lifecycle.Role, objRole string) map[string]string {
 	return map[string]string{
 		labelManaged:     "true",
 		labelOwner:       p.cfg.Owner,
@@ -132,7 +133,7 @@ func (p *Provider) Open(ctx context.Context, spec controller.EnvSpec) (controlle
 // OpenEnv is Open returning the concrete environment.
 func (p *Provider) OpenEnv(ctx context.Context, spec controller.EnvSpec) (*Env, error) {
 	if spec.Role == "" {
-		spec.Role = controller.RoleAgent
+		spec.Role = lifecycle.RoleAgent
 	}
 	if spec.Image == "" {
 		return nil, errors.New("docker: open: an image is required")
@@ -146,7 +147,7 @@ func (p *Provider) OpenEnv(ctx context.Context, spec controller.EnvSpec) (*Env, 
 // rewired per phase).
 func (p *Provider) Attach(ctx context.Context, spec controller.EnvSpec, containerRef string) (*Env, error) {
 	if spec.Role == "" {
-		spec.Role = controller.RoleAgent
+		spec.Role = lifecycle.RoleAgent
 	}
 	ci, err := p.api.ContainerInspect(ctx, containerRef)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 func TestMain(m *testing.M) {
@@ -278,13 +279,13 @@ func TestRemoveTaskRefusesAnotherTasksLeftovers(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		task   string
-		role   controller.Role
+		role   lifecycle.Role
 		owner  string // of the leftovers; "" is the provider's own
 		refuse string // what the error names, "" for a removal
 	}{
-		{"another task's agent environment", "x", controller.RoleEvaluation, "", `task "x-eval"`},
-		{"another owner's", "x-eval", controller.RoleAgent, "someone-else", `owner "someone-else"`},
-		{"its own", "x-eval", controller.RoleAgent, "", ""},
+		{"another task's agent environment", "x", lifecycle.RoleEvaluation, "", `task "x-eval"`},
+		{"another owner's", "x-eval", lifecycle.RoleAgent, "someone-else", `owner "someone-else"`},
+		{"its own", "x-eval", lifecycle.RoleAgent, "", ""},
 		{"its own, role defaulted", "x-eval", "", "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -311,7 +312,7 @@ func (r *rig) halfOpen(t *testing.T, task, owner string) {
 	t.Helper()
 	n := namesFor(task)
 	labels := func(objRole string) map[string]string {
-		l := r.p.labels(n, task, controller.RoleAgent, objRole)
+		l := r.p.labels(n, task, lifecycle.RoleAgent, objRole)
 		if owner != "" {
 			l[labelOwner] = owner
 		}
@@ -339,14 +340,14 @@ func TestRemoveTaskWaitsForAnOpenInFlight(t *testing.T) {
 	// never depends on it.
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if err := r.p.RemoveTask(ctx, "ro", controller.RoleAgent); err == nil {
+	if err := r.p.RemoveTask(ctx, "ro", lifecycle.RoleAgent); err == nil {
 		t.Error("RemoveTask while an open holds the lock: nil error, want the lock's")
 	}
 	if left := r.leftovers("ro"); len(left) != 2 {
 		t.Errorf("RemoveTask while an open holds the lock left only %v", left)
 	}
 	unlock()
-	if err := r.p.RemoveTask(context.Background(), "ro", controller.RoleAgent); err != nil {
+	if err := r.p.RemoveTask(context.Background(), "ro", lifecycle.RoleAgent); err != nil {
 		t.Fatalf("RemoveTask once the open let go: %v", err)
 	}
 	if left := r.leftovers("ro"); len(left) > 0 {
@@ -455,12 +456,12 @@ func TestLookupTaskRefusesAnotherTasksEnvironment(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		task string
-		role controller.Role
+		role lifecycle.Role
 		ok   bool
 	}{
-		{"x-eval", controller.RoleAgent, true},
+		{"x-eval", lifecycle.RoleAgent, true},
 		{"x-eval", "", true},
-		{"x", controller.RoleEvaluation, false},
+		{"x", lifecycle.RoleEvaluation, false},
 	} {
 		e, err := r.p.LookupTask(ctx, tc.task, tc.role)
 		switch {

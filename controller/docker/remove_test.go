@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // What keeps a task network after its containers are gone, and what close then does:
@@ -50,7 +50,7 @@ func TestCloseOfANetworkTheEngineHoldsOn(t *testing.T) {
 			r.docker.mu.Lock()
 			tc.hold(r.docker, n.Network)
 			r.docker.mu.Unlock()
-			err := r.p.RemoveTask(context.Background(), "held", controller.RoleAgent)
+			err := r.p.RemoveTask(context.Background(), "held", lifecycle.RoleAgent)
 			left := r.leftovers("held")
 			if tc.wantErr == "" {
 				if err != nil || len(left) > 0 {
@@ -101,7 +101,7 @@ func TestCloseRetriesARemovalTheEngineRefusesForAMoment(t *testing.T) {
 			r.docker.mu.Lock()
 			r.docker.removeErrs = map[string][]error{n.Sidecar: tc.refuse}
 			r.docker.mu.Unlock()
-			err := r.p.RemoveTask(context.Background(), "rr", controller.RoleAgent)
+			err := r.p.RemoveTask(context.Background(), "rr", lifecycle.RoleAgent)
 			left := r.leftovers("rr")
 			if !tc.wantErr {
 				if err != nil || len(left) > 0 {

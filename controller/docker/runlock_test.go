@@ -15,6 +15,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // runLocker is a provider on stateDir for owner, as another compassctl run on the host
@@ -175,7 +176,7 @@ func TestRunLockLeavesOperatorsAlone(t *testing.T) {
 	if _, err := e.Apply(ctx, allowA, controller.PhaseLabel{Phase: "run"}); err != nil {
 		t.Errorf("switch while a run holds the task: %v", err)
 	}
-	if err := r.p.RemoveTask(ctx, "t9", controller.RoleAgent); err != nil {
+	if err := r.p.RemoveTask(ctx, "t9", lifecycle.RoleAgent); err != nil {
 		t.Errorf("close while a run holds the task: %v", err)
 	}
 	if left := r.leftovers("t9"); len(left) > 0 {

@@ -21,6 +21,7 @@ import (
 	"github.com/docker/docker/pkg/stdcopy"
 
 	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/policy"
 )
 
 // setUp builds one environment: networks, sidecar, agent (created, or the attached
@@ -40,15 +41,8 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 		return nil, err
 	}
 	defer unlock()
-	if _, ierr := p.api.ContainerInspect(ctx, n.Sidecar); ierr == nil {
-		return nil, fmt.Errorf("docker: environment %s already exists (close it first)", n.Env)
-	}
-	// Checked before anything is made: an open refused for a missing image changes nothing.
-	if _, ierr := p.api.ImageInspect(ctx, p.cfg.ProxyImage); ierr != nil {
-		if cerrdefs.IsNotFound(ierr) {
-			return nil, fmt.Errorf("docker: proxy image %s is missing: run `compassctl env image build` (or `image load FILE` on an air-gapped host)", p.cfg.ProxyImage)
-		}
-		return nil, fmt.Errorf("docker: inspect proxy image %s: %w", p.cfg.ProxyImage, ierr)
+	if err := p.refuseOpen(ctx, n); err != nil {
+		return nil, err
 	}
 	egress, err := p.ensureEgressNetwork(ctx)
 	if err != nil {
@@ -87,7 +81,35 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 	}
 	e.plan = plan
 
-	agentRef := n.Agent
+	if err := p.startContainers(ctx, e, spec, attachID, timeout, &made); err != nil {
+		return e, err
+	}
+	if _, err := e.Apply(ctx, spec.Baseline, controller.PhaseLabel{Phase: string(policy.PhaseBaseline)}); err != nil {
+		return e, err
+	}
+	return e, nil
+}
+
+// refuseOpen refuses, before anything is made, an open that would fail for what exists
+// (the environment) or is missing (the proxy image): such an open changes nothing.
+func (p *Provider) refuseOpen(ctx context.Context, n names) error {
+	if _, ierr := p.api.ContainerInspect(ctx, n.Sidecar); ierr == nil {
+		return fmt.Errorf("docker: environment %s already exists (close it first)", n.Env)
+	}
+	if _, ierr := p.api.ImageInspect(ctx, p.cfg.ProxyImage); ierr != nil {
+		if cerrdefs.IsNotFound(ierr) {
+			return fmt.Errorf("docker: proxy image %s is missing: run `compassctl env image build` (or `image load FILE` on an air-gapped host)", p.cfg.ProxyImage)
+		}
+		return fmt.Errorf("docker: inspect proxy image %s: %w", p.cfg.ProxyImage, ierr)
+	}
+	return nil
+}
+
+// startContainers starts the sidecar and waits for it to be ready, then starts the agent
+// (created meanwhile), or moves the attached container attachID onto the task network.
+// made records what it created, for setUp's rollback.
+func (p *Provider) startContainers(ctx context.Context, e *Env, spec controller.EnvSpec, attachID string, timeout time.Duration, made *created) error {
+	agentRef := e.names.Agent
 	if attachID != "" {
 		agentRef = attachID
 	}
@@ -101,12 +123,13 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 	agentCreated := make(chan creation, 1)
 	if attachID == "" {
 		go func() {
-			made, err := p.createAgent(ctx, e, spec)
-			agentCreated <- creation{made, err}
+			ok, err := p.createAgent(ctx, e, spec)
+			agentCreated <- creation{ok, err}
 		}()
 	} else {
 		agentCreated <- creation{}
 	}
+	var err error
 	made.sidecar, err = p.createSidecar(ctx, e, agentRef)
 	if err == nil {
 		err = e.waitReady(ctx, timeout)
@@ -117,19 +140,16 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 		err = ac.err
 	}
 	if err != nil {
-		return e, err
+		return err
 	}
 	if attachID == "" {
-		if err := p.api.ContainerStart(ctx, n.Agent, container.StartOptions{}); err != nil {
-			return e, fmt.Errorf("docker: start agent %s: %w", n.Agent, err)
+		if err := p.api.ContainerStart(ctx, e.names.Agent, container.StartOptions{}); err != nil {
+			return fmt.Errorf("docker: start agent %s: %w", e.names.Agent, err)
 		}
 	} else if err := p.moveAgent(ctx, e, attachID, &made.moved); err != nil {
-		return e, err
+		return err
 	}
-	if _, err := e.Apply(ctx, spec.Baseline, controller.PhaseLabel{Phase: "baseline"}); err != nil {
-		return e, err
-	}
-	return e, nil
+	return nil
 }
 
 // labelEgressNet, on the sidecar, names the egress network the environment was opened

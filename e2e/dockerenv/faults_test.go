@@ -17,6 +17,7 @@ import (
 	"github.com/compass-egress/compass-egress/controller/docker"
 	"github.com/compass-egress/compass-egress/e2e/harness"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // streamResult mirrors the probe's `stream` output.
@@ -177,7 +178,7 @@ func TestControllerKilledMidSwitch(t *testing.T) {
 	}
 	_ = sw.Wait()
 
-	e, err := h.Provider(t).LookupTask(ctx, task, controller.RoleAgent)
+	e, err := h.Provider(t).LookupTask(ctx, task, lifecycle.RoleAgent)
 	if err != nil {
 		t.Fatalf("lookup: %v", err)
 	}

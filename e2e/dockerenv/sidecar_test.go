@@ -20,6 +20,7 @@ import (
 	"github.com/compass-egress/compass-egress/controller/docker"
 	"github.com/compass-egress/compass-egress/e2e/harness"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
 // The sidecar runs as the image's numeric non-root user, and its HEALTHCHECK
@@ -86,7 +87,7 @@ func TestFailedOpenLeavesNothing(t *testing.T) {
 			t.Errorf("the failed open left %s", l)
 		}
 	}
-	dir := filepath.Join(h.StateDir, docker.EnvID(task, controller.RoleAgent))
+	dir := filepath.Join(h.StateDir, docker.EnvID(task, lifecycle.RoleAgent))
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("the failed open left its state directory %s (%v)", dir, err)
 	}
@@ -180,7 +181,7 @@ func TestPoolExhaustion(t *testing.T) {
 			t.Errorf("the refused open left %s", l)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(h.StateDir, docker.EnvID(second, controller.RoleAgent))); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(h.StateDir, docker.EnvID(second, lifecycle.RoleAgent))); !os.IsNotExist(err) {
 		t.Errorf("the refused open left its state directory (%v)", err)
 	}
 
