@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/adminapi"
+	"github.com/compass-egress/compass-egress/proxy/httpfront"
 )
 
 // A client that reads nothing (its socket buffers full: it pipelined a request with a
@@ -269,8 +269,8 @@ func TestConnectLastAnswersAreBounded(t *testing.T) {
 
 	t.Run("refused", func(t *testing.T) {
 		lastAnswerBounded(t, func(client net.Conn) {
-			cc := &clientConn{c: client, br: bufio.NewReader(client)}
-			if h.srv.front.connect(context.Background(), func() {}, cc, connectRequest("b.test:443")) {
+			r := &httpfront.Request{Ctx: context.Background(), Cancel: func() {}, Conn: client}
+			if h.srv.serveConnect(r, connectRequest("b.test:443")) {
 				t.Error("a refused CONNECT was tunnelled")
 			}
 		})
