@@ -9,6 +9,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/net/addrguard"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
 	"github.com/compass-egress/compass-egress/proxy/httpfront"
 )
 
@@ -194,7 +195,7 @@ func (d *Decider) lookUp(ctx context.Context, rs *RuleSet, v *Verdict) ([]netip.
 		}
 	}
 	addrs, err := d.Resolver.LookupNetIP(ctx, name)
-	if errors.Is(err, errPolicyChanged) { // a swap stopped the lookup
+	if errors.Is(err, dnsupstream.ErrPolicyChanged) { // a swap stopped the lookup
 		return nil, ReasonPolicyChanged
 	}
 	if err != nil || len(addrs) == 0 {

@@ -21,6 +21,7 @@ import (
 	"github.com/elazarl/goproxy"
 
 	"github.com/compass-egress/compass-egress/proxy/connio"
+	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
 	"github.com/compass-egress/compass-egress/proxy/httpfront"
 )
 
@@ -104,7 +105,7 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 		resp, err = nil, fmt.Errorf("%w: more than %d fields", errAnswerHeadTooLong, httpfront.MaxHeadFields)
 	}
 	if err != nil {
-		if errors.Is(err, errRecheckFailed) || errors.Is(err, errPolicyChanged) || st.refusedConn.Load() {
+		if errors.Is(err, errRecheckFailed) || errors.Is(err, dnsupstream.ErrPolicyChanged) || st.refusedConn.Load() {
 			// A refusal, not an upstream failure: answered and counted as a CONNECT
 			// cut the same way is.
 			cur := s.current.Load()
@@ -638,7 +639,7 @@ func (s *Server) decide(ctx context.Context, rs *RuleSet, host string, port uint
 	if _, err := netip.ParseAddr(host); err == nil {
 		return s.decider.Decide(ctx, rs, host, port)
 	}
-	ctx, cancel := context.WithTimeout(ctx, lookupBudget(s.cfg.DNSTimeout, len(s.cfg.DNSUpstreams)))
+	ctx, cancel := context.WithTimeout(ctx, dnsupstream.LookupBudget(s.cfg.DNSTimeout, len(s.cfg.DNSUpstreams)))
 	defer cancel()
 	return s.decider.Decide(ctx, rs, host, port)
 }
@@ -692,7 +693,7 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (_ net.Conn
 // calls of a tunnel set-up and most tunnels end sooner. entry, when not nil, is the
 // live connection the dial is for, decided under rs: each address is admitted first
 // (see admitAddr), and when the rule set in force refused one and no other could be
-// dialled the error is errPolicyChanged. Each attempt runs under ctx, or, when stop is
+// dialled the error is dnsupstream.ErrPolicyChanged. Each attempt runs under ctx, or, when stop is
 // not nil, under a context of stop's (see connio.DialStop) instead.
 func (s *Server) dialVerdict(ctx context.Context, stop *connio.DialStop, v *Verdict, keepAlive bool, rs *RuleSet, entry *liveConn) (*net.TCPConn, netip.Addr, error) {
 	d := net.Dialer{Timeout: s.cfg.DialTimeout, KeepAlive: -1, Control: s.cfg.dialControl}
@@ -734,7 +735,7 @@ func (s *Server) dialVerdict(ctx context.Context, stop *connio.DialStop, v *Verd
 		return c.(*net.TCPConn), a, nil
 	}
 	if refused { // what is left to try, the rule set in force refuses
-		lastErr = errPolicyChanged
+		lastErr = dnsupstream.ErrPolicyChanged
 	}
 	return nil, netip.Addr{}, fmt.Errorf("proxy: dial %s: %w", v.Host, lastErr)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/proxy/connio"
+	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
 	"github.com/compass-egress/compass-egress/proxy/httpfront"
 )
 
@@ -36,7 +37,7 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, rear
 	s.tracker.add(ts.entry)
 	defer ts.release()
 	c, addr, err := s.dialVerdict(ctx, &ts.dial, &ts.v, false, rs, ts.entry)
-	if ts.dialled(c) || errors.Is(err, errPolicyChanged) {
+	if ts.dialled(c) || errors.Is(err, dnsupstream.ErrPolicyChanged) {
 		ts.refuse() // the one line of a CONNECT the swap refused before it connected
 		return false
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/adminapi"
+	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
 	"github.com/compass-egress/compass-egress/proxy/httpfront"
 )
 
@@ -96,7 +97,7 @@ func TestDrainDeadlineCutsConnectLookup(t *testing.T) {
 		h.srv.ownResolver.Close() // ends the lookup, so that Shutdown and the test end
 		<-done
 		t.Fatalf("Shutdown with a 100 ms drain deadline still waited %v later: it waits for the lookup (budget %v)",
-			hangGuard, lookupBudget(dnsTimeout, 1))
+			hangGuard, dnsupstream.LookupBudget(dnsTimeout, 1))
 	}
 }
 
