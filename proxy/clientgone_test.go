@@ -302,9 +302,7 @@ func TestSwapCutOfAWatchedRequestIsNotClientGone(t *testing.T) {
 	}
 	// The line would come before the connection's end.
 	waitFor(t, func() bool {
-		h.srv.front.mu.Lock()
-		defer h.srv.front.mu.Unlock()
-		return len(h.srv.front.conns) == 0
+		return h.srv.front.Conns() == 0
 	})
 	if strings.Contains(h.logs.String(), `"msg":"client gone"`) {
 		t.Fatalf("a swap's cut logged as the client leaving:\n%s", h.logs.String())

@@ -9,6 +9,8 @@ import (
 
 	"github.com/compass-egress/compass-egress/net/addrguard"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
+	"github.com/compass-egress/compass-egress/proxy/httpfront"
 )
 
 // Reason codes of refusals that the proxy adds to the policy's own reasons. They appear
@@ -25,8 +27,8 @@ const (
 	ReasonUnsupported      = "unsupported-upgrade"                // an Upgrade other than websocket
 	ReasonPolicyChanged    = "policy-changed"                     // cut by a swap while being set up
 	ReasonHostMismatch     = "host-mismatch"                      // the Host field names another destination than the URI
-	ReasonMalformedRequest = "malformed-request"                  // a head the proxy refuses to read or to pass on (400, 505)
-	ReasonHeadTooLong      = "head-too-long"                      // a head over the size bound (431)
+	ReasonMalformedRequest = httpfront.ReasonMalformedRequest     // a head the proxy refuses to read or to pass on (400, 505)
+	ReasonHeadTooLong      = httpfront.ReasonHeadTooLong          // a head over the size bound (431)
 	ReasonMalformedHello   = "malformed-tls-hello"                // a tunnel's first bytes open a TLS handshake this proxy cannot read
 	ReasonEncryptedHello   = "encrypted-client-hello"             // a tunnel's ClientHello hides its server name (ECH)
 )
@@ -193,7 +195,7 @@ func (d *Decider) lookUp(ctx context.Context, rs *RuleSet, v *Verdict) ([]netip.
 		}
 	}
 	addrs, err := d.Resolver.LookupNetIP(ctx, name)
-	if errors.Is(err, errPolicyChanged) { // a swap stopped the lookup
+	if errors.Is(err, dnsupstream.ErrPolicyChanged) { // a swap stopped the lookup
 		return nil, ReasonPolicyChanged
 	}
 	if err != nil || len(addrs) == 0 {

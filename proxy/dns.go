@@ -8,7 +8,6 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/compass-egress/compass-egress/proxy/dnsserver"
-	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
 )
 
 // Resolver turns a canonical host name into candidate addresses. The proxy resolves a
@@ -16,13 +15,6 @@ import (
 type Resolver interface {
 	LookupNetIP(ctx context.Context, name string) ([]netip.Addr, error)
 }
-
-// errPolicyChanged stops what a newer rule set refuses: an upstream exchange (or a
-// shared lookup) of a name, or a dial whose every address is refused (dialVerdict).
-var errPolicyChanged = dnsupstream.ErrPolicyChanged
-
-// lookupBudget bounds a decision's lookup (see dnsupstream.LookupBudget).
-var lookupBudget = dnsupstream.LookupBudget
 
 // newDNSServer is the sandbox's DNS server, answering under the rule set in force; its
 // decisions are logged and its refusals counted as the proxy's are.

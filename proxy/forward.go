@@ -19,16 +19,17 @@ import (
 	"unicode/utf8"
 
 	"github.com/elazarl/goproxy"
-	"golang.org/x/net/http/httpguts"
 
 	"github.com/compass-egress/compass-egress/proxy/connio"
+	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
+	"github.com/compass-egress/compass-egress/proxy/httpfront"
 )
 
 // requestState travels with one request through goproxy's handler chain.
 type requestState struct {
 	client *requestClient
+	fr     *httpfront.Request // the front's view of the request: its Host field, body, client
 	rs     *RuleSet
-	host   hostField // the request's raw Host field
 	// entry is the tracked in-flight HTTP request, if one was allowed.
 	entry *liveConn
 	// verdict is the allowed request's, which its dial (dialChecked, or the upstream
@@ -51,10 +52,6 @@ type requestState struct {
 	// refusedConn is set when a swap came between the decision and the upstream
 	// connection and the new policy refuses the connection's address.
 	refusedConn atomic.Bool
-	// clientLeft is set when the client's connection ended while the request was
-	// served (connio.GoneWatch), before the request is cancelled.
-	clientLeft atomic.Bool
-	body       *requestBody // nil for a request without one
 	// logAllowed writes an allowed request's decision line, once: when its upstream
 	// connection is known, so that addr is the address dialled (fail-over and pooled
 	// connections included), or when the round trip ended without one. nil unless allowed.
@@ -95,7 +92,7 @@ func (b *answerBody) Close() error {
 // the dial or the exchange failed, or a 504 when the upstream sent no answer head for
 // the tunnel idle timeout (goproxy would answer 500 with the error's text). A client
 // that stopped sending its request body gets no answer: the front closes its
-// connection (see serveRequest).
+// connection (see httpfront).
 //
 // A 101 is relayed only as the websocket handshake the request asked for (goproxy
 // would stream any other upgrade one way, unbounded). Its upstream connection closes
@@ -103,12 +100,12 @@ func (b *answerBody) Close() error {
 // drain's deadline, the relay's idle timeout, the end of the relay): goproxy's copies
 // have no deadline on that side.
 func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict, resp *http.Response, err error) (*http.Response, error) {
-	if err == nil && fieldCount(resp.Header) > maxHeadFields {
+	if err == nil && httpfront.FieldCount(resp.Header) > httpfront.MaxHeadFields {
 		resp.Body.Close()
-		resp, err = nil, fmt.Errorf("%w: more than %d fields", errAnswerHeadTooLong, maxHeadFields)
+		resp, err = nil, fmt.Errorf("%w: more than %d fields", errAnswerHeadTooLong, httpfront.MaxHeadFields)
 	}
 	if err != nil {
-		if errors.Is(err, errRecheckFailed) || errors.Is(err, errPolicyChanged) || st.refusedConn.Load() {
+		if errors.Is(err, errRecheckFailed) || errors.Is(err, dnsupstream.ErrPolicyChanged) || st.refusedConn.Load() {
 			// A refusal, not an upstream failure: answered and counted as a CONNECT
 			// cut the same way is.
 			cur := s.current.Load()
@@ -136,7 +133,7 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 	// client and whoever reads its logs, for a refusal or an error of the proxy's.
 	resp.Header.Del("X-Compass-Egress")
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		if !isWebsocketUpgrade(req.Header) || !isWebsocketUpgrade(resp.Header) {
+		if !httpfront.IsWebsocketUpgrade(req.Header) || !httpfront.IsWebsocketUpgrade(resp.Header) {
 			resp.Body.Close()
 			return s.gatewayError(req, v, fmt.Errorf("proxy: 101 answer upgrading to %q, not to the websocket asked for", resp.Header.Get("Upgrade"))), nil
 		}
@@ -144,7 +141,7 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 		context.AfterFunc(req.Context(), func() { resp.Body.Close() })
 		return resp, nil
 	}
-	// Upgrade is hop-by-hop, and the client's head goes without it (sendHead); goproxy
+	// Upgrade is hop-by-hop, and the client's head goes without it (httpfront drops it); goproxy
 	// would take an answer that names websocket in it (a 426, say) for the handshake
 	// and hijack the connection, cutting the answer after its head.
 	resp.Header.Del("Upgrade")
@@ -153,15 +150,6 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 		resp.Body = &st.answer
 	}
 	return resp, nil
-}
-
-// fieldCount is the number of field lines h was read from.
-func fieldCount(h http.Header) int {
-	n := 0
-	for _, vs := range h {
-		n += len(vs)
-	}
-	return n
 }
 
 // gatewayError is the answer to an allowed request without a usable upstream answer:
@@ -173,8 +161,8 @@ func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Re
 	st := stateIn(req.Context())
 	var malformed error
 	var cutShort bool
-	if st != nil && st.body != nil {
-		malformed, cutShort = st.body.clientFault()
+	if st != nil {
+		malformed, cutShort = st.fr.BodyFault()
 	}
 	switch {
 	case malformed != nil:
@@ -188,7 +176,7 @@ func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Re
 		status, reason, text = http.StatusGatewayTimeout, "upstream-timeout", " sent no answer"
 	case errors.Is(err, connio.ErrUpstreamBodyIdle):
 		status, reason, text = http.StatusGatewayTimeout, "upstream-timeout", " took none of the request"
-	case st != nil && st.clientLeft.Load():
+	case st != nil && st.fr.ClientLeft():
 		// A half-closed client may still read: the answer says whose end it was.
 		reason, text = "client-gone", " was not waited for: the client closed its connection"
 	}
@@ -205,67 +193,6 @@ func (s *Server) gatewayError(req *http.Request, v *Verdict, err error) *http.Re
 func isDialError(err error) bool {
 	op := (*net.OpError)(nil)
 	return errors.As(err, &op) && op.Op == "dial"
-}
-
-// dropConnectionFields removes the fields a request's Connection field lists: they are
-// for this hop alone (RFC 9110, 7.6.1), and a server behind the proxy that honoured the
-// list would drop fields the decision read (Host) or that frame the request. A
-// websocket handshake keeps its Upgrade and goes on with Connection: Upgrade alone;
-// goproxy removes the Connection field of every other request.
-//
-// Keep-Alive and TE are this hop's whether listed or not (RFC 9110, 7.6.1): a TE
-// passed on lets the upstream frame its answer in a transfer coding the proxy cannot
-// read. Of TE only "trailers" goes on, as the client's own word that it takes them.
-func dropConnectionFields(h http.Header) {
-	delete(h, "Keep-Alive")
-	if te, ok := h["Te"]; ok {
-		delete(h, "Te")
-		if httpguts.HeaderValuesContainsToken(te, "trailers") {
-			h["Te"] = []string{"trailers"}
-		}
-	}
-	if len(h["Connection"]) == 0 {
-		return
-	}
-	websocket := isWebsocketUpgrade(h)
-	keep := ""
-	if websocket {
-		keep = "upgrade"
-	}
-	delConnectionListed(h, keep)
-	if websocket {
-		h.Set("Connection", "Upgrade")
-	}
-}
-
-// delConnectionListed deletes the fields that h's Connection fields list, all but keep
-// (any case; "" keeps none): the one reading of the list, for requests
-// (dropConnectionFields) and answers (sendHead).
-func delConnectionListed(h http.Header, keep string) {
-	for _, v := range h["Connection"] {
-		for _, name := range strings.Split(v, ",") {
-			if name = textproto.TrimString(name); name != "" && !strings.EqualFold(name, keep) {
-				h.Del(name)
-			}
-		}
-	}
-}
-
-// isWebsocketUpgrade reports whether h asks for, or agrees to, a websocket upgrade.
-func isWebsocketUpgrade(h http.Header) bool {
-	connectionUpgrade := false
-	for _, v := range h.Values("Connection") {
-		connectionUpgrade = connectionUpgrade || hasToken(v, "upgrade")
-	}
-	return connectionUpgrade && upgradesToWebsocket(h)
-}
-
-// upgradesToWebsocket reports whether h's Upgrade fields name exactly one protocol,
-// websocket. A list ("websocket, h2c") or a second field would let the upstream pick a
-// protocol the proxy does not relay as a websocket.
-func upgradesToWebsocket(h http.Header) bool {
-	v := h.Values("Upgrade")
-	return len(v) == 1 && strings.EqualFold(textproto.TrimString(v[0]), "websocket")
 }
 
 type stateKey struct{}
@@ -477,7 +404,7 @@ func (s *Server) verdictHTTP(r *http.Request, st *requestState, rs *RuleSet) Ver
 	default:
 		v.Reason = ReasonBadScheme
 	}
-	if v.Reason == "" && len(r.Header.Values("Upgrade")) > 0 && !upgradesToWebsocket(r.Header) {
+	if v.Reason == "" && len(r.Header.Values("Upgrade")) > 0 && !httpfront.UpgradesToWebsocket(r.Header) {
 		v.Reason = ReasonUnsupported
 	}
 	if v.Reason != "" {
@@ -489,7 +416,7 @@ func (s *Server) verdictHTTP(r *http.Request, st *requestState, rs *RuleSet) Ver
 		return v
 	}
 	v = s.decide(r.Context(), rs, host, port)
-	if v.Allowed && st.host.present && !sameAuthority(st.host.value, r.URL.Host, defaultPort) {
+	if v.Allowed && st.fr.HostSent && !sameAuthority(st.fr.Host, r.URL.Host, defaultPort) {
 		v.Allowed, v.Addrs, v.Reason, v.Rule = false, nil, ReasonHostMismatch, ""
 	}
 	return v
@@ -545,7 +472,7 @@ func (s *Server) readyForward(r *http.Request, st *requestState, rs *RuleSet) {
 		}
 		r.URL.Host, r.Host = host, host
 	}
-	dropConnectionFields(r.Header)
+	httpfront.DropConnectionFields(r.Header)
 	if _, ok := r.Header["User-Agent"]; !ok {
 		// An empty field is how net/http's writers of a request are told to send none
 		// rather than their own: the upstream must not take the proxy for the client.
@@ -712,7 +639,7 @@ func (s *Server) decide(ctx context.Context, rs *RuleSet, host string, port uint
 	if _, err := netip.ParseAddr(host); err == nil {
 		return s.decider.Decide(ctx, rs, host, port)
 	}
-	ctx, cancel := context.WithTimeout(ctx, lookupBudget(s.cfg.DNSTimeout, len(s.cfg.DNSUpstreams)))
+	ctx, cancel := context.WithTimeout(ctx, dnsupstream.LookupBudget(s.cfg.DNSTimeout, len(s.cfg.DNSUpstreams)))
 	defer cancel()
 	return s.decider.Decide(ctx, rs, host, port)
 }
@@ -766,7 +693,7 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (_ net.Conn
 // calls of a tunnel set-up and most tunnels end sooner. entry, when not nil, is the
 // live connection the dial is for, decided under rs: each address is admitted first
 // (see admitAddr), and when the rule set in force refused one and no other could be
-// dialled the error is errPolicyChanged. Each attempt runs under ctx, or, when stop is
+// dialled the error is dnsupstream.ErrPolicyChanged. Each attempt runs under ctx, or, when stop is
 // not nil, under a context of stop's (see connio.DialStop) instead.
 func (s *Server) dialVerdict(ctx context.Context, stop *connio.DialStop, v *Verdict, keepAlive bool, rs *RuleSet, entry *liveConn) (*net.TCPConn, netip.Addr, error) {
 	d := net.Dialer{Timeout: s.cfg.DialTimeout, KeepAlive: -1, Control: s.cfg.dialControl}
@@ -808,7 +735,7 @@ func (s *Server) dialVerdict(ctx context.Context, stop *connio.DialStop, v *Verd
 		return c.(*net.TCPConn), a, nil
 	}
 	if refused { // what is left to try, the rule set in force refuses
-		lastErr = errPolicyChanged
+		lastErr = dnsupstream.ErrPolicyChanged
 	}
 	return nil, netip.Addr{}, fmt.Errorf("proxy: dial %s: %w", v.Host, lastErr)
 }

@@ -9,10 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"strings"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -169,19 +166,6 @@ func TestHTTPDialFailureIs502(t *testing.T) {
 	if !strings.HasPrefix(out, "HTTP/1.1 502 ") || !strings.Contains(out, "X-Compass-Egress: error; reason=dial-failed\r\n") {
 		t.Fatalf("answer:\n%s", out)
 	}
-}
-
-// flakyListener fails its first Accept with EMFILE, then hands out its listener's.
-type flakyListener struct {
-	net.Listener
-	calls atomic.Int64
-}
-
-func (l *flakyListener) Accept() (net.Conn, error) {
-	if l.calls.Add(1) == 1 {
-		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
-	}
-	return l.Listener.Accept()
 }
 
 // upstreamAnswer tells a refusal (the swap's re-check refused the connection's

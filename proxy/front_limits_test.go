@@ -3,7 +3,6 @@ package proxy
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/compass-egress/compass-egress/proxy/connio"
+	"github.com/compass-egress/compass-egress/proxy/httpfront"
 )
 
 // TestRefusedConnectClosesItsConnection: after the answer to a refused CONNECT the
@@ -63,52 +62,12 @@ func TestRefusedConnectClosesItsConnection(t *testing.T) {
 			return err != nil
 		})
 		waitFor(t, func() bool {
-			h.srv.front.mu.Lock()
-			defer h.srv.front.mu.Unlock()
-			return len(h.srv.front.conns) == 0
+			return h.srv.front.Conns() == 0
 		})
 	})
 }
 
-// TestConnectEarlyBytesAreTheTunnels: the bytes a client sent along with its CONNECT
-// are the tunnel's own copy, not a view of the connection's reader. The front puts the
-// reader back in its pool once the tunnel has the connection, and the next connection
-// reads its head into it, possibly before the relay has forwarded the early bytes: a
-// view would forward another client's bytes upstream (and is a data race).
-func TestConnectEarlyBytesAreTheTunnels(t *testing.T) {
-	h := newHarness(t)
-	h.apply(`"public"`)
-	client, clientPeer := tcpPair(t)
-	target := h.a.echoHostPort("a.test")
-	br := bufio.NewReader(strings.NewReader(fmt.Sprintf("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\nearly", target, target)))
-	req, err := http.ReadRequest(br)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.RemoteAddr = client.RemoteAddr().String()
-	cc := &clientConn{c: client, br: br, remote: req.RemoteAddr, out: connio.NewIdleWriter(client, h.srv.cfg.TunnelIdleTimeout, connio.ErrClientIdle)}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if !h.srv.front.connect(ctx, cancel, cc, req) {
-		t.Fatal("the CONNECT was not tunnelled")
-	}
-	// What the next connection does with the pooled reader: reads its head into it.
-	br.Reset(strings.NewReader(strings.Repeat("X", br.Size())))
-	_, _ = br.Peek(1)
-	cr := bufio.NewReader(clientPeer)
-	resp, err := http.ReadResponse(cr, &http.Request{Method: http.MethodConnect})
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("CONNECT: %v %v", resp, err)
-	}
-	if err := clientPeer.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := io.ReadAll(cr); err != nil || string(out) != "early|eof after 5" {
-		t.Fatalf("the upstream echoed %q, %v; want the client's early bytes", out, err)
-	}
-}
-
-// TestConnectHeadFieldBoundIsExact: a head of maxHeadFields field lines is read, one
+// TestConnectHeadFieldBoundIsExact: a head of httpfront.MaxHeadFields field lines is read, one
 // of a line more gets 431, whatever the request (here a CONNECT, refused by policy).
 func TestConnectHeadFieldBoundIsExact(t *testing.T) {
 	h := newHarness(t)
@@ -118,36 +77,13 @@ func TestConnectHeadFieldBoundIsExact(t *testing.T) {
 		fields int // Host included
 		want   string
 	}{
-		{maxHeadFields, "HTTP/1.1 403 "},
-		{maxHeadFields + 1, "HTTP/1.1 431 "},
+		{httpfront.MaxHeadFields, "HTTP/1.1 403 "},
+		{httpfront.MaxHeadFields + 1, "HTTP/1.1 431 "},
 	} {
 		out := h.raw(fmt.Sprintf("CONNECT %s HTTP/1.1\r\nHost: %s\r\n%s\r\n", refused, refused, headFieldLines(tc.fields-1)))
 		if !strings.HasPrefix(out, tc.want) {
 			t.Errorf("%d fields: answer %q, want %q", tc.fields, firstLine(out), tc.want)
 		}
-	}
-}
-
-// TestFrontLastAnswersAreBounded: the front's own last answers to a head it will not
-// serve (malformed, too long, or cut by the drain) are written under the header
-// timeout, as the CONNECT's are (TestConnectLastAnswersAreBounded): a client that reads
-// nothing cannot hold the worker and the connection slot.
-func TestFrontLastAnswersAreBounded(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.HeaderTimeout = 200 * time.Millisecond })
-	for _, tc := range []struct {
-		name           string
-		err            error
-		drain, tooLong bool
-	}{
-		{"malformed", errors.New("malformed"), false, false},
-		{"too long", errHeadTooLong, false, true},
-		{"draining", net.ErrClosed, true, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			lastAnswerBounded(t, func(client net.Conn) {
-				h.srv.front.refuseHead(&clientConn{c: client, remote: "127.0.0.1:1"}, tc.err, tc.drain, tc.tooLong)
-			})
-		})
 	}
 }
 

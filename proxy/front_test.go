@@ -10,12 +10,9 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
 // keepAliveGET opens a connection to the proxy, fetches a.test's page on it and
@@ -108,9 +105,7 @@ func TestDrainWakesHalfReadHead(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool {
-		h.srv.front.mu.Lock()
-		defer h.srv.front.mu.Unlock()
-		return len(h.srv.front.conns) == 1
+		return h.srv.front.Conns() == 1
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -143,37 +138,6 @@ func TestDrainClosesIdleConnectionSilently(t *testing.T) {
 	}
 }
 
-// TestWorkersAreReusedAndBounded: connections one after another are served by the
-// one worker that waits between them, and after a burst no more than maxIdleWorkers
-// stay to wait; the drain ends every worker (goleak, TestMain).
-func TestWorkersAreReusedAndBounded(t *testing.T) {
-	h := newHarness(t)
-	h.apply(`"public"`)
-	idle := func() int32 { return h.srv.front.idle.Load() }
-	for range 5 {
-		c, _ := keepAliveGET(t, h)
-		c.Close()
-		// A worker per connection would leave one more waiting each time.
-		waitFor(t, func() bool { return idle() == 1 })
-	}
-	const burst = maxIdleWorkers + 8
-	conns := make([]net.Conn, burst)
-	for i := range conns {
-		conns[i], _ = keepAliveGET(t, h) // each holds a worker while it stays open
-	}
-	if n := idle(); n != 0 {
-		t.Fatalf("%d idle workers with %d connections open, want 0", n, burst)
-	}
-	for _, c := range conns {
-		c.Close()
-	}
-	waitFor(t, func() bool { return idle() == maxIdleWorkers })
-	time.Sleep(50 * time.Millisecond) // a worker beyond the bound would show by now
-	if n := idle(); n != maxIdleWorkers {
-		t.Fatalf("%d idle workers after the burst, want %d", n, maxIdleWorkers)
-	}
-}
-
 // TestDrainCutsRequestWaitingForUpstream: at the drain deadline a request still
 // waiting for its upstream is cancelled, upstream exchange included, so Shutdown
 // returns. (Without that it waited for an upstream that never answers: the bound
@@ -202,44 +166,4 @@ func TestDrainCutsRequestWaitingForUpstream(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("Shutdown still waits for a silent upstream")
 	}
-}
-
-// A failed accept (descriptors ran out) passes: the front waits and accepts again
-// rather than stop serving for the rest of the task.
-func TestFrontAcceptsAgainAfterAcceptFailure(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fl := &flakyListener{Listener: ln}
-	s, err := New(Config{Logger: discardLogger(), AdminSocket: filepath.Join(t.TempDir(), "admin.sock")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.proxyLn = connio.NewLimitListener(fl, 0)
-	f := newFront(s)
-	s.front = f
-	served := make(chan error, 1)
-	go func() { served <- f.serve() }()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(hangGuard))
-	fmt.Fprintf(c, "GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("no answer after a failed accept: %v (accept calls: %d)", err, fl.calls.Load())
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusForbidden {
-		t.Fatalf("status %d, want the no-network refusal 403", resp.StatusCode)
-	}
-	f.Close()
-	s.proxyLn.Close()
-	if err := <-served; !errors.Is(err, net.ErrClosed) {
-		t.Fatalf("serve: %v", err)
-	}
-	f.wait(context.Background())
 }

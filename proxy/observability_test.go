@@ -15,6 +15,8 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/compass-egress/compass-egress/proxy/httpfront"
 )
 
 // A client that sends half a head, or nothing, is cut at --header-timeout: the half
@@ -154,7 +156,7 @@ func TestMalformedHeadsAreCountedAndLogged(t *testing.T) {
 		name, raw, status, typ, reason, host string
 	}{
 		{"unparsable", "GET http://a.test/ HTTP/1.1\r\nHost a.test\r\n\r\n", "HTTP/1.1 400", typeHTTP, ReasonMalformedRequest, ""},
-		{"too long", "GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nX: " + strings.Repeat("x", maxHeadBytes) + "\r\n\r\n", "HTTP/1.1 431", typeHTTP, ReasonHeadTooLong, ""},
+		{"too long", "GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nX: " + strings.Repeat("x", httpfront.MaxHeadBytes) + "\r\n\r\n", "HTTP/1.1 431", typeHTTP, ReasonHeadTooLong, ""},
 		{"length and chunked", "POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "HTTP/1.1 400", typeHTTP, ReasonMalformedRequest, "a.test"},
 		{"CONNECT with length and chunked", "CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", "HTTP/1.1 400", typeConnect, ReasonMalformedRequest, "a.test:443"},
 	}

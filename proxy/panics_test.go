@@ -21,6 +21,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/proxy/connio"
 	"github.com/compass-egress/compass-egress/proxy/dnsserver"
+	"github.com/compass-egress/compass-egress/proxy/httpfront"
 )
 
 // panicConn is a client connection whose Read panics once a read returns onRead, and
@@ -72,10 +73,9 @@ func (h *harness) servePanicking(t *testing.T, onRead, onWrite string, beforePan
 	}
 	c := &panicConn{Conn: server, onRead: onRead, onWrite: onWrite, beforePanic: beforePanic}
 	h.srv.proxyLn.Hold()
-	if !h.srv.front.track(c) {
+	if !h.srv.front.Handle(c) {
 		t.Fatal("the front is draining")
 	}
-	h.srv.front.dispatch(c)
 	return client
 }
 
@@ -134,9 +134,7 @@ func (h *harness) checkRecovered(t *testing.T, component, value string) {
 	}
 	waitFor(t, func() bool { return h.srv.tracker.len() == 0 })
 	waitFor(t, func() bool {
-		h.srv.front.mu.Lock()
-		defer h.srv.front.mu.Unlock()
-		return len(h.srv.front.conns) == 0
+		return h.srv.front.Conns() == 0
 	})
 	// The accept loop holds a slot while it waits for the next connection.
 	waitFor(t, func() bool { return h.srv.proxyLn.Held() <= 1 })
@@ -257,7 +255,7 @@ func TestForwardRecoversPanic(t *testing.T) {
 		want    string
 	}{
 		{name: "before the answer", then: func(http.ResponseWriter) {}, value: "test: the handler panics",
-			want: errorAnswer("500 Internal Server Error", "internal-error")},
+			want: httpfront.ErrorAnswer("500 Internal Server Error", "internal-error")},
 		{name: "after the hand-over", then: func(w http.ResponseWriter) {
 			unwrap(w).WriteHeader(http.StatusSwitchingProtocols)
 			if _, _, err := unwrap(w).(http.Hijacker).Hijack(); err != nil {

@@ -29,6 +29,7 @@ import (
 	"github.com/compass-egress/compass-egress/proxy/connio"
 	"github.com/compass-egress/compass-egress/proxy/dnsserver"
 	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
+	"github.com/compass-egress/compass-egress/proxy/httpfront"
 )
 
 // Config is everything the sidecar needs; cmd/compass-proxy fills it from flags.
@@ -58,7 +59,7 @@ type Config struct {
 	// either direction for this long (see connio.IdleClock), and ends a forwarded HTTP request
 	// that moved no byte for this long: a request body the client stopped sending or the
 	// upstream stopped taking (504), an answer head (504) or body the upstream stopped
-	// sending, an answer the client stopped reading (see clientReader, headLimit,
+	// sending, an answer the client stopped reading (see httpfront's clientReader, headLimit,
 	// connio.HeadWatch, ReadWatch, IdleWriter). 0: 15m.
 	TunnelIdleTimeout time.Duration
 	// DrainTimeout is the caller's drain budget (0: 10s), as Server.DrainTimeout reports
@@ -84,7 +85,7 @@ type Config struct {
 
 	// wrapRelay lets tests wrap the goproxy handler (to inject failures).
 	wrapRelay func(http.Handler) http.Handler
-	// clientWatchDelay overrides clientWatchDelay (tests).
+	// clientWatchDelay overrides httpfront.ClientWatchDelay (tests).
 	clientWatchDelay time.Duration
 	// controlReadTimeout and controlIdleTimeout override the constants of the same
 	// names (tests).
@@ -96,8 +97,8 @@ type Config struct {
 
 // Connection types, as they appear in logs and metric labels.
 const (
-	typeHTTP    = "http"
-	typeConnect = "connect"
+	typeHTTP    = httpfront.TypeHTTP
+	typeConnect = httpfront.TypeConnect
 	typeDNS     = "dns"
 	typeTLS     = "tls" // the server name of a tunnel's ClientHello (see helloGate)
 )
@@ -120,7 +121,7 @@ type Server struct {
 	goproxy    *goproxy.ProxyHttpServer
 	relay      http.Handler // goproxy, as serveProxy calls it
 	proxyLn    *connio.LimitListener
-	front      *front
+	front      *httpfront.Front
 	dnsServers []*dns.Server
 	adminSrv   *http.Server
 	adminLn    net.Listener
@@ -154,9 +155,6 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.ProcRoot == "" {
 		cfg.ProcRoot = "/proc"
-	}
-	if cfg.clientWatchDelay == 0 {
-		cfg.clientWatchDelay = clientWatchDelay
 	}
 	if cfg.controlReadTimeout == 0 {
 		cfg.controlReadTimeout = controlReadTimeout
@@ -419,8 +417,8 @@ func (s *Server) listenEndpoints() []netip.AddrPort {
 }
 
 func (s *Server) serve(dnsConns []any) {
-	s.front = newFront(s)
-	s.goServe(s.front.serve)
+	s.front = s.newFront()
+	s.goServe(s.front.Serve)
 
 	for _, c := range dnsConns {
 		srv := s.dns.DNSServer()
@@ -569,8 +567,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			_ = d.Listener.Close()
 		}
 	}
-	s.front.Close()
-	s.front.wait(ctx)
+	s.front.Shutdown(ctx)
 	if s.ownResolver != nil {
 		s.ownResolver.Close()
 	}
@@ -588,6 +585,5 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		_ = s.metricsSrv.Close()
 	}
 	s.serving.Wait()
-	s.front.workers.Wait()
 	return nil
 }

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/compass-egress/compass-egress/proxy/httpfront"
 )
 
 // recorder is an upstream that frames what it reads as strictly as RFC 9112 allows a
@@ -62,7 +64,7 @@ func startRecorder(t *testing.T, ip string) (*recorder, int) {
 			rec.mu.Lock()
 			rec.reqs = append(rec.reqs, *req)
 			rec.mu.Unlock()
-			if _, err := io.WriteString(c, recorderAnswer(req)); err != nil || hasToken(req.header.Get("Connection"), "close") {
+			if _, err := io.WriteString(c, recorderAnswer(req)); err != nil || httpfront.HasToken(req.header.Get("Connection"), "close") {
 				return
 			}
 		}
@@ -136,7 +138,7 @@ func readStrict(br *bufio.Reader) (*recorded, error) {
 	// listed framing or routing fields leave it to frame or route by guesswork.
 	for _, v := range req.header.Values("Connection") {
 		for _, f := range []string{"Host", "Content-Length", "Transfer-Encoding"} {
-			if hasToken(v, f) {
+			if httpfront.HasToken(v, f) {
 				return nil, fmt.Errorf("connection lists %s: %q", f, v)
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy/httpfront"
 	"github.com/compass-egress/compass-egress/proxy/tlshello"
 )
 
@@ -89,7 +90,7 @@ func (s *Server) decideServerName(t *tunnel, name string, ech bool, err error) b
 		return true
 	}
 	client := t.upward.Src()
-	_ = client.SetWriteDeadline(time.Now().Add(lingerTime))
+	_ = client.SetWriteDeadline(time.Now().Add(httpfront.LingerTime))
 	_, _ = client.Write(tlshello.UnrecognizedNameAlert)
 	return false
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/proxy/connio"
+	"github.com/compass-egress/compass-egress/proxy/httpfront"
 )
 
 // TestSwapStopsTheConnectDialItInterrupts: a swap that refuses a CONNECT while its one
@@ -100,7 +101,7 @@ func TestSwapLetsTheConfirmationOut(t *testing.T) {
 	go func() { swapped <- h.apply(`"no-network"`) }()
 	// Well within lingerTime: the swap is then waiting on the 200 (a swap that does
 	// not wait has closed the client's side by now).
-	time.Sleep(lingerTime / 5)
+	time.Sleep(httpfront.LingerTime / 5)
 	_ = peer.SetReadDeadline(time.Now().Add(hangGuard))
 	got, _ := io.ReadAll(peer)
 	if !strings.HasPrefix(string(got), "HTTP/1.1 200 ") {
@@ -128,7 +129,7 @@ func TestSwapCutOfAStuckConfirmationIsBoundedByLinger(t *testing.T) {
 		if r.ClosedConnections != 1 {
 			t.Errorf("the swap closed %d connections, want 1", r.ClosedConnections)
 		}
-	case <-time.After(20 * lingerTime):
+	case <-time.After(20 * httpfront.LingerTime):
 		t.Fatal("a client that reads nothing of its 200 still holds the swap after 20 lingerTimes")
 	}
 	if <-opened {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/proxy/connio"
+	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
+	"github.com/compass-egress/compass-egress/proxy/httpfront"
 )
 
 // openTunnel dials the checked address and relays bytes. ctx is the request's, which
@@ -35,7 +37,7 @@ func (s *Server) openTunnel(ctx context.Context, cancel context.CancelFunc, rear
 	s.tracker.add(ts.entry)
 	defer ts.release()
 	c, addr, err := s.dialVerdict(ctx, &ts.dial, &ts.v, false, rs, ts.entry)
-	if ts.dialled(c) || errors.Is(err, errPolicyChanged) {
+	if ts.dialled(c) || errors.Is(err, dnsupstream.ErrPolicyChanged) {
 		ts.refuse() // the one line of a CONNECT the swap refused before it connected
 		return false
 	}
@@ -66,7 +68,7 @@ type tunnelSetup struct {
 // that cuts it while it is set up closes the upstream side and leaves the client a
 // clean answer rather than a bare EOF: a 403 if the 200 is not on its way yet, else
 // the 200 and then the close. The 200 is written without the lock; --header-timeout
-// bounds that write, and a cut bounds it to lingerTime, which is all a client that
+// bounds that write, and a cut bounds it to httpfront.LingerTime, which is all a client that
 // reads nothing can hold the swap (the cuts' waits overlap: see tracker.closeIf).
 // Once the tunnel is established, a cut closes both sides.
 type tunnelLink struct {
@@ -108,7 +110,7 @@ func (l *tunnelLink) cut() (settle func()) {
 	case setupConfirming:
 		// The 200 goes out, bounded, and the client's side closes before the swap
 		// returns (the owner closes it too, later).
-		_ = client.SetWriteDeadline(time.Now().Add(lingerTime))
+		_ = client.SetWriteDeadline(time.Now().Add(httpfront.LingerTime))
 		return func() {
 			<-l.confirmed
 			client.Close()
@@ -172,7 +174,7 @@ func (ts *tunnelSetup) refuse() {
 // fail answers a CONNECT that ends unserved, bounded as the front's last answers are.
 func (ts *tunnelSetup) fail(status, reason string) {
 	_ = ts.client.SetWriteDeadline(time.Now().Add(ts.s.cfg.HeaderTimeout))
-	_, _ = io.WriteString(ts.client, errorAnswer(status, reason))
+	_, _ = io.WriteString(ts.client, httpfront.ErrorAnswer(status, reason))
 }
 
 // recordDial writes the CONNECT's decision line, naming addr, the address dialled,

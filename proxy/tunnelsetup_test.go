@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -15,6 +14,8 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/adminapi"
+	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
+	"github.com/compass-egress/compass-egress/proxy/httpfront"
 )
 
 // A client that reads nothing (its socket buffers full: it pipelined a request with a
@@ -96,7 +97,7 @@ func TestDrainDeadlineCutsConnectLookup(t *testing.T) {
 		h.srv.ownResolver.Close() // ends the lookup, so that Shutdown and the test end
 		<-done
 		t.Fatalf("Shutdown with a 100 ms drain deadline still waited %v later: it waits for the lookup (budget %v)",
-			hangGuard, lookupBudget(dnsTimeout, 1))
+			hangGuard, dnsupstream.LookupBudget(dnsTimeout, 1))
 	}
 }
 
@@ -269,8 +270,8 @@ func TestConnectLastAnswersAreBounded(t *testing.T) {
 
 	t.Run("refused", func(t *testing.T) {
 		lastAnswerBounded(t, func(client net.Conn) {
-			cc := &clientConn{c: client, br: bufio.NewReader(client)}
-			if h.srv.front.connect(context.Background(), func() {}, cc, connectRequest("b.test:443")) {
+			r := &httpfront.Request{Ctx: context.Background(), Cancel: func() {}, Conn: client}
+			if h.srv.serveConnect(r, connectRequest("b.test:443")) {
 				t.Error("a refused CONNECT was tunnelled")
 			}
 		})

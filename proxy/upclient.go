@@ -117,7 +117,7 @@ const (
 )
 
 // An upstream's answer heads, its interim (1xx) answers included, may take at most
-// maxAnswerHeadBytes and maxInterimAnswers, and the final head maxHeadFields fields: an
+// maxAnswerHeadBytes and maxInterimAnswers, and the final head httpfront.MaxHeadFields fields: an
 // upstream that sends an endless head must not grow the proxy's memory. The bytes are
 // a request head's bound, not net/http's 10 MiB, which an upstream filled with tiny
 // fields held about 280 MiB of heap per answer until its body began.

@@ -1,4 +1,4 @@
-package proxy
+package httpfront
 
 import (
 	"errors"
@@ -74,9 +74,9 @@ func (b *requestBody) Read(p []byte) (int, error) {
 // trailer upstream once the body ends, and a server there that merged it into the
 // head would read a Host or a Content-Length the decision never saw. A trailer of more
 // fields than a head may have goes whole (a recipient may discard a trailer): kept, it
-// would hold the memory the head's bound saves until the answer came (maxHeadFields).
+// would hold the memory the head's bound saves until the answer came (MaxHeadFields).
 func (b *requestBody) dropTrailerFields() {
-	if fieldCount(b.trailer) > maxHeadFields {
+	if FieldCount(b.trailer) > MaxHeadFields {
 		clear(b.trailer)
 		return
 	}

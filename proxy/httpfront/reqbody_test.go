@@ -1,4 +1,4 @@
-package proxy
+package httpfront
 
 import (
 	"errors"
@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -14,41 +13,6 @@ import (
 
 	"github.com/compass-egress/compass-egress/proxy/connio"
 )
-
-// Which requests the upstream client carries: plain http, no body, no Upgrade, and a
-// method that may be sent twice (it retries one on a new connection). Any other goes
-// to net/http's Transport, which speaks TLS and does not resend what is not idempotent.
-func TestUpstreamClientHandles(t *testing.T) {
-	for _, tc := range []struct {
-		method, url string
-		body        io.Reader
-		upgrade     bool
-		want        bool
-	}{
-		{"GET", "http://a.test/", nil, false, true},
-		{"HEAD", "http://a.test/", nil, false, true},
-		{"OPTIONS", "http://a.test/", nil, false, true},
-		{"TRACE", "http://a.test/", nil, false, true},
-		{"GET", "https://a.test/", nil, false, false},
-		{"GET", "http://a.test/", strings.NewReader("x"), false, false},
-		{"GET", "http://a.test/", nil, true, false},
-		{"POST", "http://a.test/", nil, false, false},
-		{"DELETE", "http://a.test/", nil, false, false},
-		{"PUT", "http://a.test/", nil, false, false},
-		{"PATCH", "http://a.test/", nil, false, false},
-	} {
-		req := httptest.NewRequest(tc.method, tc.url, tc.body)
-		if tc.body == nil {
-			req.Body = http.NoBody
-		}
-		if tc.upgrade {
-			req.Header.Set("Upgrade", "websocket")
-		}
-		if got := (&upstreamClient{}).handles(req); got != tc.want {
-			t.Errorf("%s %s (body %v, upgrade %v): handles %v, want %v", tc.method, tc.url, tc.body != nil, tc.upgrade, got, tc.want)
-		}
-	}
-}
 
 // A body error that is the framing (a malformed chunk) is the client's malformed
 // request; the connection ending, failing, idling or the body being closed is not.

@@ -1,14 +1,11 @@
-package proxy
+package httpfront
 
 import (
 	"bufio"
 	"bytes"
-	"net/netip"
 	"net/textproto"
 	"slices"
 	"testing"
-
-	"github.com/compass-egress/compass-egress/policy"
 )
 
 // FuzzRawFields: the front's scan of a raw head finds exactly the Host and
@@ -42,28 +39,6 @@ func FuzzRawFields(f *testing.F) {
 			got, want := scanField(raw[:end], name), hdr[textproto.CanonicalMIMEHeaderKey(name)]
 			if !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
 				t.Fatalf("head %q: scanned %s %q, textproto %q", raw[:end], name, got, want)
-			}
-		}
-	})
-}
-
-// FuzzSameAuthority: the Host comparison never panics, and an authority the proxy can
-// decide always names itself.
-func FuzzSameAuthority(f *testing.F) {
-	for _, seed := range []string{"a.test", "A.Test.:80", "[::1]:443", "127.0.0.1", "xn--bcher-kva.test:8080", "a.test:99999", ""} {
-		f.Add(seed, seed, uint16(80))
-	}
-	f.Fuzz(func(t *testing.T, field, uri string, port uint16) {
-		_ = sameAuthority(field, uri, port)
-		h, _, reason := splitAuthority(uri, port)
-		if reason != "" {
-			return
-		}
-		_, addrErr := netip.ParseAddr(h)
-		_, nameErr := policy.CanonicalHostname(h)
-		if addrErr == nil || nameErr == nil {
-			if !sameAuthority(uri, uri, port) {
-				t.Fatalf("%q does not name itself", uri)
 			}
 		}
 	})
