@@ -136,7 +136,7 @@ func (f *front) dispatch(c net.Conn) {
 func (f *front) worker(c net.Conn) {
 	defer f.workers.Done()
 	for {
-		f.serveConn(c)
+		f.serveConn(c, netip.AddrPort{})
 		if f.idle.Add(1) > maxIdleWorkers {
 			f.idle.Add(-1)
 			return
@@ -260,11 +260,22 @@ type clientConn struct {
 	out    connio.IdleWriter // c, for answers to forwarded requests
 	gone   connio.GoneWatch  // c, while a request without a body is served
 	typ    string            // the type of the request being served, for a panic's log line
+	origin netip.AddrPort    // a transparent connection's original destination (see serveOrigin)
 }
 
-func (f *front) serveConn(c net.Conn) {
+// serveOrigin serves c, a transparent connection to origin, on the caller's goroutine:
+// each of its requests is decided on its Host and sent to origin alone (verdictHTTP).
+func (f *front) serveOrigin(c net.Conn, origin netip.AddrPort) {
+	if !f.track(c) {
+		f.closeAnswered(c)
+		return
+	}
+	f.serveConn(c, origin)
+}
+
+func (f *front) serveConn(c net.Conn, origin netip.AddrPort) {
 	defer f.untrack(c)
-	cc := &clientConn{c: c, in: &clientReader{c: c, N: math.MaxInt64}, remote: c.RemoteAddr().String(),
+	cc := &clientConn{c: c, in: &clientReader{c: c, N: math.MaxInt64}, remote: c.RemoteAddr().String(), origin: origin,
 		out: connio.NewIdleWriter(c, f.s.cfg.TunnelIdleTimeout, connio.ErrClientIdle)}
 	cc.br = frontReaders.Get().(*bufio.Reader)
 	cc.br.Reset(cc.in)
@@ -614,7 +625,7 @@ func (f *front) newRequestState(ctx context.Context, cc *clientConn, req *http.R
 		}
 		req.Body = body
 	}
-	st := &requestState{client: &requestClient{s: f.s, conn: cc.c, cancel: cancel}, ctx: ctx, body: body}
+	st := &requestState{client: &requestClient{s: f.s, conn: cc.c, cancel: cancel}, ctx: ctx, body: body, origin: cc.origin}
 	if body != nil {
 		st.head.OnConnEnd = func() {
 			if !body.done() {
