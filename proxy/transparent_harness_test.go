@@ -159,4 +159,3 @@ func (th *transparentHarness) line(t *testing.T, n int) map[string]any {
 }
 
 func ap(addr netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(addr, port) }
-
