@@ -182,9 +182,6 @@ func New(cfg Config) (*Server, error) {
 	if cfg.controlIdleTimeout == 0 {
 		cfg.controlIdleTimeout = controlIdleTimeout
 	}
-	if cfg.transparentSniffWait == 0 {
-		cfg.transparentSniffWait = transparentSniffWait
-	}
 	defaults := []struct {
 		name string
 		d    *time.Duration

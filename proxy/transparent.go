@@ -40,12 +40,15 @@ func (s *Server) listenTransparent() error {
 	if err != nil {
 		return err
 	}
-	lookup := s.cfg.origDst
+	lookup, wait := s.cfg.origDst, s.cfg.transparentSniffWait
 	if lookup == nil {
 		lookup = origdst.Lookup
 	}
+	if wait == 0 {
+		wait = transparentSniffWait
+	}
 	s.transparent = transparent.New(transparent.Config{
-		Listener: ln, Lookup: lookup, SniffWait: s.cfg.transparentSniffWait, HelloTimeout: s.cfg.HeaderTimeout,
+		Listener: ln, Lookup: lookup, SniffWait: wait, HelloTimeout: s.cfg.HeaderTimeout,
 		// The explicit listener's slots: one --max-connections bounds both, and every
 		// owner of a connection (the front, a tunnel) gives its slot back there.
 		Hold: s.proxyLn.Hold, Release: s.proxyLn.Release,
