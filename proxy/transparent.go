@@ -56,6 +56,7 @@ func (s *Server) listenTransparent() error {
 		AcceptFailed: func(err error, retry time.Duration) {
 			s.log.Warn("accept failed", "type", typeTransparent, "error", err.Error(), "retry_seconds", retry.Seconds())
 		},
+		Recovered: func(client string, p any) { s.recovered(componentFront, typeTransparent, client, p) },
 	})
 	return nil
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -276,44 +277,77 @@ func TestTransparentSwapCuts(t *testing.T) {
 	}
 }
 
-// Refusals and not-redirected connections are recorded as the explicit path's are:
-// one line, one metric increment, one /v1/blocked entry with the protocol.
+// Refusals, connections that were not redirected and loops into the proxy are recorded
+// as the explicit path's refusals are: one line, one metric increment, one /v1/blocked
+// entry, with the protocol.
 func TestTransparentRecords(t *testing.T) {
 	th := newTransparentHarness(t)
 	th.apply(allowA)
-	dst := ap(addrB, th.b.echoPort)
-	c := th.dial(t, "127.0.0.1", dst)
-	_, _ = c.Write(hellotest.ClientHello(t, "b.test"))
-	readAll(c)
-	nr := th.dial(t, "127.0.0.1", netip.AddrPort{})
-	if got := readAll(nr); got != "" {
-		t.Fatalf("not redirected: read %q", got)
-	}
-	own := th.dial(t, "127.0.0.1", netip.MustParseAddrPort(th.srv.TransparentAddr().String()))
-	readAll(own)
-	proxyAddr := netip.MustParseAddrPort(th.srv.ProxyAddr().String())
-	loop := th.dial(t, "127.0.0.1", proxyAddr)
-	readAll(loop)
-	waitFor(t, func() bool { return len(th.transparentLines()) == 4 })
-	for _, tc := range []struct {
-		reason, protocol string
-		want             float64
+	listener := netip.MustParseAddrPort(th.srv.TransparentAddr().String())
+	proxy := netip.MustParseAddrPort(th.srv.ProxyAddr().String())
+	for i, tc := range []struct {
+		name, policy string
+		dst          netip.AddrPort
+		hello        bool
+		reason       string
+		host         string
+		protocol     string
 	}{
-		{"not-allowlisted", "tls", 1}, {ReasonNotRedirected, "tcp", 2}, {"not-allowlisted", "tcp", 1},
+		{name: "refused server name", policy: allowA, dst: ap(addrB, th.b.echoPort), hello: true, reason: "not-allowlisted", host: "b.test", protocol: "tls"},
+		{name: "not redirected", policy: allowA, reason: ReasonNotRedirected, host: listener.Addr().String(), protocol: "tcp"},
+		{name: "redirected to the listener itself", policy: allowA, dst: listener, reason: ReasonNotRedirected, host: listener.Addr().String(), protocol: "tcp"},
+		{name: "a loop into the explicit proxy", policy: `"public"`, dst: proxy, reason: ReasonInternalAddress, host: proxy.Addr().String(), protocol: "tcp"},
 	} {
-		if got := promtest.ToFloat64(th.srv.metrics.requests.WithLabelValues(typeTransparent, "denied", tc.reason)); got < tc.want {
-			t.Errorf("transparent %s counted %v, want %v", tc.reason, got, tc.want)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			rs := th.apply(tc.policy)
+			before := promtest.ToFloat64(th.srv.metrics.requests.WithLabelValues(typeTransparent, "denied", tc.reason))
+			c := th.dial(t, "127.0.0.1", tc.dst)
+			if tc.hello {
+				_, _ = c.Write(hellotest.ClientHello(t, "b.test"))
+			}
+			readAll(c)
+			l := th.line(t, i+1)
+			port := tc.dst.Port()
+			if !tc.dst.IsValid() {
+				port = listener.Port()
+			}
+			if l["decision"] != "denied" || l["reason"] != tc.reason || l["host"] != tc.host || l["protocol"] != tc.protocol || l["port"] != float64(port) {
+				t.Fatalf("decision line %v", l)
+			}
+			if got := promtest.ToFloat64(th.srv.metrics.requests.WithLabelValues(typeTransparent, "denied", tc.reason)); got != before+1 {
+				t.Fatalf("counted %v, want %v", got, before+1)
+			}
+			sum := th.srv.Current().blocked.summary(rs.Generation)
+			want := adminapi.BlockedTarget{Host: tc.host, Port: port, Type: typeTransparent, Reason: tc.reason, Protocol: tc.protocol, Count: 1}
+			if len(sum.Top) != 1 || sum.Top[0] != want {
+				t.Fatalf("blocked %+v, want %+v", sum.Top, want)
+			}
+		})
 	}
-	rs := th.srv.Current()
-	sum := rs.blocked.summary(rs.Generation)
-	want := adminapi.BlockedTarget{Host: "b.test", Port: th.b.echoPort, Type: typeTransparent, Reason: "not-allowlisted", Protocol: "tls", Count: 1}
-	found := false
-	for _, e := range sum.Top {
-		found = found || e == want
+}
+
+// The drain closes the transparent listener with the others and cuts its tunnels at
+// the deadline.
+func TestTransparentDrain(t *testing.T) {
+	th := newTransparentHarness(t)
+	th.apply(`{"network_mode":"allowlist","allowed_hosts":["127.0.0.2/32"]}`)
+	c := th.dial(t, "127.0.0.1", ap(addrA, th.a.echoPort))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
 	}
-	if !found {
-		t.Fatalf("blocked %+v, want %+v among them", sum.Top, want)
+	waitFor(t, func() bool { return th.srv.tracker.len() == 1 })
+	addr := th.srv.TransparentAddr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := th.srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(c); got != "ping" {
+		t.Fatalf("cut tunnel read %q, want its echo and then its end", got)
+	}
+	if nc, err := net.Dial("tcp", addr); err == nil {
+		nc.Close()
+		t.Fatal("the transparent listener still accepts after the drain")
 	}
 }
 

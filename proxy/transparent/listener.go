@@ -65,6 +65,9 @@ type Config struct {
 	Handler       Handler
 	// AcceptFailed logs an accept failure other than the listener's close.
 	AcceptFailed func(err error, retry time.Duration)
+	// Recovered logs and counts a panic while a connection of client was read or
+	// decided, which then closes (a panic must not end the sidecar).
+	Recovered func(client string, p any)
 }
 
 // Listener accepts, reads and hands over redirected connections.
@@ -140,6 +143,13 @@ func (l *Listener) Wait() { l.wg.Wait() }
 
 func (l *Listener) serveConn(c *net.TCPConn) {
 	defer l.wg.Done()
+	defer func() {
+		if p := recover(); p != nil {
+			l.cfg.Recovered(c.RemoteAddr().String(), p)
+			l.untrack(c)
+			l.drop(c)
+		}
+	}()
 	src, _ := netip.ParseAddrPort(c.RemoteAddr().String())
 	src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
 	dst, err := l.cfg.Lookup(c)

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,9 +24,18 @@ type handed struct {
 	notRedirected error
 }
 
-type fakeHandler struct{ got chan handed }
+type fakeHandler struct {
+	got    chan handed
+	panics bool
+}
 
-func (h fakeHandler) ServeTransparent(c *Conn) { c.Close(); h.got <- handed{conn: c} }
+func (h fakeHandler) ServeTransparent(c *Conn) {
+	if h.panics {
+		panic("test: handler panics")
+	}
+	c.Close()
+	h.got <- handed{conn: c}
+}
 func (h fakeHandler) NotRedirected(c *net.TCPConn, _ netip.AddrPort, err error) {
 	c.Close()
 	h.got <- handed{notRedirected: err}
@@ -33,7 +43,7 @@ func (h fakeHandler) NotRedirected(c *net.TCPConn, _ netip.AddrPort, err error) 
 
 // newTestListener serves a listener on loopback whose original destination is dst for
 // every connection (zero: not redirected; the listener's own address: a loop).
-func newTestListener(t *testing.T, dst func(l net.Addr) netip.AddrPort, wait time.Duration) (*Listener, fakeHandler, *atomic.Int32) {
+func newTestListener(t *testing.T, dst func(l net.Addr) netip.AddrPort, wait time.Duration, tune ...func(*Config)) (*Listener, fakeHandler, *atomic.Int32) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -41,7 +51,7 @@ func newTestListener(t *testing.T, dst func(l net.Addr) netip.AddrPort, wait tim
 	}
 	h := fakeHandler{got: make(chan handed, 4)}
 	var held atomic.Int32
-	l := New(Config{
+	cfg := Config{
 		Listener: ln, SniffWait: wait, HelloTimeout: time.Second, Handler: h,
 		Lookup: func(*net.TCPConn) (netip.AddrPort, error) {
 			if d := dst(ln.Addr()); d.IsValid() {
@@ -51,7 +61,15 @@ func newTestListener(t *testing.T, dst func(l net.Addr) netip.AddrPort, wait tim
 		},
 		Hold: func() { held.Add(1) }, Release: func() { held.Add(-1) },
 		AcceptFailed: func(err error, _ time.Duration) { t.Errorf("accept: %v", err) },
-	})
+		Recovered:    func(_ string, p any) { t.Errorf("panic: %v", p) },
+	}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	if fh, ok := cfg.Handler.(fakeHandler); ok {
+		h = fh
+	}
+	l := New(cfg)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = l.Serve() }()
@@ -156,4 +174,30 @@ func (l *Listener) sniffingCount() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.sniffing)
+}
+
+// A handler's panic ends its connection alone: recovered, counted, the connection
+// closed and its slot given back; the listener goes on serving.
+func TestListenerRecoversAPanic(t *testing.T) {
+	var recovered atomic.Int32
+	l, _, held := newTestListener(t, func(net.Addr) netip.AddrPort { return netip.MustParseAddrPort("192.0.2.1:22") }, 10*time.Millisecond,
+		func(c *Config) {
+			c.Handler = fakeHandler{got: make(chan handed, 1), panics: true}
+			c.Recovered = func(string, any) { recovered.Add(1) }
+		})
+	for i := range 2 {
+		c := dialListener(t, l, []string{"x"})
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		// Closed with the client's byte unread: a reset, or an end.
+		if _, err := io.ReadAll(c); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		c.Close()
+	}
+	for held.Load() != 1 { // the accept loop's own slot
+		time.Sleep(time.Millisecond)
+	}
+	if n := recovered.Load(); n != 2 {
+		t.Fatalf("recovered %d panics, want 2", n)
+	}
 }
