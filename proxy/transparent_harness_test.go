@@ -37,7 +37,7 @@ const (
 	transparentHost = "127.0.0.1:0"
 )
 
-func newTransparentHarness(t *testing.T, tune ...func(*Config)) *transparentHarness {
+func newTransparentHarness(t testing.TB, tune ...func(*Config)) *transparentHarness {
 	t.Helper()
 	th := &transparentHarness{dsts: map[string]netip.AddrPort{}, start: time.Now()}
 	th.harness = newHarness(t, append([]func(*Config){func(c *Config) {
