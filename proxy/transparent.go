@@ -127,6 +127,9 @@ func (s *Server) decideTransparent(rs *RuleSet, c *transparent.Conn) (v Verdict,
 				return refuse(orAddr(c.ServerName, dst), reason), false
 			}
 		}
+		if _, err := netip.ParseAddr(c.ServerName); err == nil { // a name, never an address (RFC 6066 §3)
+			return refuse(c.ServerName, ReasonInvalidHost), false
+		}
 		if c.ServerName != "" {
 			return s.decideNamed(context.Background(), rs, c.Source.Addr(), c.ServerName, dst, ReasonSNIAddressMismatch), false
 		}

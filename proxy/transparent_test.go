@@ -48,6 +48,9 @@ func TestTransparentTLS(t *testing.T) {
 		{name: "encrypted hello", policy: allowA, hello: func(*testing.T) []byte {
 			return hellotest.With(append(hellotest.SNIExt(host, "a.test"), 0xfe, 0x0d, 0, 4, 1, 2, 3, 4))
 		}, refused: ReasonEncryptedHello, host: "a.test"},
+		{name: "an address for a name", policy: `{"network_mode":"allowlist","allowed_hosts":["127.0.0.2/32"]}`, hello: func(*testing.T) []byte {
+			return hellotest.With(hellotest.SNIExt(host, "127.0.0.2"))
+		}, refused: ReasonInvalidHost, host: "127.0.0.2"},
 		{name: "two names", policy: allowA, hello: func(*testing.T) []byte {
 			return hellotest.With(hellotest.SNIExt(host, "a.test", host, "b.test"))
 		}, refused: ReasonMalformedHello, host: "127.0.0.2"},
