@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/net/origdst"
+	"github.com/compass-egress/compass-egress/policy"
 	"github.com/compass-egress/compass-egress/proxy/connio"
 	"github.com/compass-egress/compass-egress/proxy/fqdncache"
 	"github.com/compass-egress/compass-egress/proxy/tlshello"
@@ -131,11 +132,27 @@ func (s *Server) decideTransparent(rs *RuleSet, c *transparent.Conn) (v Verdict,
 			return refuse(c.ServerName, ReasonInvalidHost), false
 		}
 		if c.ServerName != "" {
-			return s.decideNamed(context.Background(), rs, c.Source.Addr(), c.ServerName, dst, ReasonSNIAddressMismatch), false
+			v = s.decideNamed(context.Background(), rs, c.Source.Addr(), c.ServerName, dst, ReasonSNIAddressMismatch)
+			return s.orAddressRule(rs, dst, v), false
 		}
 	}
 	v = s.decideLearned(rs, c.Source.Addr(), dst)
 	return v, v.Allowed && v.Name != ""
+}
+
+// orAddressRule is v, a server name's verdict, unless it refused a name no rule denies
+// and the rules allow dst's address by itself: a CONNECT to that address, with any
+// server name, would be allowed (an address target's hello is not checked), so the
+// name cannot take away what the address rule gives. A name a rule denies stays
+// refused.
+func (s *Server) orAddressRule(rs *RuleSet, dst netip.AddrPort, v Verdict) Verdict {
+	if v.Allowed || v.Reason == string(policy.ReasonDenylisted) || rs.Mode() != policy.ModeAllowlist && rs.Mode() != policy.ModeDenylist {
+		return v
+	}
+	if a := s.decider.Decide(context.Background(), rs, dst.Addr().String(), dst.Port()); a.Allowed {
+		return a
+	}
+	return v
 }
 
 func orAddr(name string, dst netip.AddrPort) string {

@@ -41,6 +41,10 @@ func TestTransparentTLS(t *testing.T) {
 		{name: "allowed name", policy: allowA, hello: helloFor("a.test"), host: "a.test"},
 		{name: "refused name", policy: allowA, hello: helloFor("b.test"), toB: true, refused: "not-allowlisted", host: "b.test"},
 		{name: "allowed name to a foreign address", policy: allowA, hello: helloFor("a.test"), toB: true, refused: ReasonSNIAddressMismatch, host: "a.test"},
+		{name: "a foreign address an address rule allows", policy: `{"network_mode":"allowlist","allowed_hosts":["a.test","127.0.0.3/32"]}`,
+			hello: helloFor("a.test"), toB: true, host: "127.0.0.3"},
+		{name: "a denied name to an address the denylist leaves", policy: `{"network_mode":"denylist","denied_hosts":["b.test"]}`,
+			hello: helloFor("b.test"), refused: "denylisted", host: "b.test"},
 		{name: "allowed name at another port", policy: `{"network_mode":"allowlist","allowed_hosts":["a.test:1"]}`, hello: helloFor("a.test"), refused: "not-allowlisted", host: "a.test"},
 		{name: "hello split across segments and records", policy: allowA, hello: func(t *testing.T) []byte {
 			return hellotest.Refragment(hellotest.ClientHello(t, "a.test"), 7)
