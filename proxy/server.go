@@ -98,8 +98,8 @@ type Config struct {
 	// but loopback, so that a broken guard fails a test without reaching a real address).
 	dialControl func(network, address string, c syscall.RawConn) error
 	// dial, when set, opens upstream connections instead of net.Dialer (tests: inside a
-	// namespace); origDst replaces origdst.Lookup, transparentSniffWait the constant of
-	// that name, and now the clock of the names the DNS server answered (tests).
+	// namespace); origDst replaces origdst.Lookup, transparentSniffWait the transparent
+	// listener's default wait, and now the clock of the names the DNS server answered.
 	dial                 func(ctx context.Context, network, address string) (net.Conn, error)
 	origDst              func(*net.TCPConn) (netip.AddrPort, error)
 	transparentSniffWait time.Duration

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/compass-egress/compass-egress/net/origdst"
 	"github.com/compass-egress/compass-egress/policy"
 	"github.com/compass-egress/compass-egress/proxy/connio"
 	"github.com/compass-egress/compass-egress/proxy/fqdncache"
@@ -24,10 +23,6 @@ const (
 	ReasonNotRedirected       = "not-redirected"        // a connection to the transparent port with no original destination of its own
 )
 
-// transparentSniffWait is how long the transparent listener waits for a client's first
-// bytes before it decides the connection as TCP (Config.transparentSniffWait in tests).
-const transparentSniffWait = 300 * time.Millisecond
-
 // transparentOrigin is where a transparent connection was going and what it carried
 // (zero for the explicit proxy's connections): its records carry both.
 type transparentOrigin struct {
@@ -41,15 +36,8 @@ func (s *Server) listenTransparent() error {
 	if err != nil {
 		return err
 	}
-	lookup, wait := s.cfg.origDst, s.cfg.transparentSniffWait
-	if lookup == nil {
-		lookup = origdst.Lookup
-	}
-	if wait == 0 {
-		wait = transparentSniffWait
-	}
 	s.transparent = transparent.New(transparent.Config{
-		Listener: ln, Lookup: lookup, SniffWait: wait, HelloTimeout: s.cfg.HeaderTimeout,
+		Listener: ln, Lookup: s.cfg.origDst, SniffWait: s.cfg.transparentSniffWait, HelloTimeout: s.cfg.HeaderTimeout,
 		// The explicit listener's slots: one --max-connections bounds both, and every
 		// owner of a connection (the front, a tunnel) gives its slot back there.
 		Hold: s.proxyLn.Hold, Release: s.proxyLn.Release,

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/compass-egress/compass-egress/net/origdst"
 )
 
 // Protocols a transparent connection is read as, as decision records name them.
@@ -49,14 +51,13 @@ type Handler interface {
 	NotRedirected(c *net.TCPConn, source netip.AddrPort, err error)
 }
 
-// Config is a Listener's. Every field is required.
+// Config is a Listener's. Every field is required but Lookup and SniffWait.
 type Config struct {
 	Listener net.Listener
-	// Lookup is the original destination of a connection (origdst.Lookup; tests fake it).
+	// Lookup is the original destination of a connection (nil: origdst.Lookup; tests
+	// fake it).
 	Lookup func(*net.TCPConn) (netip.AddrPort, error)
-	// SniffWait bounds the wait for a client's first bytes: a protocol whose server
-	// speaks first (SMTP, MySQL, SSH servers that wait) sends nothing, and is decided
-	// as TCP once it has passed.
+	// SniffWait bounds the wait for a client's first bytes (0: DefaultSniffWait).
 	SniffWait time.Duration
 	// HelloTimeout bounds the reading of a ClientHello (--header-timeout).
 	HelloTimeout time.Duration
@@ -81,8 +82,19 @@ type Listener struct {
 	wg       sync.WaitGroup            // every connection's goroutine
 }
 
+// DefaultSniffWait is how long a client's first bytes are waited for: a protocol whose
+// server speaks first (SMTP, MySQL, FTP) sends nothing, and is decided as TCP once it
+// has passed; a client that speaks first has sent its bytes well within it.
+const DefaultSniffWait = 300 * time.Millisecond
+
 // New makes a listener; Serve serves it.
 func New(cfg Config) *Listener {
+	if cfg.Lookup == nil {
+		cfg.Lookup = origdst.Lookup
+	}
+	if cfg.SniffWait == 0 {
+		cfg.SniffWait = DefaultSniffWait
+	}
 	return &Listener{cfg: cfg, sniffing: map[*net.TCPConn]struct{}{}}
 }
 
