@@ -80,10 +80,12 @@ type BlockedSummary struct {
 // unless Overcount is set: then the destination took the place of others when the
 // sidecar's table was full, and Count may exceed its own tries by up to Overcount.
 type BlockedTarget struct {
-	Host      string `json:"host"`
-	Port      uint16 `json:"port"`   // 0 for DNS
-	Type      string `json:"type"`   // http, connect, tls or dns
-	Reason    string `json:"reason"` // the decision's reason code
+	Host   string `json:"host"`
+	Port   uint16 `json:"port"`   // 0 for DNS
+	Type   string `json:"type"`   // http, connect, tls, dns or transparent
+	Reason string `json:"reason"` // the decision's reason code
+	// Protocol is what a transparent connection was read as: tls, http or tcp.
+	Protocol  string `json:"protocol,omitempty"`
 	Count     uint64 `json:"count"`
 	Overcount uint64 `json:"overcount,omitempty"`
 }

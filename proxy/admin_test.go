@@ -120,7 +120,7 @@ func TestAdminBlockedSummary(t *testing.T) {
 	// Bounded memory: many distinct targets keep at most the capacity.
 	rs := h.srv.Current()
 	for i := range blockedCapacity + 100 {
-		rs.blocked.add(fmt.Sprintf("h%d.test", i), 443, typeConnect, "x")
+		rs.blocked.add(fmt.Sprintf("h%d.test", i), 443, typeConnect, "x", "")
 	}
 	if n := len(rs.blocked.byKey); n > blockedCapacity {
 		t.Fatalf("blocked map holds %d entries", n)

@@ -47,6 +47,9 @@ func (s *Server) Apply(p policy.Policy, task, phase *string, source string) admi
 		// Published first, swept second: a connection registered after the sweep
 		// re-reads the pointer and sees rs (see tracker.closeIf).
 		closed = s.tracker.closeIf(func(c *liveConn) bool {
+			if c.recheck != nil {
+				return !c.recheck(rs)
+			}
 			helloOK, _, _ := helloDecision(rs, c.serverName, c.encryptedHello, c.port)
 			return !helloOK || !s.decider.Recheck(rs, c.name, c.addr, c.port)
 		})

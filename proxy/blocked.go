@@ -19,6 +19,7 @@ type blockedKey struct {
 	port   uint16
 	typ    string
 	reason string
+	proto  string // a transparent connection's protocol; "" for the others
 }
 
 type blockedEntry struct {
@@ -45,8 +46,8 @@ func newBlockedCounter() *blockedCounter {
 	return &blockedCounter{byKey: make(map[blockedKey]*blockedEntry)}
 }
 
-func (b *blockedCounter) add(host string, port uint16, typ, reason string) {
-	k := blockedKey{clipHost(host), port, typ, reason}
+func (b *blockedCounter) add(host string, port uint16, typ, reason, proto string) {
+	k := blockedKey{clipHost(host), port, typ, reason, proto}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.total++
@@ -76,7 +77,7 @@ func (b *blockedCounter) summary(generation uint64) adminapi.BlockedSummary {
 	s := adminapi.BlockedSummary{Generation: generation, Total: b.total, Top: make([]adminapi.BlockedTarget, 0, min(len(b.byKey), blockedTop))}
 	all := make([]adminapi.BlockedTarget, 0, len(b.byKey))
 	for _, e := range b.byKey {
-		all = append(all, adminapi.BlockedTarget{Host: e.key.host, Port: e.key.port, Type: e.key.typ, Reason: e.key.reason, Count: e.count, Overcount: e.over})
+		all = append(all, adminapi.BlockedTarget{Host: e.key.host, Port: e.key.port, Type: e.key.typ, Reason: e.key.reason, Protocol: e.key.proto, Count: e.count, Overcount: e.over})
 	}
 	b.mu.Unlock()
 	sort.Slice(all, func(i, j int) bool {
@@ -92,7 +93,10 @@ func (b *blockedCounter) summary(generation uint64) adminapi.BlockedSummary {
 		if all[i].Type != all[j].Type {
 			return all[i].Type < all[j].Type
 		}
-		return all[i].Reason < all[j].Reason
+		if all[i].Reason != all[j].Reason {
+			return all[i].Reason < all[j].Reason
+		}
+		return all[i].Protocol < all[j].Protocol
 	})
 	s.Top = append(s.Top, all[:min(len(all), blockedTop)]...)
 	return s

@@ -23,13 +23,13 @@ func TestBlockedKeepsTheMostTried(t *testing.T) {
 	b := newBlockedCounter()
 	for i := range blockedCapacity {
 		name := fmt.Sprintf("n%d.noise.test", i)
-		b.add(name, 0, typeDNS, string(policy.ReasonNoNetwork))
-		b.add(name, 0, typeDNS, string(policy.ReasonNoNetwork))
+		b.add(name, 0, typeDNS, string(policy.ReasonNoNetwork), "")
+		b.add(name, 0, typeDNS, string(policy.ReasonNoNetwork), "")
 	}
 	const tries = 200
 	for i := range tries {
-		b.add("exfil.test", 0, typeDNS, string(policy.ReasonNoNetwork))
-		b.add(fmt.Sprintf("r%d.noise.test", i), 0, typeDNS, string(policy.ReasonNoNetwork))
+		b.add("exfil.test", 0, typeDNS, string(policy.ReasonNoNetwork), "")
+		b.add(fmt.Sprintf("r%d.noise.test", i), 0, typeDNS, string(policy.ReasonNoNetwork), "")
 	}
 	s := b.summary(1)
 	e, ok := findBlocked(s, "exfil.test")
@@ -52,7 +52,7 @@ func TestBlockedCountsExactlyWhileNotFull(t *testing.T) {
 	b := newBlockedCounter()
 	for i := range 10 {
 		for range i + 1 {
-			b.add(fmt.Sprintf("h%d.test", i), 443, typeConnect, string(policy.ReasonNotAllowlisted))
+			b.add(fmt.Sprintf("h%d.test", i), 443, typeConnect, string(policy.ReasonNotAllowlisted), "")
 		}
 	}
 	s := b.summary(1)
@@ -95,7 +95,7 @@ func TestBlockedSummaryOrder(t *testing.T) {
 			b := newBlockedCounter()
 			for _, tr := range tc.tries {
 				for range tr.n {
-					b.add(tr.host, tr.port, tr.typ, tr.reason)
+					b.add(tr.host, tr.port, tr.typ, tr.reason, "")
 				}
 			}
 			var got []string
@@ -109,7 +109,7 @@ func TestBlockedSummaryOrder(t *testing.T) {
 	}
 	b := newBlockedCounter()
 	for i := range blockedTop + 1 {
-		b.add(fmt.Sprintf("h%d.test", i), 443, typeConnect, deny)
+		b.add(fmt.Sprintf("h%d.test", i), 443, typeConnect, deny, "")
 	}
 	if s := b.summary(1); len(s.Top) != blockedTop || s.Total != blockedTop+1 {
 		t.Errorf("%d listed of total %d, want %d of %d", len(s.Top), s.Total, blockedTop, blockedTop+1)
@@ -123,13 +123,13 @@ func TestBlockedEvictsTheLeastCounted(t *testing.T) {
 	for _, first := range []int{0, blockedCapacity / 2, blockedCapacity - 1} {
 		b := newBlockedCounter()
 		for i := range blockedCapacity {
-			b.add(fmt.Sprintf("k%d.test", i), 443, typeConnect, deny)
+			b.add(fmt.Sprintf("k%d.test", i), 443, typeConnect, deny, "")
 		}
 		hot := fmt.Sprintf("k%d.test", first)
 		for range 4 {
-			b.add(hot, 443, typeConnect, deny)
+			b.add(hot, 443, typeConnect, deny, "")
 		}
-		b.add("new.test", 443, typeConnect, deny)
+		b.add("new.test", 443, typeConnect, deny, "")
 		if e, ok := findBlocked(b.summary(1), hot); !ok || e.Count != 5 || e.Overcount != 0 {
 			t.Errorf("%s, tried 5 times: %+v (reported %v), want count 5", hot, e, ok)
 		}

@@ -21,6 +21,9 @@ type liveConn struct {
 	// non-nil settle finishes a cut that must wait (a tunnel's 200 on its way out), and
 	// is called once every connection's close has started, so the waits overlap.
 	close func() (settle func())
+	// recheck, when set, is how a swap re-decides the connection (a transparent one
+	// decided on the names its client was answered); else by name and address.
+	recheck func(*RuleSet) bool
 }
 
 // tracker holds every live connection so a rule swap can re-decide each of them.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
+	"time"
 
 	"github.com/miekg/dns"
 
@@ -30,8 +31,11 @@ func (s *Server) newDNSServer() *dnsserver.Server {
 			s.log.Info("dns message malformed", "type", typeDNS, "decision", "denied", "reason", dnsserver.ReasonMalformedQuery, "error", clipError(err))
 		},
 		Recovered: func(client string, p any) { s.recovered(componentDNS, typeDNS, client, p) },
-		Log:       s.log,
-		Metrics:   dnsserver.Metrics{Queries: s.metrics.dnsQueries, Overloaded: s.metrics.dnsOverloaded},
+		Answered: func(client netip.Addr, name string, addrs []netip.Addr, ttl time.Duration) {
+			s.fqdn.Record(client, name, addrs, ttl)
+		},
+		Log:     s.log,
+		Metrics: dnsserver.Metrics{Queries: s.metrics.dnsQueries, Overloaded: s.metrics.dnsOverloaded},
 	})
 }
 
@@ -40,7 +44,7 @@ func (s *Server) newDNSServer() *dnsserver.Server {
 func (s *Server) dnsDecided(o dnsserver.Outcome) {
 	rs := o.RuleSet.(*RuleSet)
 	if o.Decision == "denied" {
-		rs.blocked.add(o.Name, 0, typeDNS, o.Reason)
+		rs.blocked.add(o.Name, 0, typeDNS, o.Reason, "")
 	}
 	s.logDecision(rs, typeDNS, o.Decision, o.Reason, ruleString(o.Rule), o.Name, 0, netip.Addr{}, o.Client, slog.String("qtype", dns.Type(o.Qtype).String()))
 }

@@ -30,6 +30,9 @@ type requestState struct {
 	client *requestClient
 	fr     *httpfront.Request // the front's view of the request: its Host field, body, client
 	rs     *RuleSet
+	// origin is the original destination of the transparent connection the request
+	// came on, which alone it may go to (zero: the explicit proxy's).
+	origin netip.AddrPort
 	// entry is the tracked in-flight HTTP request, if one was allowed.
 	entry *liveConn
 	// verdict is the allowed request's, which its dial (dialChecked, or the upstream
@@ -305,6 +308,9 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, st *requestS
 		r.Body = &countingBody{ReadCloser: r.Body, n: &st.up}
 	}
 	rw := &proxyResponseWriter{ResponseWriter: w, st: st, idle: s.cfg.TunnelIdleTimeout}
+	if st.origin.IsValid() {
+		originForm(r, st)
+	}
 	// Deferred, so a panic in the handler chain (which the front recovers) still
 	// gives back the tracker entry, the gauge and the connection slot.
 	defer s.settle(st)
@@ -373,8 +379,9 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 			// listed as written, not as a refusal of nothing.
 			v.Host = asWritten(r.RequestURI)
 		}
-		s.record(rs, typeHTTP, v, r.RemoteAddr)
-		return r, refusalResponse(r, rs, typeHTTP, v)
+		typ, o := st.recordAs()
+		s.recordOrigin(rs, typ, v, r.RemoteAddr, o)
+		return r, refusalResponse(r, rs, typ, v)
 	}
 	st.verdict = v
 	s.readyForward(r, st, rs)
@@ -410,6 +417,9 @@ func (s *Server) verdictHTTP(r *http.Request, st *requestState, rs *RuleSet) Ver
 	if v.Reason != "" {
 		return v
 	}
+	if st.origin.IsValid() { // a Host without a port names the original one
+		defaultPort = st.origin.Port()
+	}
 	host, port, reason := splitAuthority(r.URL.Host, defaultPort)
 	if reason != "" {
 		v.Reason = reason
@@ -418,6 +428,10 @@ func (s *Server) verdictHTTP(r *http.Request, st *requestState, rs *RuleSet) Ver
 	v = s.decide(r.Context(), rs, host, port)
 	if v.Allowed && st.fr.HostSent && !sameAuthority(st.fr.Host, r.URL.Host, defaultPort) {
 		v.Allowed, v.Addrs, v.Reason, v.Rule = false, nil, ReasonHostMismatch, ""
+	}
+	if v.Allowed && st.origin.IsValid() {
+		client, _ := netip.ParseAddrPort(r.RemoteAddr)
+		v = s.pinOrigin(rs, client.Addr().Unmap(), st.origin, v, ReasonHostAddressMismatch)
 	}
 	return v
 }
@@ -455,10 +469,11 @@ func (s *Server) trackHTTP(st *requestState, rs *RuleSet, v Verdict) (*RuleSet, 
 func (s *Server) readyForward(r *http.Request, st *requestState, rs *RuleSet) {
 	var once sync.Once
 	allowed, client := st.verdict, r.RemoteAddr
+	typ, o := st.recordAs()
 	st.logAllowed = func() {
 		once.Do(func() {
 			allowed.Addr = s.tracker.addrOf(st.entry)
-			s.record(rs, typeHTTP, allowed, client)
+			s.recordOrigin(rs, typ, allowed, client, o)
 		})
 	}
 	if name := st.verdict.Name; name != "" && hasNonASCII(r.URL.Host) {
@@ -700,6 +715,10 @@ func (s *Server) dialVerdict(ctx context.Context, stop *connio.DialStop, v *Verd
 	if keepAlive {
 		d.KeepAliveConfig = connio.UpstreamKeepAlive
 	}
+	dial := d.DialContext
+	if s.cfg.dial != nil {
+		dial = s.cfg.dial
+	}
 	var lastErr error
 	refused := false
 	for _, a := range v.Addrs {
@@ -723,7 +742,7 @@ func (s *Server) dialVerdict(ctx context.Context, stop *connio.DialStop, v *Verd
 		if stop != nil {
 			actx, done = stop.Attempt(s.cfg.DialTimeout)
 		}
-		c, err := d.DialContext(actx, "tcp", netip.AddrPortFrom(a, v.Port).String())
+		c, err := dial(actx, "tcp", netip.AddrPortFrom(a, v.Port).String())
 		if done != nil {
 			done()
 		}
@@ -753,12 +772,23 @@ func (s *Server) admitAddr(rs *RuleSet, entry *liveConn, a netip.Addr) bool {
 
 // record logs one decision and counts it.
 func (s *Server) record(rs *RuleSet, typ string, v Verdict, client string) {
+	s.recordOrigin(rs, typ, v, client, transparentOrigin{})
+}
+
+// recordOrigin is record for a connection that may have come transparently to o: its
+// line names the protocol and the original destination, its blocked entry the protocol.
+func (s *Server) recordOrigin(rs *RuleSet, typ string, v Verdict, client string, o transparentOrigin) {
 	decision := decisionLabel(v.Allowed)
 	s.metrics.requests.WithLabelValues(typ, decision, v.Reason).Inc()
 	if !v.Allowed {
-		rs.blocked.add(blockedHost(v), v.Port, typ, v.Reason)
+		rs.blocked.add(blockedHost(v), v.Port, typ, v.Reason, o.protocol)
 	}
-	s.logDecision(rs, typ, decision, v.Reason, v.Rule, blockedHost(v), v.Port, v.Addr, client)
+	if o.protocol == "" {
+		s.logDecision(rs, typ, decision, v.Reason, v.Rule, blockedHost(v), v.Port, v.Addr, client)
+		return
+	}
+	s.logDecision(rs, typ, decision, v.Reason, v.Rule, blockedHost(v), v.Port, v.Addr, client,
+		slog.String("protocol", o.protocol), slog.String("original_dst", o.dst.String()))
 }
 
 func blockedHost(v Verdict) string {

@@ -27,7 +27,7 @@ func (h frontHandler) Connect(r *httpfront.Request, req *http.Request) bool {
 
 // Forward is the state of r, a request the front reads, for goproxy's handler chain.
 func (h frontHandler) Forward(r *httpfront.Request) httpfront.Exchange {
-	st := &requestState{client: &requestClient{s: h.s, conn: r.Conn, cancel: r.Cancel}, ctx: r.Ctx, fr: r}
+	st := &requestState{client: &requestClient{s: h.s, conn: r.Conn, cancel: r.Cancel}, ctx: r.Ctx, fr: r, origin: r.Origin}
 	if r.HasBody() {
 		st.head.OnConnEnd = r.StopBody
 	}

@@ -20,6 +20,7 @@ type metrics struct {
 	// The series of active and bytes, resolved once: a label lookup per connection
 	// is a hash and a lock.
 	activeHTTP, activeConnect prometheus.Gauge
+	activeTransparent         prometheus.Gauge
 	bytesUp, bytesDown        prometheus.Counter
 	dialDuration              prometheus.Histogram
 	generation                prometheus.Gauge
@@ -42,7 +43,7 @@ func newMetrics() *metrics {
 		dnsQueries: dnsm.Queries,
 		active: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "compass_proxy_active_connections",
-			Help: "Connections carrying traffic now: CONNECT tunnels and HTTP requests in flight.",
+			Help: "Connections carrying traffic now: CONNECT tunnels, transparent tunnels and HTTP requests in flight.",
 		}, []string{"type"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "compass_proxy_bytes_total",
@@ -88,6 +89,7 @@ func newMetrics() *metrics {
 		m.generation, m.reloads, m.reloadOK, m.swapClosed, m.connectionsCap, m.dnsOverloaded, m.panics, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.activeHTTP, m.activeConnect = m.active.WithLabelValues(typeHTTP), m.active.WithLabelValues(typeConnect)
+	m.activeTransparent = m.active.WithLabelValues(typeTransparent)
 	m.bytesUp, m.bytesDown = m.bytes.WithLabelValues("upstream"), m.bytes.WithLabelValues("downstream")
 	for _, c := range panicComponents {
 		m.panics.WithLabelValues(c)

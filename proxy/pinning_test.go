@@ -26,7 +26,7 @@ func TestBlockedDoesNotPinRequestLines(t *testing.T) {
 	for i := range blockedCapacity {
 		line := fmt.Sprintf("h%d.test", i) + "/" + strings.Repeat("x", lineSize)
 		host := line[:strings.IndexByte(line, '/')]
-		b.add(host, 80, typeHTTP, string(policy.ReasonNotAllowlisted))
+		b.add(host, 80, typeHTTP, string(policy.ReasonNotAllowlisted), "")
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)

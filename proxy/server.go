@@ -29,7 +29,9 @@ import (
 	"github.com/compass-egress/compass-egress/proxy/connio"
 	"github.com/compass-egress/compass-egress/proxy/dnsserver"
 	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
+	"github.com/compass-egress/compass-egress/proxy/fqdncache"
 	"github.com/compass-egress/compass-egress/proxy/httpfront"
+	"github.com/compass-egress/compass-egress/proxy/transparent"
 )
 
 // Config is everything the sidecar needs; cmd/compass-proxy fills it from flags.
@@ -37,11 +39,14 @@ type Config struct {
 	Listen        string // proxy address, e.g. ":3128"
 	DNSListen     string // DNS address (UDP and TCP); "" disables
 	MetricsListen string // /metrics, /livez, /readyz; "" disables
-	AdminSocket   string // unix socket of the admin API
-	DNSUpstreams  []string
-	PolicyFile    string // initial policy, re-read by Reload; "" starts as no-network
-	AllowInternal []netip.Prefix
-	Task, Phase   string
+	// TransparentListen is the transparent listener's address (redirected connections,
+	// see proxy/transparent); "" disables it.
+	TransparentListen string
+	AdminSocket       string // unix socket of the admin API
+	DNSUpstreams      []string
+	PolicyFile        string // initial policy, re-read by Reload; "" starts as no-network
+	AllowInternal     []netip.Prefix
+	Task, Phase       string
 	// RequireNoForwarding refuses readiness unless IPv4 and IPv6 forwarding are off.
 	RequireNoForwarding bool
 	// ProcRoot is "/proc" unless tests say otherwise: the forwarding sysctls and the
@@ -93,6 +98,13 @@ type Config struct {
 	// dialControl, when set, runs before every upstream connect (tests: refuse anything
 	// but loopback, so that a broken guard fails a test without reaching a real address).
 	dialControl func(network, address string, c syscall.RawConn) error
+	// dial, when set, opens upstream connections instead of net.Dialer (tests: inside a
+	// namespace); origDst replaces origdst.Lookup, transparentSniffWait the transparent
+	// listener's default wait, and now the clock of the names the DNS server answered.
+	dial                 func(ctx context.Context, network, address string) (net.Conn, error)
+	origDst              func(*net.TCPConn) (netip.AddrPort, error)
+	transparentSniffWait time.Duration
+	now                  func() time.Time
 }
 
 // Connection types, as they appear in logs and metric labels.
@@ -101,6 +113,8 @@ const (
 	typeConnect = httpfront.TypeConnect
 	typeDNS     = "dns"
 	typeTLS     = "tls" // the server name of a tunnel's ClientHello (see helloGate)
+	// typeTransparent is a connection the transparent listener took (see transparent.go).
+	typeTransparent = "transparent"
 )
 
 // Server is one running sidecar.
@@ -129,6 +143,10 @@ type Server struct {
 	metricsLn  net.Listener
 	dnsAddr    net.Addr
 	dns        *dnsserver.Server
+	// transparent is the transparent listener (nil: off); fqdn the names the DNS server
+	// answered each client, which decide its transparent connections that name nothing.
+	transparent *transparent.Listener
+	fqdn        *fqdncache.Cache
 
 	tunnelMu sync.Mutex // orders tunnels.Add against the drain's Wait
 	tunnels  sync.WaitGroup
@@ -197,7 +215,7 @@ func New(cfg Config) (*Server, error) {
 			*c.n = c.def
 		}
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), tracker: newTracker()}
+	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), tracker: newTracker(), fqdn: newFQDNCache(cfg.now)}
 	s.upstreams = dnsupstream.NewUpstreams(cfg.DNSUpstreams, cfg.DNSTimeout)
 	s.dns = s.newDNSServer()
 	resolver := cfg.Resolver
@@ -253,6 +271,14 @@ func (s *Server) MetricsAddr() net.Addr {
 	return s.metricsLn.Addr()
 }
 
+// TransparentAddr is the transparent listener's bound address (nil: off).
+func (s *Server) TransparentAddr() net.Addr {
+	if s.transparent == nil {
+		return nil
+	}
+	return s.transparent.Addr()
+}
+
 // Start binds every listener and serves in the background. A bind failure is returned
 // and nothing keeps running.
 func (s *Server) Start() (err error) {
@@ -297,6 +323,13 @@ func (s *Server) Start() (err error) {
 	}
 	closers = append(closers, func() { adminLn.Close() })
 	s.adminLn = adminLn
+
+	if s.cfg.TransparentListen != "" {
+		if err := s.listenTransparent(); err != nil {
+			return fmt.Errorf("proxy: transparent listen %s: %w", s.cfg.TransparentListen, err)
+		}
+		closers = append(closers, func() { s.transparent.Close() })
+	}
 
 	if s.cfg.MetricsListen != "" {
 		ml, err := connio.ListenTCP(s.cfg.MetricsListen, net.ListenConfig{})
@@ -405,7 +438,7 @@ func (s *Server) ownAddrs() []netip.Addr {
 // listenEndpoints are the bound TCP endpoints a tunnel could loop back into.
 func (s *Server) listenEndpoints() []netip.AddrPort {
 	var eps []netip.AddrPort
-	for _, a := range []net.Addr{s.proxyLn.Addr(), s.dnsAddr, s.MetricsAddr()} {
+	for _, a := range []net.Addr{s.proxyLn.Addr(), s.dnsAddr, s.MetricsAddr(), s.TransparentAddr()} {
 		if a == nil {
 			continue
 		}
@@ -518,6 +551,9 @@ func (s *Server) Ready() (bool, string) {
 	if !s.started.Load() {
 		return false, "starting"
 	}
+	if s.transparent != nil && !s.transparent.Serving() {
+		return false, "transparent listener not serving"
+	}
 	if !s.cfg.RequireNoForwarding {
 		return true, ""
 	}
@@ -558,6 +594,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
 	s.tunnelMu.Unlock()
 	s.proxyLn.Close()
+	if s.transparent != nil {
+		s.transparent.Close()
+	}
 	for _, d := range s.dnsServers {
 		_ = d.ShutdownContext(ctx)
 		if d.PacketConn != nil {

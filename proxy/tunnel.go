@@ -53,7 +53,10 @@ type tunnel struct {
 	// writes to peers that read slowly (see connio.IdleWatch).
 	idle connio.IdleWatch
 
-	entry       *liveConn
+	entry *liveConn
+	typ   string // typeConnect or typeTransparent
+	// done, when not nil, runs once the tunnel has ended.
+	done        func()
 	host        string
 	port        uint16
 	addr        netip.Addr
@@ -82,7 +85,7 @@ func (s *Server) startTunnel(t *tunnel) {
 	}
 	t.idle.Start(t.clock, keepAlive, tunnelKeepAliveAfter, func(panicked any) {
 		if panicked != nil {
-			s.recovered(componentTunnel, typeConnect, t.clientAddr, panicked)
+			s.recovered(componentTunnel, t.typ, t.clientAddr, panicked)
 		}
 		// Both sides close, which ends both directions: the last one finishes the tunnel.
 		t.upward.Close()
@@ -122,7 +125,7 @@ func (s *Server) recoverRelay(t *tunnel, ended *uint8) {
 	if p == nil {
 		return
 	}
-	s.recovered(componentTunnel, typeConnect, t.clientAddr, p)
+	s.recovered(componentTunnel, t.typ, t.clientAddr, p)
 	t.upward.Close()
 	s.tracker.remove(t.entry)
 	switch *ended {
@@ -149,15 +152,22 @@ func (s *Server) finishTunnel(t *tunnel) {
 	t.finishing = true
 	// Deferred, as they are counts that must be given back once, a panic or not.
 	defer s.tunnels.Done()
-	defer s.metrics.activeConnect.Dec()
+	if t.typ == typeTransparent {
+		defer s.metrics.activeTransparent.Dec()
+	} else {
+		defer s.metrics.activeConnect.Dec()
+	}
 	defer s.proxyLn.Release()
+	if t.done != nil {
+		defer t.done()
+	}
 	t.idle.Stop()
 	t.upward.Close()
 	s.tracker.remove(t.entry)
 	s.metrics.bytesUp.Add(float64(t.upward.Moved()))
 	s.metrics.bytesDown.Add(float64(t.downward.Moved()))
 	if s.log.Enabled(context.Background(), slog.LevelInfo) {
-		s.logLine(slog.LevelInfo, "tunnel closed", slog.String("type", typeConnect),
+		s.logLine(slog.LevelInfo, "tunnel closed", slog.String("type", t.typ),
 			slog.String("host", t.host), slog.Int("port", int(t.port)), slog.String("addr", t.addr.String()),
 			slog.String("client", t.clientAddr), slog.Int64("bytes_up", t.upward.Moved()), slog.Int64("bytes_down", t.downward.Moved()),
 			slog.Float64("duration_seconds", time.Since(t.start).Seconds()), slog.Uint64("generation", t.gen),

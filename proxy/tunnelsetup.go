@@ -247,7 +247,7 @@ func (ts *tunnelSetup) handOver(rs *RuleSet, addr netip.Addr, buffered []byte) {
 	// The tunnel keeps only what it logs: not the request, whose memory would otherwise
 	// live as long as the tunnel.
 	t := &tunnel{upward: connio.NewDirection(up, client, buffered), downward: connio.NewDirection(client, up, nil),
-		entry: ts.entry, host: blockedHost(v), port: v.Port, addr: addr, clientAddr: ts.r.RemoteAddr,
+		entry: ts.entry, typ: typeConnect, host: blockedHost(v), port: v.Port, addr: addr, clientAddr: ts.r.RemoteAddr,
 		gen: rs.Generation, task: rs.Task, phase: rs.Phase}
 	// A target by name gets its TLS server name checked (an address literal is what an
 	// IP/CIDR rule allowed). Both sides of a tunnel are TCP, the gate's relay.

@@ -143,6 +143,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.Var(&o.upstreams, "dns-upstream", "upstream DNS resolver, an IP address with an optional port (default 53); repeatable or comma-separated (default: the nameservers of /etc/resolv.conf)")
 	fs.StringVar(&c.AdminSocket, "admin-socket", "/run/compass/admin.sock", "unix socket of the admin API; only a stale socket at the path is replaced")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", "", "TCP address of /metrics, /livez and /readyz (also on the admin socket); empty (default) disables it. Never an address the sandbox can reach")
+	fs.StringVar(&c.TransparentListen, "transparent-listen", "", "TCP address of the transparent listener, which takes the connections the sidecar's nftables table redirects (the controller passes :15001); empty (default) disables it")
 	fs.StringVar(&c.PolicyFile, "policy", "", "initial policy file (JSON or YAML), re-read on SIGHUP; without it the proxy starts as no-network")
 	fs.Var(&o.allowInternal, "allow-internal", "CIDR exempt from the internal-address guard (repeatable; for development and tests)")
 	fs.StringVar(&c.Task, "task", "", "initial task label of logs")

@@ -52,7 +52,7 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 	}{
 		{"defaults", nil, nil, func(t *testing.T, o *options) {
 			c := o.cfg
-			if c.Listen != ":3128" || c.DNSListen != ":53" || c.MetricsListen != "" || c.AdminSocket != "/run/compass/admin.sock" ||
+			if c.Listen != ":3128" || c.DNSListen != ":53" || c.MetricsListen != "" || c.TransparentListen != "" || c.AdminSocket != "/run/compass/admin.sock" ||
 				!c.RequireNoForwarding || c.MaxConnections != 4096 || c.DNSTimeout != 2*time.Second || c.PolicyFile != "" ||
 				o.logFlush != 100*time.Millisecond {
 				t.Fatalf("%+v, log flush %v", c, o.logFlush)
@@ -77,6 +77,11 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 					t.Fatalf("%+v", o.cfg)
 				}
 			}, ""},
+		{"transparent-listen from env", nil, map[string]string{"COMPASS_PROXY_TRANSPARENT_LISTEN": ":15001"}, func(t *testing.T, o *options) {
+			if o.cfg.TransparentListen != ":15001" {
+				t.Fatalf("%+v", o.cfg)
+			}
+		}, ""},
 		{"deny-private from env", nil, map[string]string{"COMPASS_PROXY_DENY_PRIVATE": "true"}, func(t *testing.T, o *options) {
 			if !o.cfg.DenyPrivate {
 				t.Fatalf("%+v", o.cfg)

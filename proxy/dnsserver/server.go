@@ -8,7 +8,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"net"
+	"net/netip"
 	"time"
 
 	"github.com/miekg/dns"
@@ -45,8 +47,12 @@ type Config struct {
 	Malformed func(err error)
 	// Recovered logs and counts a panic of one query, from client.
 	Recovered func(client string, p any)
-	Log       *slog.Logger
-	Metrics   Metrics
+	// Answered, when not nil, learns the addresses of each allowed answer sent whole to
+	// client for name (the question's), with the smallest TTL among them: a transparent
+	// connection to one of them is decided on the name (see proxy/fqdncache).
+	Answered func(client netip.Addr, name string, addrs []netip.Addr, ttl time.Duration)
+	Log      *slog.Logger
+	Metrics  Metrics
 }
 
 // Server answers the sandbox's queries; it is a dns.Handler.
@@ -103,14 +109,16 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	o := s.answer(s.cfg.Current(), req)
 	o.Client = client
-	s.send(w, req, &o, udp, &wrote)
+	if s.send(w, req, &o, udp, &wrote) && o.Decision == "allowed" && s.cfg.Answered != nil {
+		s.learn(w.RemoteAddr(), o)
+	}
 	s.cfg.Metrics.Queries.WithLabelValues(o.Decision, typeLabel(o.Qtype)).Inc()
 	s.cfg.Decided(o)
 }
 
-// send writes o's answer, cut to the client's UDP size. An answer that cannot be sent
-// turns o into a refusal (SERVFAIL).
-func (s *Server) send(w dns.ResponseWriter, req *dns.Msg, o *Outcome, udp bool, wrote *bool) {
+// send writes o's answer, cut to the client's UDP size, and reports whether it went
+// out. An answer that cannot be sent turns o into a refusal (SERVFAIL).
+func (s *Server) send(w dns.ResponseWriter, req *dns.Msg, o *Outcome, udp bool, wrote *bool) bool {
 	resp := o.resp
 	// An upstream's answer arrives compressed and unpacks without compression: packed
 	// as it came, an answer under 64 KiB could outgrow a TCP message.
@@ -123,12 +131,42 @@ func (s *Server) send(w dns.ResponseWriter, req *dns.Msg, o *Outcome, udp bool, 
 		resp.Truncate(size)
 	}
 	var netErr net.Error
-	if err := writeMsg(w, resp, wrote); err != nil && o.Decision == "allowed" && !errors.As(err, &netErr) {
+	err := writeMsg(w, resp, wrote)
+	if err != nil && o.Decision == "allowed" && !errors.As(err, &netErr) {
 		// Not even compressed does it fit: the client gets SERVFAIL, not silence. (A
 		// network error is a TCP client that left: its query was still allowed.)
 		s.cfg.Log.Warn("dns answer not sent", "name", o.Name, "error", err.Error())
 		o.Decision, o.Reason = "denied", ReasonUpstreamFailed
 		_ = w.WriteMsg(refusal(req, dns.RcodeServerFailure, ReasonUpstreamFailed))
+	}
+	return err == nil
+}
+
+// learn hands the addresses of o's answer, as sent (after truncation), to Answered.
+func (s *Server) learn(from net.Addr, o Outcome) {
+	ap, err := netip.ParseAddrPort(from.String())
+	if err != nil {
+		return
+	}
+	var addrs []netip.Addr
+	ttl := uint32(math.MaxUint32)
+	for _, rr := range o.resp.Answer {
+		var a netip.Addr
+		switch r := rr.(type) {
+		case *dns.A:
+			a, _ = netip.AddrFromSlice(r.A.To4())
+		case *dns.AAAA:
+			a, _ = netip.AddrFromSlice(r.AAAA)
+		default:
+			continue
+		}
+		if a.IsValid() {
+			addrs = append(addrs, a.Unmap())
+			ttl = min(ttl, rr.Header().Ttl)
+		}
+	}
+	if len(addrs) > 0 {
+		s.cfg.Answered(ap.Addr().Unmap(), o.Name, addrs, time.Duration(ttl)*time.Second)
 	}
 }
 

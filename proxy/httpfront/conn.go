@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"time"
 
@@ -23,11 +24,23 @@ type clientConn struct {
 	out    connio.IdleWriter // c, for answers to forwarded requests
 	gone   connio.GoneWatch  // c, while a request without a body is served
 	typ    string            // the type of the request being served, for a panic's log line
+	origin netip.AddrPort    // a transparent connection's original destination (see ServeOrigin)
 }
 
-func (f *Front) serveConn(c net.Conn) {
+// ServeOrigin serves c, a transparent connection to origin that holds a slot of the
+// listener, on the caller's goroutine: each of its requests reaches the Handler with
+// Origin set, to be decided on its own Host and sent to origin alone.
+func (f *Front) ServeOrigin(c net.Conn, origin netip.AddrPort) {
+	if !f.track(c) {
+		f.closeAnswered(c)
+		return
+	}
+	f.serveConn(c, origin)
+}
+
+func (f *Front) serveConn(c net.Conn, origin netip.AddrPort) {
 	defer f.untrack(c)
-	cc := &clientConn{c: c, in: &clientReader{c: c, N: math.MaxInt64}, remote: c.RemoteAddr().String(),
+	cc := &clientConn{c: c, in: &clientReader{c: c, N: math.MaxInt64}, remote: c.RemoteAddr().String(), origin: origin,
 		out: connio.NewIdleWriter(c, f.cfg.TunnelIdleTimeout, connio.ErrClientIdle)}
 	cc.br = frontReaders.Get().(*bufio.Reader)
 	cc.br.Reset(cc.in)
@@ -146,7 +159,7 @@ func (f *Front) serveHead(cc *clientConn, first bool) (keep, handedOver bool) {
 		f.refuseMalformed(cc, typ, ReasonMalformedRequest, req.Host, answer)
 		return false, false
 	}
-	r := &Request{Ctx: ctx, Cancel: cancel, Conn: c, Client: cc.remote, f: f, cc: cc}
+	r := &Request{Ctx: ctx, Cancel: cancel, Conn: c, Client: cc.remote, Origin: cc.origin, f: f, cc: cc}
 	if len(fields.hosts) > 0 {
 		r.Host, r.HostSent = fields.hosts[0], true
 	}

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -150,7 +151,7 @@ func (f *Front) dispatch(c net.Conn) {
 func (f *Front) worker(c net.Conn) {
 	defer f.workers.Done()
 	for {
-		f.serveConn(c)
+		f.serveConn(c, netip.AddrPort{})
 		if f.idle.Add(1) > maxIdleWorkers {
 			f.idle.Add(-1)
 			return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -76,6 +77,9 @@ type Request struct {
 	// of the front's writes.
 	Conn   net.Conn
 	Client string // Conn's remote address
+	// Origin is the original destination of the transparent connection the request came
+	// on, which alone it may go to (zero: a connection to the explicit proxy).
+	Origin netip.AddrPort
 	// Host is the request's first Host field as sent (HostSent: there was one), which
 	// net/http drops from an absolute-form request.
 	Host     string
