@@ -53,6 +53,12 @@ func (e *events) all() []string {
 	return append([]string(nil), e.log...)
 }
 
+func (e *events) reset() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.log = nil
+}
+
 // index returns the position of the first event starting with prefix, or -1.
 func (e *events) index(prefix string) int {
 	for i, s := range e.all() {
