@@ -363,3 +363,6 @@ func (p *Provider) RemoveByName(ctx context.Context, env string) error {
 	}
 	return e.remove(ctx)
 }
+
+// TransparentLink is the spec of the environment's transparent path (restricted modes).
+func (e *Env) TransparentLink() egresslink.Spec { return e.link }
