@@ -304,6 +304,7 @@ func (tr *taskRun) apply(ctx context.Context, role lifecycle.Role, phase string,
 	if tn.PreviousBlocked != nil {
 		ended.Summary, ended.Error = *tn.PreviousBlocked, ""
 	}
+	ended.Dropped = tn.PreviousDropped
 	tr.recordBlocked(ended)
 	tr.mu.Lock()
 	if err != nil {

@@ -95,4 +95,17 @@ type Transition struct {
 	// PreviousBlocked is the summary of the policy generation this switch ended, taken
 	// by the enforcement point atomically with the swap; nil when the provider cannot say.
 	PreviousBlocked *adminapi.BlockedSummary `json:"previous_blocked,omitempty"`
+	// PreviousDropped is what the transparent path dropped (per class: udp, icmp, other,
+	// spoofed) during the phase this switch ended, read as the switch takes the path
+	// over or removes it; nil when that phase had no transparent path.
+	PreviousDropped Drops `json:"previous_dropped,omitempty"`
+}
+
+// Drops counts the packets an enforcement point dropped, per class.
+type Drops map[string]DropCount
+
+// DropCount is one class's dropped packets and bytes.
+type DropCount struct {
+	Packets uint64 `json:"packets"`
+	Bytes   uint64 `json:"bytes"`
 }

@@ -131,7 +131,9 @@ type PhaseBlocked struct {
 	Phase       string                  `json:"phase"`
 	Mode        policy.Mode             `json:"mode"`
 	Summary     adminapi.BlockedSummary `json:"summary"`
-	Error       string                  `json:"error,omitempty"`
+	// Dropped is what the transparent path dropped in the phase, when it had one.
+	Dropped Drops  `json:"dropped,omitempty"`
+	Error   string `json:"error,omitempty"`
 }
 
 // ArtifactRecord is one declared artifact path.

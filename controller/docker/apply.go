@@ -24,6 +24,7 @@ const (
 	partWiring  = "wiring"  // Docker network connect/disconnect of the agent
 	partRoutes  = "routes"  // default routes in the agent's namespace
 	partSidecar = "sidecar" // sidecar restarted or reconnected (repair)
+	partLink    = "link"    // the transparent path: the sidecar's table and the agent's link
 )
 
 // SwitchReport is a transition plus what the switch changed, for people.
@@ -161,38 +162,8 @@ func (e *Env) switchSteps(ctx context.Context, pol policy.Policy, label controll
 	if err := e.timed(r, partSidecar, func() error { return e.ensureSidecarRunning(ctx, r) }); err != nil {
 		return err
 	}
-	onEgress := connectedTo(agent, e.egressNet)
 	if pol.Restricted() {
-		// Every network but the task network may lead out, whichever egress network
-		// this process is configured with, so the agent leaves all of them.
-		interim := len(otherNetworks(agent, e.names.Network)) > 0
-		if interim {
-			phase := r.endedPhase
-			if pol.Equal(policy.NoNetwork) {
-				phase = label.Phase // the interim is the switch's own policy
-			}
-			if err := e.timed(r, partRules, func() error { return e.putRules(ctx, policy.NoNetwork, phase, r) }); err != nil {
-				return err
-			}
-		}
-		if err := e.timed(r, partWiring, func() error { return e.detachAgent(ctx, agent, r, e.names.Network) }); err != nil {
-			return err
-		}
-		if err := e.timed(r, partRoutes, func() error {
-			pid, err := e.sameAgent(ctx, agent)
-			if err != nil {
-				return err
-			}
-			return e.cutRoutes(pid, r)
-		}); err != nil {
-			return err
-		}
-		if !interim || !pol.Equal(policy.NoNetwork) {
-			if err := e.timed(r, partRules, func() error { return e.putRules(ctx, pol, label.Phase, r) }); err != nil {
-				return err
-			}
-		}
-		return e.timed(r, partSidecar, func() error { return e.ensureSidecarEgress(ctx, r) })
+		return e.restrictSteps(ctx, agent, pol, label, r)
 	}
 	if err := e.timed(r, partRules, func() error { return e.putRules(ctx, pol, label.Phase, r) }); err != nil {
 		return err
@@ -205,7 +176,18 @@ func (e *Env) switchSteps(ctx context.Context, pol policy.Policy, label controll
 	if err := e.timed(r, partWiring, func() error { return e.detachAgent(ctx, agent, r, e.names.Network, e.egressNet) }); err != nil {
 		return err
 	}
-	if !onEgress {
+	// The transparent path goes before the agent is connected: its route out must be
+	// Docker's alone.
+	if err := e.timed(r, partLink, func() error {
+		pid, err := e.sameAgent(ctx, agent)
+		if err != nil {
+			return err
+		}
+		return e.removeLink(ctx, pid, r)
+	}); err != nil {
+		return err
+	}
+	if !connectedTo(agent, e.egressNet) {
 		err := e.timed(r, partWiring, func() error {
 			if err := e.p.api.NetworkConnect(ctx, e.egressNet, e.agentRef, &network.EndpointSettings{}); err != nil {
 				return fmt.Errorf("docker: connect agent to %s: %w", e.egressNet, err)
@@ -224,6 +206,46 @@ func (e *Env) switchSteps(ctx context.Context, pol policy.Policy, label controll
 		}
 		return e.publicRoute(ctx, pid, r)
 	})
+}
+
+// restrictSteps switches to a restricted mode: the agent leaves every network but the
+// task network and loses every default route, then gets the transparent path (the
+// sidecar's table, then the link with the one default route via the sidecar), checked,
+// and only then the new rules.
+func (e *Env) restrictSteps(ctx context.Context, agent container.InspectResponse, pol policy.Policy, label controller.PhaseLabel, r *SwitchReport) error {
+	// Every network but the task network may lead out, whichever egress network
+	// this process is configured with, so the agent leaves all of them.
+	interim := len(otherNetworks(agent, e.names.Network)) > 0
+	if interim {
+		phase := r.endedPhase
+		if pol.Equal(policy.NoNetwork) {
+			phase = label.Phase // the interim is the switch's own policy
+		}
+		if err := e.timed(r, partRules, func() error { return e.putRules(ctx, policy.NoNetwork, phase, r) }); err != nil {
+			return err
+		}
+	}
+	if err := e.timed(r, partWiring, func() error { return e.detachAgent(ctx, agent, r, e.names.Network) }); err != nil {
+		return err
+	}
+	var pid int
+	if err := e.timed(r, partRoutes, func() (err error) {
+		if pid, err = e.sameAgent(ctx, agent); err != nil {
+			return err
+		}
+		return e.cutRoutes(pid, r)
+	}); err != nil {
+		return err
+	}
+	if err := e.timed(r, partLink, func() error { return e.ensureLink(ctx, pid, r) }); err != nil {
+		return err
+	}
+	if !interim || !pol.Equal(policy.NoNetwork) {
+		if err := e.timed(r, partRules, func() error { return e.putRules(ctx, pol, label.Phase, r) }); err != nil {
+			return err
+		}
+	}
+	return e.timed(r, partSidecar, func() error { return e.ensureSidecarEgress(ctx, r) })
 }
 
 // sameAgent re-inspects the agent right before its routes are edited and returns its
@@ -282,9 +304,11 @@ func otherNetworks(ci container.InspectResponse, keep ...string) []string {
 	return out
 }
 
-// cutRoutes removes every default route in the agent's namespace and checks none is left.
+// cutRoutes removes every default route in the agent's namespace but the transparent
+// link's (an earlier restricted switch's: it leads only to the sidecar) and checks no
+// other is left.
 func (e *Env) cutRoutes(pid int, r *SwitchReport) error {
-	removed, err := e.p.routes.RemoveDefaultRoutes(pid, netip.Addr{})
+	removed, err := e.p.routes.RemoveDefaultRoutes(pid, e.link.Gateway())
 	if err != nil {
 		return err
 	}
@@ -295,8 +319,10 @@ func (e *Env) cutRoutes(pid int, r *SwitchReport) error {
 	if err != nil {
 		return err
 	}
-	if len(left) > 0 {
-		return fmt.Errorf("docker: default routes still present in the agent namespace: %v", left)
+	for _, gw := range left {
+		if gw != e.link.Gateway() {
+			return fmt.Errorf("docker: default routes still present in the agent namespace: %v", left)
+		}
 	}
 	return nil
 }

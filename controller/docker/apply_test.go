@@ -78,10 +78,12 @@ func TestSwitchDetachesAgentFromStrayNetworks(t *testing.T) {
 			if got, want := r.agentNetworks(t, e), tc.want(e); !reflect.DeepEqual(got, want) {
 				t.Errorf("agent networks %v, want %v", got, want)
 			}
-			if tc.to.Restricted() {
-				if routes := r.agentRoutes(t, e); len(routes) != 0 {
-					t.Errorf("agent default routes %v, want none", routes)
-				}
+			// A failed switch leaves no default route at all, not even the link's.
+			switch routes := r.agentRoutes(t, e); {
+			case tc.fail && len(routes) != 0:
+				t.Errorf("agent default routes %v after a failed switch, want none", routes)
+			case !tc.fail && tc.to.Restricted() && !slices.Equal(routes, []netip.Addr{e.link.Gateway()}):
+				t.Errorf("agent default routes %v, want only the transparent link's %v", routes, e.link.Gateway())
 			}
 		})
 	}
@@ -100,6 +102,7 @@ func TestLookupUsesOpenedEgressNetwork(t *testing.T) {
 		t.Fatalf("the default egress network is %q, the test needs another", other.cfg.EgressNetwork)
 	}
 	other.routes = r.routes
+	other.link = r.link
 	ctx := context.Background()
 	looked, err := other.Lookup(ctx, "t7")
 	if err != nil {

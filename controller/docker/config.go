@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/net/dnsaddr"
+	"github.com/compass-egress/compass-egress/net/egresslink"
 )
 
 // Defaults of Config.
@@ -23,6 +24,9 @@ const (
 	proxyUID             = 65532 // the sidecar image's USER
 	proxyPort            = 3128
 	dnsPort              = 53
+	// transparentPort is the sidecar's transparent listener, on every address: the
+	// table in its namespace redirects the agent's TCP there (docs/docker.md).
+	transparentPort = 15001
 )
 
 // DefaultPool is the private range per-task networks are carved from: 4096 /28s, none
@@ -83,6 +87,9 @@ func (c Config) validate() error {
 	if c.SubnetBits < c.Pool.Bits() || c.SubnetBits > 29 {
 		return fmt.Errorf("docker: subnet size /%d does not fit pool %s (want /%d../29)", c.SubnetBits, c.Pool, c.Pool.Bits())
 	}
+	if n := 1 << (c.SubnetBits - c.Pool.Bits()); n > egresslink.Slots {
+		return fmt.Errorf("docker: pool %s holds %d /%d subnets, more than the %d transparent links there are addresses for: use a smaller pool or larger subnets", c.Pool, n, c.SubnetBits, egresslink.Slots)
+	}
 	if !nameRE.MatchString(c.EgressNetwork) {
 		return fmt.Errorf("docker: egress network name %q is not a valid Docker name", c.EgressNetwork)
 	}
@@ -116,7 +123,8 @@ const proxyEnvPrefix = "COMPASS_PROXY_"
 // unsafeProxyFlag reports an extra compass-proxy flag that would undo what the controller
 // relies on: --policy gives the sidecar another first policy, which it would also come
 // back with after any restart (and re-read on SIGHUP); --require-no-forwarding=false lets
-// a forwarding sidecar become ready.
+// a forwarding sidecar become ready; --transparent-listen moves (or turns off) the
+// listener the table sends the agent's TCP to.
 func unsafeProxyFlag(arg string) (string, bool) {
 	if !strings.HasPrefix(arg, "-") {
 		return "", false
@@ -129,7 +137,7 @@ func unsafeProxyFlag(arg string) (string, bool) {
 // hasValue) is one unsafeProxyFlag refuses.
 func unsafeProxySetting(name, value string, hasValue bool) bool {
 	switch name {
-	case "policy":
+	case "policy", "transparent-listen":
 		return true
 	case "require-no-forwarding":
 		on, err := strconv.ParseBool(value)

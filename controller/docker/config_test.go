@@ -47,6 +47,8 @@ func TestConfigRefusesUnsafeProxyArgs(t *testing.T) {
 		{[]string{"--policy", "/etc/public.yaml"}, `docker: proxy arg "--policy"`},
 		{[]string{"-policy=/etc/public.yaml"}, `docker: proxy arg "-policy=/etc/public.yaml"`},
 		{[]string{"--require-no-forwarding=false"}, `docker: proxy arg "--require-no-forwarding=false"`},
+		{[]string{"--transparent-listen="}, `docker: proxy arg "--transparent-listen="`},
+		{[]string{"--transparent-listen", ":15002"}, `docker: proxy arg "--transparent-listen"`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, err := New(nil, Config{StateDir: t.TempDir(), ExtraProxyArg: tc.args}, nil)
@@ -71,6 +73,7 @@ func TestConfigRefusesUnsafeProxyEnv(t *testing.T) {
 		{map[string]string{"COMPASS_PROXY_REQUIRE_NO_FORWARDING": "true"}, ""},
 		{map[string]string{"COMPASS_PROXY_POLICY": "/etc/public.yaml"}, `docker: proxy env COMPASS_PROXY_POLICY`},
 		{map[string]string{"COMPASS_PROXY_REQUIRE_NO_FORWARDING": "0"}, `docker: proxy env COMPASS_PROXY_REQUIRE_NO_FORWARDING`},
+		{map[string]string{"COMPASS_PROXY_TRANSPARENT_LISTEN": ""}, `docker: proxy env COMPASS_PROXY_TRANSPARENT_LISTEN`},
 	} {
 		t.Run(fmt.Sprint(tc.env), func(t *testing.T) {
 			_, err := New(nil, Config{StateDir: t.TempDir(), ProxyEnv: tc.env}, nil)

@@ -25,6 +25,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/net/egresslink"
 	"github.com/compass-egress/compass-egress/policy"
 	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
@@ -251,6 +252,30 @@ func (r crashRoutes) AddDefaultRoute(pid int, gw netip.Addr) error {
 	return r.c.call(nil, "routes-add", func() error { return r.routeTable.AddDefaultRoute(pid, gw) })
 }
 
+// crashLink is the transparent path as one controller process sees it.
+type crashLink struct {
+	transparentLink
+	c *crasher
+}
+
+func (l crashLink) Ensure(a, s int, sp egresslink.Spec) error {
+	return l.c.call(nil, "link-ensure", func() error { return l.transparentLink.Ensure(a, s, sp) })
+}
+
+func (l crashLink) Check(a, s int, sp egresslink.Spec) (out []string, err error) {
+	err = l.c.call(nil, "link-check", func() (e error) { out, e = l.transparentLink.Check(a, s, sp); return })
+	return out, err
+}
+
+func (l crashLink) TakeCounters(s int, sp egresslink.Spec) (out controller.Drops, err error) {
+	err = l.c.call(nil, "link-take", func() (e error) { out, e = l.transparentLink.TakeCounters(s, sp); return })
+	return out, err
+}
+
+func (l crashLink) Remove(a, s int, sp egresslink.Spec) error {
+	return l.c.call(nil, "link-remove", func() error { return l.transparentLink.Remove(a, s, sp) })
+}
+
 // crashTransport is the sidecar's admin API as one controller process sees it.
 type crashTransport struct {
 	rt http.RoundTripper
@@ -277,6 +302,7 @@ func (r *rig) process(t *testing.T, c *crasher) *Provider {
 		t.Fatal(err)
 	}
 	p.routes = crashRoutes{routeTable: r.routes, c: c}
+	p.link = crashLink{transparentLink: r.link, c: c}
 	p.adminTransport = func(rt http.RoundTripper) http.RoundTripper { return crashTransport{rt: rt, c: c} }
 	return p
 }
@@ -307,7 +333,9 @@ type world struct {
 	agentRunning    bool
 	agentNets       []string
 	agentOnEgress   bool
-	routes          []netip.Addr
+	routes          []netip.Addr // Docker's: every default route but the link's
+	linkRoute       bool         // a default route via the transparent link (to the sidecar only)
+	table           bool         // the sidecar has the transparent table
 	sidecarExists   bool
 	sidecarRunning  bool
 	sidecarOnEgress bool
@@ -325,12 +353,21 @@ func (r *rig) world(agent, sidecar string) world {
 		w.agentOnEgress = c.networks["test-egress"]
 		if c.running {
 			r.routes.mu.Lock()
-			w.routes = append(w.routes, r.routes.defaults[c.pid]...)
+			for _, gw := range r.routes.defaults[c.pid] {
+				if linkLocal.Contains(gw) {
+					w.linkRoute = true
+				} else {
+					w.routes = append(w.routes, gw)
+				}
+			}
 			r.routes.mu.Unlock()
 		}
 	}
 	if c, _, err := r.docker.get(sidecar); err == nil {
 		w.sidecarExists, w.sidecarRunning, w.sidecarOnEgress = true, c.running, c.networks["test-egress"]
+		r.link.mu.Lock()
+		_, w.table = r.link.tables[c.pid]
+		r.link.mu.Unlock()
 	}
 	r.docker.mu.Unlock()
 	r.admin.mu.Lock()
@@ -375,9 +412,9 @@ func (w world) matches(pol policy.Policy) bool {
 		return false
 	}
 	if pol.Restricted() {
-		return !w.agentOnEgress && len(w.routes) == 0
+		return !w.agentOnEgress && len(w.routes) == 0 && w.linkRoute && w.table
 	}
-	return w.agentOnEgress && len(w.routes) == 1
+	return w.agentOnEgress && len(w.routes) == 1 && !w.linkRoute && !w.table
 }
 
 // cmdEnd is how one command ended.
@@ -957,7 +994,9 @@ func TestRestartsAreDetectedAndRepaired(t *testing.T) {
 			_ = r.docker.ContainerStart(context.Background(), e.AgentContainer(), container.StartOptions{})
 		},
 		"sidecar restarted": func(r *rig, e *Env) {
+			old, _ := r.docker.ContainerInspect(context.Background(), e.SidecarContainer())
 			_ = r.docker.ContainerStart(context.Background(), e.SidecarContainer(), container.StartOptions{})
+			r.link.namespaceGone(old.State.Pid)
 			r.admin.mu.Lock()
 			r.admin.current, r.admin.generation = policy.NoNetwork, 1
 			r.admin.mu.Unlock()
@@ -976,7 +1015,7 @@ func TestRestartsAreDetectedAndRepaired(t *testing.T) {
 		{"agent restarted", policy.NoNetwork, false},
 		{"sidecar restarted", policy.Public, false},
 		{"sidecar restarted", allowA, false},
-		{"sidecar restarted", policy.NoNetwork, true},
+		{"sidecar restarted", policy.NoNetwork, false}, // its table and link went with its namespace
 		{"sidecar stopped", policy.Public, false},
 		{"sidecar stopped", allowA, false},
 	} {

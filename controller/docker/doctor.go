@@ -24,7 +24,8 @@ type Finding struct {
 	Fix    string `json:"fix,omitempty"`
 }
 
-// Doctor checks what the provider needs from this host. It changes nothing.
+// Doctor checks what the provider needs from this host. It changes nothing (the
+// transparent path's check builds one between two throw-away namespaces, then removes it).
 func (p *Provider) Doctor(ctx context.Context) []Finding {
 	var out []Finding
 	add := func(check string, ok bool, detail, fix string) {
@@ -70,6 +71,11 @@ func (p *Provider) Doctor(ctx context.Context) []Finding {
 	}
 
 	p.checkNamespaceAccess(ctx, add)
+	if err := p.link.SelfTest(); err != nil {
+		add("transparent path", false, err.Error(), "run the controller as root on a kernel with veth and nf_tables (nft_fib, nft_nat, nft_redir, nft_counter; e.g. modprobe nft_fib_inet nft_nat)")
+	} else {
+		add("transparent path", true, "built, checked and removed a veth link and the nftables table between two throw-away namespaces", "")
+	}
 
 	if free, total, err := p.PoolUsage(ctx); err != nil {
 		add("address pool", false, err.Error(), "check the Docker daemon's health")

@@ -17,6 +17,7 @@ import (
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/internal/filelock"
+	"github.com/compass-egress/compass-egress/net/egresslink"
 	"github.com/compass-egress/compass-egress/policy/lifecycle"
 )
 
@@ -29,6 +30,7 @@ type Env struct {
 	task       string
 	role       lifecycle.Role
 	plan       subnetPlan
+	link       egresslink.Spec // the transparent path of restricted modes
 	dir        stateDir
 	admin      *adminapi.Client
 	egressNet  string
@@ -97,6 +99,9 @@ func (p *Provider) Lookup(ctx context.Context, env string) (*Env, error) {
 		return nil, fmt.Errorf("docker: task network %s: %w", n.Network, err)
 	}
 	e.plan = planFor(sub)
+	if err := e.loadLink(); err != nil {
+		return nil, err
+	}
 	return e, nil
 }
 
@@ -358,3 +363,6 @@ func (p *Provider) RemoveByName(ctx context.Context, env string) error {
 	}
 	return e.remove(ctx)
 }
+
+// TransparentLink is the spec of the environment's transparent path (restricted modes).
+func (e *Env) TransparentLink() egresslink.Spec { return e.link }

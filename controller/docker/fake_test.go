@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,6 +30,8 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/compass-egress/compass-egress/adminapi"
+	"github.com/compass-egress/compass-egress/controller"
+	"github.com/compass-egress/compass-egress/net/egresslink"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
@@ -47,6 +51,12 @@ func (e *events) all() []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return append([]string(nil), e.log...)
+}
+
+func (e *events) reset() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.log = nil
 }
 
 // index returns the position of the first event starting with prefix, or -1.
@@ -463,6 +473,114 @@ func (r *fakeRoutes) AddDefaultRoute(pid int, gw netip.Addr) error {
 	r.defaults[pid] = append(r.defaults[pid], gw)
 	r.ev.add("routes-add %d %s", pid, gw)
 	return nil
+}
+
+// fakeLink is the transparent path: Ensure makes the link's gateway the agent's only
+// default route, as vethlink does; Remove takes it away. The failure fields fail the
+// call of that name.
+type fakeLink struct {
+	ev                            *events
+	routes                        *fakeRoutes
+	mu                            sync.Mutex
+	tables                        map[int]controller.Drops // by sidecar pid
+	problems                      []string                 // what Check reports after Ensure
+	ensureErr, removeErr, takeErr error
+}
+
+func newFakeLink(ev *events, routes *fakeRoutes) *fakeLink {
+	return &fakeLink{ev: ev, routes: routes, tables: map[int]controller.Drops{}}
+}
+
+func (l *fakeLink) Ensure(agentPID, sidecarPID int, s egresslink.Spec) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ensureErr != nil {
+		return l.ensureErr
+	}
+	if _, ok := l.tables[sidecarPID]; !ok {
+		l.tables[sidecarPID] = controller.Drops{"udp": {}, "icmp": {}, "other": {}, "spoofed": {}}
+	}
+	l.ev.add("table-ensure %d", sidecarPID)
+	l.routes.mu.Lock()
+	l.routes.defaults[agentPID] = []netip.Addr{s.Gateway()}
+	l.routes.mu.Unlock()
+	l.ev.add("link-ensure %d %d %s", agentPID, sidecarPID, s.Link.AgentName)
+	return nil
+}
+
+func (l *fakeLink) Check(agentPID, sidecarPID int, s egresslink.Spec) ([]string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var p []string
+	if _, ok := l.tables[sidecarPID]; !ok {
+		p = append(p, "table inet compass_transparent is missing")
+	}
+	if got, _ := l.routes.DefaultRoutes(agentPID); len(got) != 1 || got[0] != s.Gateway() {
+		p = append(p, fmt.Sprintf("default routes %v, want only via %v", got, s.Gateway()))
+	}
+	return append(p, l.problems...), nil
+}
+
+func (l *fakeLink) Counters(sidecarPID int, _ egresslink.Spec) (controller.Drops, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.tables[sidecarPID]), nil
+}
+
+func (l *fakeLink) TakeCounters(sidecarPID int, _ egresslink.Spec) (controller.Drops, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.takeErr != nil {
+		return nil, l.takeErr
+	}
+	d, ok := l.tables[sidecarPID]
+	if !ok {
+		return nil, nil
+	}
+	l.tables[sidecarPID] = controller.Drops{"udp": {}, "icmp": {}, "other": {}, "spoofed": {}}
+	l.ev.add("counters-take %d", sidecarPID)
+	return d, nil
+}
+
+func (l *fakeLink) Remove(agentPID, sidecarPID int, s egresslink.Spec) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.removeErr != nil {
+		return l.removeErr
+	}
+	l.routes.mu.Lock()
+	l.routes.defaults[agentPID] = slices.DeleteFunc(l.routes.defaults[agentPID], func(a netip.Addr) bool { return a == s.Gateway() })
+	l.routes.mu.Unlock()
+	delete(l.tables, sidecarPID)
+	l.ev.add("link-remove %d %d", agentPID, sidecarPID)
+	return nil
+}
+
+func (l *fakeLink) SelfTest() error { return nil }
+
+// linkLocal holds every transparent link's addresses.
+var linkLocal = netip.MustParsePrefix("169.254.0.0/16")
+
+// namespaceGone is a sidecar's namespace going away (a restart): its table goes, and
+// the veth with it, taking every agent's default route via a link.
+func (l *fakeLink) namespaceGone(sidecarPID int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.tables, sidecarPID)
+	l.routes.mu.Lock()
+	defer l.routes.mu.Unlock()
+	for pid, gws := range l.routes.defaults {
+		l.routes.defaults[pid] = slices.DeleteFunc(gws, linkLocal.Contains)
+	}
+}
+
+// drop counts n udp packets in the table of the sidecar pid.
+func (l *fakeLink) drop(sidecarPID int, n uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if d, ok := l.tables[sidecarPID]; ok {
+		d["udp"] = controller.DropCount{Packets: d["udp"].Packets + n, Bytes: d["udp"].Bytes + 100*n}
+	}
 }
 
 // fakeAdmin is a compass-proxy admin API on a unix socket.

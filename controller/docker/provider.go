@@ -28,6 +28,7 @@ type Provider struct {
 	api    dockerAPI
 	cfg    Config
 	routes routeTable
+	link   transparentLink
 	log    *slog.Logger
 	// adminTransport, if set, wraps the transport of every admin client (tests: to
 	// stop the world between two steps of a switch).
@@ -45,7 +46,7 @@ func New(api dockerAPI, cfg Config, log *slog.Logger) (*Provider, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Provider{api: api, cfg: cfg, routes: netlinkRoutes{}, log: log}, nil
+	return &Provider{api: api, cfg: cfg, routes: netlinkRoutes{}, link: kernelLink{}, log: log}, nil
 }
 
 // adminFor is the admin client of one sidecar's socket.
@@ -209,7 +210,7 @@ func attachable(ci container.InspectResponse) error {
 	for _, c := range ci.HostConfig.CapAdd {
 		switch strings.TrimPrefix(strings.ToUpper(c), "CAP_") {
 		case "NET_ADMIN", "SYS_ADMIN", "ALL":
-			return fmt.Errorf("%w: %s has capability %s: it can re-add the routes and addresses every switch removes (recreate it without)", ErrNotAttachable, ci.Name, c)
+			return fmt.Errorf("%w: %s has capability %s: it can re-add the routes and addresses every switch removes, or delete the link that makes its sidecar its only way out (recreate it without)", ErrNotAttachable, ci.Name, c)
 		}
 	}
 	if ci.State == nil || !ci.State.Running {

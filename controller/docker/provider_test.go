@@ -29,6 +29,7 @@ type rig struct {
 	ev     *events
 	docker *fakeDocker
 	routes *fakeRoutes
+	link   *fakeLink
 	admin  *fakeAdmin
 	p      *Provider
 }
@@ -45,6 +46,8 @@ func newRig(t *testing.T, task string) *rig {
 		t.Fatal(err)
 	}
 	p.routes = r.routes
+	r.link = newFakeLink(ev, r.routes)
+	p.link = r.link
 	r.p = p
 	r.admin = startFakeAdmin(t, stateDir(filepath.Join(p.cfg.StateDir, task)).socket(), ev)
 	return r
@@ -151,10 +154,10 @@ func TestSwitchOrderNeverWidensEgress(t *testing.T) {
 		r.inOrder(t, tc.order...)
 		routes := r.agentRoutes(t, e)
 		if tc.to.Restricted() {
-			if len(routes) != 0 {
-				t.Errorf("%s: agent still has default routes %v", tc.to.Mode, routes)
+			if !slices.Equal(routes, []netip.Addr{e.link.Gateway()}) {
+				t.Errorf("%s: agent default routes %v, want only the transparent link's %v", tc.to.Mode, routes, e.link.Gateway())
 			}
-		} else if len(routes) != 1 {
+		} else if len(routes) != 1 || linkLocal.Contains(routes[0]) {
 			t.Errorf("public: routes %v", routes)
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/compass-egress/compass-egress/net/egresslink"
 )
 
 // routeTable reads and edits the default routes inside a container's network namespace.
@@ -28,21 +30,13 @@ type routeTable interface {
 type netlinkRoutes struct{}
 
 func (netlinkRoutes) handle(pid int) (*netlink.Handle, error) {
-	ns, err := netns.GetFromPid(pid)
-	if err != nil {
-		return nil, fmt.Errorf("netns: open /proc/%d/ns/net: %w", pid, err)
-	}
-	defer ns.Close()
 	// A pid reused by a host process would otherwise get the host's default routes
 	// removed; whatever the pid names, the controller's own namespace is never the agent's.
-	self, err := netns.GetFromPath("/proc/self/ns/net")
+	ns, err := egresslink.OpenPID(pid)
 	if err != nil {
-		return nil, fmt.Errorf("netns: open /proc/self/ns/net: %w", err)
+		return nil, err
 	}
-	defer self.Close()
-	if ns.Equal(self) {
-		return nil, fmt.Errorf("netns: /proc/%d/ns/net is the controller's own network namespace, not a container's: its routes are not touched", pid)
-	}
+	defer ns.Close()
 	h, err := handleIn(ns)
 	if err != nil {
 		return nil, fmt.Errorf("netns: netlink handle in /proc/%d/ns/net: %w", pid, err)

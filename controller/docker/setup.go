@@ -80,6 +80,9 @@ func (p *Provider) setUp(ctx context.Context, spec controller.EnvSpec, attachID 
 		return e, err
 	}
 	e.plan = plan
+	if err := e.loadLink(); err != nil {
+		return e, err
+	}
 
 	if err := p.startContainers(ctx, e, spec, attachID, timeout, &made); err != nil {
 		return e, err
@@ -160,6 +163,7 @@ func (p *Provider) proxyArgs(e *Env) []string {
 	args := []string{
 		"--listen", netip.AddrPortFrom(e.plan.Sidecar, proxyPort).String(),
 		"--dns-listen", netip.AddrPortFrom(e.plan.Sidecar, dnsPort).String(),
+		"--transparent-listen", fmt.Sprintf(":%d", transparentPort),
 		"--admin-socket", "/run/compass/admin.sock",
 		"--task", e.task,
 		"--phase", "start",

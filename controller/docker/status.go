@@ -23,6 +23,7 @@ type Status struct {
 	Intended    *IntendedPolicy         `json:"intended,omitempty"`
 	Sidecar     SidecarState            `json:"sidecar"`
 	Wiring      Wiring                  `json:"wiring"`
+	Transparent TransparentPath         `json:"transparent"`
 	Transitions []controller.Transition `json:"transitions"`
 	Problems    []string                `json:"problems"`
 	OK          bool                    `json:"ok"`
@@ -59,6 +60,20 @@ type Wiring struct {
 	Error         string   `json:"error,omitempty"`
 }
 
+// TransparentPath is the agent's link to its sidecar and the sidecar's table, which
+// restricted modes need and public must not have.
+type TransparentPath struct {
+	Link    string `json:"link"`    // "ce-a3/ce-s3 169.254.1.12/30"
+	Gateway string `json:"gateway"` // the agent's one default gateway in restricted modes
+	// Problems are the table's and the link's differences from what restricted modes
+	// need (checked only when one is intended).
+	Problems []string `json:"problems"`
+	// Dropped counts what the table dropped since the phase began, per class (udp,
+	// icmp, other, spoofed); absent without a table.
+	Dropped controller.Drops `json:"dropped,omitempty"`
+	Error   string           `json:"error,omitempty"`
+}
+
 // Status inspects the environment; it never changes anything.
 func (e *Env) Status(ctx context.Context) (Status, error) {
 	st := Status{Env: e.names.Env, Task: e.task, Role: string(e.role), Problems: []string{}}
@@ -75,6 +90,7 @@ func (e *Env) Status(ctx context.Context) (Status, error) {
 	}
 
 	sc, err := e.p.api.ContainerInspect(ctx, e.names.Sidecar)
+	scPID := 0
 	switch {
 	case cerrdefs.IsNotFound(err):
 		problem("sidecar %s is missing", e.names.Sidecar)
@@ -82,6 +98,9 @@ func (e *Env) Status(ctx context.Context) (Status, error) {
 		return st, fmt.Errorf("docker: inspect sidecar: %w", err)
 	default:
 		st.Sidecar.Running = sc.State != nil && sc.State.Running
+		if st.Sidecar.Running {
+			scPID = sc.State.Pid
+		}
 		st.Sidecar.OnEgress = connectedTo(sc, e.egressNet)
 		st.Sidecar.OnTaskNet = connectedTo(sc, e.names.Network)
 	}
@@ -113,7 +132,8 @@ func (e *Env) Status(ctx context.Context) (Status, error) {
 		problem("sidecar enforces %s (%s) but %s (%s) is intended", st.Sidecar.Mode, short(st.Sidecar.Digest), st.Intended.Mode, short(st.Intended.Digest))
 	}
 
-	e.inspectWiring(ctx, &st, problem)
+	agentPID := e.inspectWiring(ctx, &st, problem)
+	e.inspectTransparent(&st, agentPID, scPID, problem)
 	st.Transitions, err = e.dir.lastTransitions(5)
 	if err != nil {
 		return st, err
@@ -128,12 +148,13 @@ func (e *Env) Status(ctx context.Context) (Status, error) {
 	return st, nil
 }
 
-func (e *Env) inspectWiring(ctx context.Context, st *Status, problem func(string, ...any)) {
+// inspectWiring returns the agent's pid, 0 if it is not running.
+func (e *Env) inspectWiring(ctx context.Context, st *Status, problem func(string, ...any)) int {
 	agent, err := e.p.api.ContainerInspect(ctx, e.agentRef)
 	if err != nil {
 		st.Wiring.Error = err.Error()
 		problem("agent %s: %v", e.agentRef, err)
-		return
+		return 0
 	}
 	st.Wiring.AgentRunning = agent.State != nil && agent.State.Running
 	st.Wiring.Networks = []string{}
@@ -149,20 +170,21 @@ func (e *Env) inspectWiring(ctx context.Context, st *Status, problem func(string
 	st.Wiring.OnEgress = connectedTo(agent, e.egressNet)
 	if !st.Wiring.AgentRunning {
 		problem("agent %s is not running", e.agentRef)
-		return
+		return 0
 	}
-	routes, err := e.p.routes.DefaultRoutes(agent.State.Pid)
+	pid := agent.State.Pid
+	routes, err := e.p.routes.DefaultRoutes(pid)
 	if err != nil {
 		st.Wiring.Error = err.Error()
 		problem("cannot read the agent's routes: %v", err)
-		return
+		return pid
 	}
 	st.Wiring.DefaultRoutes = []string{}
 	for _, r := range routes {
 		st.Wiring.DefaultRoutes = append(st.Wiring.DefaultRoutes, r.String())
 	}
 	if st.Intended == nil {
-		return
+		return pid
 	}
 	if st.Intended.Mode == policy.ModePublic {
 		if !st.Wiring.OnEgress {
@@ -171,7 +193,7 @@ func (e *Env) inspectWiring(ctx context.Context, st *Status, problem func(string
 		gw, err := e.egressGateway(ctx)
 		if err != nil {
 			problem("cannot check the agent's default routes: %v", err)
-			return
+			return pid
 		}
 		if !containsAddr(routes, gw) {
 			problem("public is intended but the agent has no default route via %s", gw)
@@ -182,13 +204,42 @@ func (e *Env) inspectWiring(ctx context.Context, st *Status, problem func(string
 				problem("public is intended but the agent also has a default route via %s", r)
 			}
 		}
-		return
+		return pid
 	}
 	if st.Wiring.OnEgress {
 		problem("%s is intended but the agent is connected to %s", st.Intended.Mode, e.egressNet)
 	}
-	if len(routes) > 0 {
-		problem("%s is intended but the agent has default routes %v", st.Intended.Mode, st.Wiring.DefaultRoutes)
+	if len(routes) != 1 || routes[0] != e.link.Gateway() {
+		problem("%s is intended but the agent's default routes are %v, not exactly the transparent link's (via %v)", st.Intended.Mode, st.Wiring.DefaultRoutes, e.link.Gateway())
+	}
+	return pid
+}
+
+// inspectTransparent reads the drop counters and, when a restricted mode is intended,
+// checks the table and the link.
+func (e *Env) inspectTransparent(st *Status, agentPID, scPID int, problem func(string, ...any)) {
+	t := &st.Transparent
+	t.Link, t.Gateway, t.Problems = e.link.String(), e.link.Gateway().String(), []string{}
+	if scPID == 0 {
+		return // the sidecar's problem is reported already; its table went with it
+	}
+	var err error
+	if t.Dropped, err = e.p.link.Counters(scPID, e.link); err != nil {
+		t.Error = err.Error()
+		problem("cannot read the transparent path's drop counters: %v", err)
+	}
+	if st.Intended == nil || st.Intended.Mode == policy.ModePublic || agentPID == 0 {
+		return
+	}
+	problems, err := e.p.link.Check(agentPID, scPID, e.link)
+	if err != nil {
+		t.Error = err.Error()
+		problem("cannot check the transparent path: %v", err)
+		return
+	}
+	t.Problems = append(t.Problems, problems...)
+	for _, p := range t.Problems {
+		problem("transparent path: %s", p)
 	}
 }
 

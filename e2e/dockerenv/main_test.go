@@ -100,8 +100,8 @@ func assertState(t *testing.T, e *docker.Env, mode policy.Mode) {
 		if len(routes) != 1 {
 			t.Errorf("public: agent default routes = %v, want exactly one (via the egress gateway)", routes)
 		}
-	} else if len(routes) != 0 {
-		t.Errorf("%s: agent default routes = %v, want none", mode, routes)
+	} else if via := "default via " + e.TransparentLink().Gateway().String(); !slices.Equal(routes, []string{via}) {
+		t.Errorf("%s: agent default routes = %v, want only the transparent link's (%s)", mode, routes, via)
 	}
 
 	proxy := netip.AddrPortFrom(e.SidecarAddr(), 3128).String()

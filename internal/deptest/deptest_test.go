@@ -39,7 +39,7 @@ var rules = []struct {
 		// controller's to write.
 		name:      "the sidecar does not link the namespace, link and firewall code",
 		roots:     []string{mod + "/cmd/compass-proxy", mod + "/proxy/..."},
-		forbidden: []string{"github.com/vishvananda/netlink", "github.com/vishvananda/netns", "github.com/google/nftables", mod + "/net/nftredirect", mod + "/net/vethlink", mod + "/net/nsthread", mod + "/net/nssysctl"},
+		forbidden: []string{"github.com/vishvananda/netlink", "github.com/vishvananda/netns", "github.com/google/nftables", mod + "/net/egresslink", mod + "/net/nftredirect", mod + "/net/vethlink", mod + "/net/nsthread", mod + "/net/nssysctl"},
 		sees:      "github.com/miekg/dns",
 	},
 	{

@@ -44,8 +44,8 @@ func newSetup(t *testing.T) *setup {
 		},
 	}
 	s.table = nftredirect.Spec{
-		Interface: s.link.SidecarName, AgentAddr: s.link.AgentAddr.Addr(), SidecarAddr: s.link.SidecarAddr.Addr(),
-		TCPPort: 15001, DNSPort: 15053,
+		Interface: s.link.SidecarName, AgentAddr: s.link.AgentAddr.Addr(),
+		TCPPort: 15001, DNS: netip.AddrPortFrom(s.link.SidecarAddr.Addr(), 15053),
 	}
 	// A new namespace here starts with forwarding on; the sidecar runs with it off.
 	for _, key := range []string{"net/ipv4/conf/all/forwarding", "net/ipv6/conf/all/forwarding"} {

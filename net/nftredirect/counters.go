@@ -16,6 +16,18 @@ var ErrNoTable = errors.New("nftredirect: no such table")
 // counter is missing from the table is an error, so a broken table never
 // reads as "nothing dropped".
 func Counters(ns netns.NsHandle, table string) (map[Class]Counts, error) {
+	return counters(ns, table, false)
+}
+
+// TakeCounters is Counters that also sets every counter back to zero, in the
+// same request (the kernel reads and resets each counter atomically), so
+// consecutive takes add up to every drop exactly once: one take per policy
+// phase gives that phase's drops.
+func TakeCounters(ns netns.NsHandle, table string) (map[Class]Counts, error) {
+	return counters(ns, table, true)
+}
+
+func counters(ns netns.NsHandle, table string, reset bool) (map[Class]Counts, error) {
 	if table == "" {
 		table = DefaultTable
 	}
@@ -23,7 +35,11 @@ func Counters(ns netns.NsHandle, table string) (map[Class]Counts, error) {
 	if err != nil {
 		return nil, err
 	}
-	counts, err := readCounters(conn, table)
+	read := readCounters
+	if reset {
+		read = resetCounters
+	}
+	counts, err := read(conn, table)
 	if err != nil {
 		return nil, fmt.Errorf("nftredirect: counters of table inet %s in namespace %s: %w", table, ns, err)
 	}
@@ -36,11 +52,19 @@ func Counters(ns netns.NsHandle, table string) (map[Class]Counts, error) {
 }
 
 func readCounters(conn *nftables.Conn, table string) (map[Class]Counts, error) {
+	return listCounters(conn, table, (*nftables.Conn).GetObjects)
+}
+
+func resetCounters(conn *nftables.Conn, table string) (map[Class]Counts, error) {
+	return listCounters(conn, table, (*nftables.Conn).ResetObjects)
+}
+
+func listCounters(conn *nftables.Conn, table string, list func(*nftables.Conn, *nftables.Table) ([]nftables.Obj, error)) (map[Class]Counts, error) {
 	t, err := findTable(conn, table)
 	if err != nil {
 		return nil, err
 	}
-	objs, err := conn.GetObjects(t)
+	objs, err := list(conn, t)
 	if err != nil {
 		return nil, fmt.Errorf("list objects: %w", err)
 	}

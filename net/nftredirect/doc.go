@@ -5,10 +5,10 @@
 // For packets that arrive on the link (Spec.Interface) the table:
 //   - drops any packet whose source is not the agent's end (class spoofed) and
 //     any packet that is not IPv4 (class other: the link carries IPv4 only);
-//   - redirects TCP and UDP to port 53 of any address to Spec.DNSPort;
-//   - redirects every other TCP connection, to any address but the sidecar's
-//     own end, to Spec.TCPPort, where the listener reads the original
-//     destination with package origdst;
+//   - sends TCP and UDP to port 53 of any address to Spec.DNS (DNAT);
+//   - redirects every other TCP connection, to any address that is not the
+//     sidecar's own (fib daddr type local), to Spec.TCPPort, where the listener
+//     reads the original destination with package origdst;
 //   - drops other UDP (class udp), ICMP (class icmp) and every other protocol
 //     (class other), counting packets and bytes per class in named counters.
 //

@@ -52,9 +52,11 @@ func (e exprs) ipSaddr(op expr.CmpOp, a netip.Addr) exprs {
 	return e.payload(expr.PayloadBaseNetworkHeader, 12, 4).cmp(op, b[:])
 }
 
-func (e exprs) ipDaddr(op expr.CmpOp, a netip.Addr) exprs {
-	b := a.As4()
-	return e.payload(expr.PayloadBaseNetworkHeader, 16, 4).cmp(op, b[:])
+// daddrNotLocal is `fib daddr type != local`: the destination is no address of
+// this namespace's. The address type is a host-endian u32, as nft writes it.
+func (e exprs) daddrNotLocal() exprs {
+	return append(e, &expr.Fib{Register: reg, FlagDADDR: true, ResultADDRTYPE: true}).
+		cmp(neq, binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL))
 }
 
 // dport reads the destination port of TCP or UDP (offset 2 in both headers).
@@ -71,6 +73,15 @@ func (e exprs) count(c Class) exprs {
 func (e exprs) redirect(port uint16) exprs {
 	return append(e, &expr.Immediate{Register: reg, Data: be16(port)},
 		&expr.Redir{RegisterProtoMin: reg, RegisterProtoMax: reg, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED})
+}
+
+// dnat is `dnat ip to addr:port`, with the flags the kernel reports back.
+func (e exprs) dnat(to netip.AddrPort) exprs {
+	a := to.Addr().As4()
+	return append(e, &expr.Immediate{Register: reg, Data: a[:]},
+		&expr.Immediate{Register: reg + 1, Data: be16(to.Port())},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4,
+			RegAddrMin: reg, RegAddrMax: reg, RegProtoMin: reg + 1, RegProtoMax: reg + 1, Specified: true})
 }
 
 func (e exprs) verdict(kind expr.VerdictKind, chain string) exprs {

@@ -18,11 +18,10 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var spec = nftredirect.Spec{
-	Interface:   "ce-s0",
-	AgentAddr:   netip.MustParseAddr("169.254.77.1"),
-	SidecarAddr: netip.MustParseAddr("169.254.77.2"),
-	TCPPort:     15001,
-	DNSPort:     15053,
+	Interface: "ce-s0",
+	AgentAddr: netip.MustParseAddr("169.254.77.1"),
+	TCPPort:   15001,
+	DNS:       netip.MustParseAddrPort("169.254.77.2:15053"),
 }
 
 // sidecarNS is a fresh namespace with forwarding off, as the sidecar runs.

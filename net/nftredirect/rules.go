@@ -71,9 +71,11 @@ func agentRules(s Spec) []rule {
 
 func redirectRules(s Spec) []rule {
 	return []rule{
-		{"dns over udp", exprs{}.iifname(s.Interface).l4proto(unix.IPPROTO_UDP).dport(53).redirect(s.DNSPort)},
-		{"dns over tcp", exprs{}.iifname(s.Interface).l4proto(unix.IPPROTO_TCP).dport(53).redirect(s.DNSPort)},
+		{"dns over udp", exprs{}.iifname(s.Interface).nfproto(eq, unix.NFPROTO_IPV4).l4proto(unix.IPPROTO_UDP).dport(53).dnat(s.DNS)},
+		{"dns over tcp", exprs{}.iifname(s.Interface).nfproto(eq, unix.NFPROTO_IPV4).l4proto(unix.IPPROTO_TCP).dport(53).dnat(s.DNS)},
+		// Addresses of the sidecar's own (its link end, its task-network address where
+		// the explicit proxy listens) are served by what listens there.
 		{"tcp to the transparent listener", exprs{}.iifname(s.Interface).nfproto(eq, unix.NFPROTO_IPV4).
-			ipDaddr(neq, s.SidecarAddr).l4proto(unix.IPPROTO_TCP).redirect(s.TCPPort)},
+			daddrNotLocal().l4proto(unix.IPPROTO_TCP).redirect(s.TCPPort)},
 	}
 }

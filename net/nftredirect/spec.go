@@ -12,12 +12,11 @@ const DefaultTable = "compass_transparent"
 // Spec says what the table must do. The addresses are the two ends of the
 // point-to-point link between the agent and the sidecar.
 type Spec struct {
-	Table       string     // table in family inet; DefaultTable if empty
-	Interface   string     // the sidecar's end of the link
-	AgentAddr   netip.Addr // the only source accepted on Interface
-	SidecarAddr netip.Addr // the sidecar's own end: TCP to it is not redirected
-	TCPPort     uint16     // the transparent TCP listener
-	DNSPort     uint16     // the DNS server (UDP and TCP)
+	Table     string         // table in family inet; DefaultTable if empty
+	Interface string         // the sidecar's end of the link
+	AgentAddr netip.Addr     // the only source accepted on Interface
+	TCPPort   uint16         // the transparent TCP listener, on every address of the sidecar
+	DNS       netip.AddrPort // the DNS server (UDP and TCP): port 53 of any address goes there
 }
 
 func (s Spec) table() string {
@@ -35,22 +34,20 @@ func (s Spec) Validate() error {
 	if s.Interface == "" || len(s.Interface) > 15 || strings.ContainsAny(s.Interface, "/ \t\n\x00") {
 		return fmt.Errorf("nftredirect: Interface %q: want a link name of 1-15 characters without / or spaces", s.Interface)
 	}
-	for _, f := range []struct {
-		name string
-		addr netip.Addr
-	}{{"AgentAddr", s.AgentAddr}, {"SidecarAddr", s.SidecarAddr}} {
-		if !f.addr.Is4() {
-			return fmt.Errorf("nftredirect: %s %v: want an IPv4 address (the link carries IPv4 only)", f.name, f.addr)
-		}
+	if !s.AgentAddr.Is4() {
+		return fmt.Errorf("nftredirect: AgentAddr %v: want an IPv4 address (the link carries IPv4 only)", s.AgentAddr)
 	}
-	if s.AgentAddr == s.SidecarAddr {
-		return fmt.Errorf("nftredirect: AgentAddr and SidecarAddr are both %v: want the two ends of the link", s.AgentAddr)
+	if !s.DNS.Addr().Is4() || s.DNS.Port() == 0 {
+		return fmt.Errorf("nftredirect: DNS %v: want an IPv4 address of the sidecar's and a non-zero port", s.DNS)
 	}
-	if s.TCPPort == 0 || s.DNSPort == 0 {
-		return fmt.Errorf("nftredirect: TCPPort %d, DNSPort %d: want both non-zero", s.TCPPort, s.DNSPort)
+	if s.DNS.Addr() == s.AgentAddr {
+		return fmt.Errorf("nftredirect: DNS %v: is the agent's address, want one of the sidecar's", s.DNS)
 	}
-	if s.TCPPort == s.DNSPort {
-		return fmt.Errorf("nftredirect: TCPPort and DNSPort are both %d: DNS over TCP and other TCP must reach different listeners", s.TCPPort)
+	if s.TCPPort == 0 {
+		return fmt.Errorf("nftredirect: TCPPort 0: want the transparent listener's port")
+	}
+	if s.TCPPort == s.DNS.Port() {
+		return fmt.Errorf("nftredirect: TCPPort and the DNS port are both %d: DNS over TCP and other TCP must reach different listeners", s.TCPPort)
 	}
 	return nil
 }

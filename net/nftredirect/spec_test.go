@@ -8,11 +8,10 @@ import (
 
 func TestSpecValidate(t *testing.T) {
 	good := Spec{
-		Interface:   "ce-s0",
-		AgentAddr:   netip.MustParseAddr("169.254.77.1"),
-		SidecarAddr: netip.MustParseAddr("169.254.77.2"),
-		TCPPort:     15001,
-		DNSPort:     15053,
+		Interface: "ce-s0",
+		AgentAddr: netip.MustParseAddr("169.254.77.1"),
+		TCPPort:   15001,
+		DNS:       netip.MustParseAddrPort("169.254.77.2:15053"),
 	}
 	tests := []struct {
 		name   string
@@ -25,10 +24,11 @@ func TestSpecValidate(t *testing.T) {
 		{"no interface", func(s *Spec) { s.Interface = "" }, `Interface ""`},
 		{"interface too long", func(s *Spec) { s.Interface = "abcdefghijklmnop" }, `Interface "abcdefghijklmnop"`},
 		{"ipv6 agent", func(s *Spec) { s.AgentAddr = netip.MustParseAddr("2001:db8::1") }, "AgentAddr 2001:db8::1"},
-		{"no sidecar address", func(s *Spec) { s.SidecarAddr = netip.Addr{} }, "SidecarAddr invalid IP"},
-		{"same address", func(s *Spec) { s.SidecarAddr = s.AgentAddr }, "both 169.254.77.1"},
+		{"no dns address", func(s *Spec) { s.DNS = netip.AddrPort{} }, "DNS invalid AddrPort"},
+		{"dns port 0", func(s *Spec) { s.DNS = netip.AddrPortFrom(s.DNS.Addr(), 0) }, "DNS 169.254.77.2:0"},
+		{"dns at the agent", func(s *Spec) { s.DNS = netip.AddrPortFrom(s.AgentAddr, 53) }, "the agent's address"},
 		{"no tcp port", func(s *Spec) { s.TCPPort = 0 }, "TCPPort 0"},
-		{"same ports", func(s *Spec) { s.DNSPort = s.TCPPort }, "both 15001"},
+		{"same ports", func(s *Spec) { s.DNS = netip.AddrPortFrom(s.DNS.Addr(), s.TCPPort) }, "both 15001"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

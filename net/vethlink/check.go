@@ -7,6 +7,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Check returns one line for each way the pair differs from s: an end
@@ -112,6 +113,15 @@ func checkRoutes(sd side, a netlink.Link, s Spec) ([]string, error) {
 	if ours == 0 {
 		problems = append(problems, fmt.Sprintf("%s has no default route via %v dev %s", sd.label, gw, s.AgentName))
 	}
+	for _, dst := range s.Routes {
+		ok, err := hasRouteVia(sd, a, gw, dst)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			problems = append(problems, fmt.Sprintf("%s has no route %v via %v dev %s", sd.label, dst, gw, s.AgentName))
+		}
+	}
 	v6, err := defaultRoutes(sd.h, netlink.FAMILY_V6)
 	if err != nil {
 		return nil, fmt.Errorf("vethlink: %s: %w", sd.label, err)
@@ -120,4 +130,22 @@ func checkRoutes(sd side, a netlink.Link, s Spec) ([]string, error) {
 		problems = append(problems, fmt.Sprintf("%s has an IPv6 default route: %s", sd.label, r))
 	}
 	return problems, nil
+}
+
+// hasRouteVia reports whether the main table routes dst via gw on a.
+func hasRouteVia(sd side, a netlink.Link, gw netip.Addr, dst netip.Prefix) (bool, error) {
+	if a == nil {
+		return false, nil
+	}
+	rs, err := sd.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: ipNet(dst), Table: unix.RT_TABLE_MAIN},
+		netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return false, fmt.Errorf("vethlink: %s: list routes to %v: %w", sd.label, dst, err)
+	}
+	for _, r := range rs {
+		if isOurs(r, a, gw) {
+			return true, nil
+		}
+	}
+	return false, nil
 }

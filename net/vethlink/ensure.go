@@ -50,7 +50,7 @@ func Ensure(agentNS, sidecarNS netns.NsHandle, s Spec) (err error) {
 	if err := ensureEnd(p.sidecar, sc, s.SidecarAddr, s.mtu()); err != nil {
 		return err
 	}
-	if err := ensureRoutes(p.agent, a, s.SidecarAddr.Addr()); err != nil {
+	if err := ensureRoutes(p.agent, a, s.SidecarAddr.Addr(), s.Routes); err != nil {
 		return err
 	}
 	for _, end := range []struct {
@@ -170,8 +170,15 @@ func ensureEnd(sd side, l netlink.Link, addr netip.Prefix, mtu int) error {
 }
 
 // ensureRoutes makes "default via gw dev <agent end>" the agent's only IPv4
-// default route and deletes its IPv6 default routes.
-func ensureRoutes(sd side, l netlink.Link, gw netip.Addr) error {
+// default route, adds the extra routes via gw, and deletes its IPv6 default
+// routes. The extra routes go first: the default route is what lets traffic
+// out, and once it is there every route it needs is too.
+func ensureRoutes(sd side, l netlink.Link, gw netip.Addr, extra []netip.Prefix) error {
+	for _, dst := range extra {
+		if err := sd.h.RouteReplace(routeVia(l, gw, dst)); err != nil {
+			return fmt.Errorf("vethlink: %s: replace route %v via %v dev %s: %w", sd.label, dst, gw, l.Attrs().Name, err)
+		}
+	}
 	want := ourDefault(l, gw)
 	if err := sd.h.RouteReplace(want); err != nil {
 		return fmt.Errorf("vethlink: %s: replace default route with via %v dev %s: %w", sd.label, gw, l.Attrs().Name, err)
@@ -194,12 +201,11 @@ func ensureRoutes(sd side, l netlink.Link, gw netip.Addr) error {
 }
 
 func ourDefault(l netlink.Link, gw netip.Addr) *netlink.Route {
-	return &netlink.Route{
-		LinkIndex: l.Attrs().Index,
-		Gw:        net.IP(gw.AsSlice()),
-		Dst:       &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)},
-		Table:     unix.RT_TABLE_MAIN,
-	}
+	return routeVia(l, gw, netip.PrefixFrom(netip.IPv4Unspecified(), 0))
+}
+
+func routeVia(l netlink.Link, gw netip.Addr, dst netip.Prefix) *netlink.Route {
+	return &netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.IP(gw.AsSlice()), Dst: ipNet(dst), Table: unix.RT_TABLE_MAIN}
 }
 
 func isOurs(r netlink.Route, l netlink.Link, gw netip.Addr) bool {

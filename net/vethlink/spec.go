@@ -15,7 +15,11 @@ type Spec struct {
 	SidecarName string       // the sidecar's end, in the sidecar's namespace
 	AgentAddr   netip.Prefix // e.g. 169.254.77.1/30
 	SidecarAddr netip.Prefix // e.g. 169.254.77.2/30: the agent's gateway
-	MTU         int          // both ends; DefaultMTU if 0
+	// Routes are more IPv4 destinations the agent reaches via the sidecar's end
+	// (e.g. the sidecar's own address on another network, so that every packet
+	// from the agent to its sidecar comes over the link).
+	Routes []netip.Prefix
+	MTU    int // both ends; DefaultMTU if 0
 }
 
 func (s Spec) mtu() int {
@@ -48,6 +52,11 @@ func (s Spec) Validate() error {
 	}
 	if s.AgentAddr.Addr() == s.SidecarAddr.Addr() {
 		return fmt.Errorf("vethlink: AgentAddr and SidecarAddr are both %v: want two addresses", s.AgentAddr.Addr())
+	}
+	for _, r := range s.Routes {
+		if !r.IsValid() || !r.Addr().Is4() || r.Masked() != r || r.Bits() == 0 {
+			return fmt.Errorf("vethlink: Routes %v: want canonical IPv4 prefixes, none of them a default route", s.Routes)
+		}
 	}
 	if s.MTU != 0 && (s.MTU < 1280 || s.MTU > 65535) {
 		return fmt.Errorf("vethlink: MTU %d: want 0 (default %d) or 1280-65535", s.MTU, DefaultMTU)

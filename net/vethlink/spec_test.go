@@ -33,6 +33,9 @@ func TestSpecValidate(t *testing.T) {
 		{"broadcast address", func(s *Spec) { s.SidecarAddr = netip.MustParsePrefix("169.254.77.3/30") }, "network or broadcast"},
 		{"other subnet", func(s *Spec) { s.SidecarAddr = netip.MustParsePrefix("169.254.78.2/30") }, "same subnet"},
 		{"same address", func(s *Spec) { s.SidecarAddr = s.AgentAddr }, "both 169.254.77.1"},
+		{"extra route", func(s *Spec) { s.Routes = []netip.Prefix{netip.MustParsePrefix("10.213.0.2/32")} }, ""},
+		{"extra default route", func(s *Spec) { s.Routes = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")} }, "none of them a default route"},
+		{"extra route not canonical", func(s *Spec) { s.Routes = []netip.Prefix{netip.MustParsePrefix("10.213.0.2/24")} }, "canonical IPv4"},
 		{"mtu too small", func(s *Spec) { s.MTU = 1000 }, "MTU 1000"},
 	}
 	for _, tt := range tests {
