@@ -452,6 +452,9 @@ func (s *Server) listenEndpoints() []netip.AddrPort {
 func (s *Server) serve(dnsConns []any) {
 	s.front = s.newFront()
 	s.goServe(s.front.Serve)
+	if s.transparent != nil {
+		s.goServe(s.transparent.Serve)
+	}
 
 	for _, c := range dnsConns {
 		srv := s.dns.DNSServer()
@@ -624,5 +627,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		_ = s.metricsSrv.Close()
 	}
 	s.serving.Wait()
+	if s.transparent != nil {
+		s.transparent.Wait()
+	}
 	return nil
 }

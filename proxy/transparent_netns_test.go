@@ -53,7 +53,7 @@ func TestTransparentPathInNamespaces(t *testing.T) {
 		}
 	}
 	if _, err := nftredirect.Ensure(sidecar.Handle, nftredirect.Spec{Interface: link.SidecarName,
-		AgentAddr: link.AgentAddr.Addr(), SidecarAddr: link.SidecarAddr.Addr(), TCPPort: 15001, DNSPort: 15053}); err != nil {
+		AgentAddr: link.AgentAddr.Addr(), TCPPort: 15001, DNS: netip.AddrPortFrom(link.SidecarAddr.Addr(), 15053)}); err != nil {
 		t.Fatal(err)
 	}
 	server := netnstest.ListenTCP(t, inet, "203.0.113.7:22")
