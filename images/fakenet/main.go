@@ -2,7 +2,8 @@
 // that answers every *.test name with its own address (DNS on :53, UDP and TCP) and
 // serves HTTP on :80 and HTTPS on :443 (a self-signed certificate made at start) for
 // any of those names. /stream sends a line every 100 ms, stamped with its send time, until
-// the client goes away.
+// the client goes away. Port 22 speaks first, as SSH does: a banner line, then it echoes
+// every line back, for the transparent path's tests of protocols that name no host.
 package main
 
 import (
@@ -14,6 +15,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/big"
 	"net"
@@ -51,6 +53,13 @@ func main() {
 		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
 	go func() { errs <- plain.ListenAndServe() }()
 	go func() { errs <- secure.ListenAndServeTLS("", "") }()
+	go func() {
+		ln, err := net.Listen("tcp", ":22")
+		if err == nil {
+			err = serveBanner(ln)
+		}
+		errs <- err
+	}()
 	log.Info("fakenet: serving", "addr", ip.String())
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
@@ -148,4 +157,25 @@ func selfSigned() (tls.Certificate, error) {
 		return tls.Certificate{}, err
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+}
+
+// sshBanner is what port 22 sends first, before the client says anything.
+const sshBanner = "SSH-2.0-fakenet\r\n"
+
+// serveBanner greets each connection ln accepts with sshBanner and echoes what it is
+// sent, until ln closes.
+func serveBanner(ln net.Listener) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(time.Minute))
+			if _, err := io.WriteString(c, sshBanner); err == nil {
+				_, _ = io.Copy(c, c)
+			}
+		}()
+	}
 }

@@ -211,3 +211,29 @@ func TestOwnAddress(t *testing.T) {
 		t.Errorf("own address %v (%d bytes): want a 4-byte, non-loopback IPv4 address", ip, len(ip))
 	}
 }
+
+func TestBannerSpeaksFirstThenEchoes(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- serveBanner(ln) }()
+	defer func() { ln.Close(); <-done }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(c)
+	if line, err := r.ReadString('\n'); err != nil || line != sshBanner {
+		t.Fatalf("first line %q, %v; want the banner before the client says anything", line, err)
+	}
+	if _, err := io.WriteString(c, "SSH-2.0-agent\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := r.ReadString('\n'); err != nil || line != "SSH-2.0-agent\r\n" {
+		t.Fatalf("echo %q, %v", line, err)
+	}
+}
