@@ -3,7 +3,9 @@
 // serves HTTP on :80 and HTTPS on :443 (a self-signed certificate made at start) for
 // any of those names. /stream sends a line every 100 ms, stamped with its send time, until
 // the client goes away. Port 22 speaks first, as SSH does: a banner line, then it echoes
-// every line back, for the transparent path's tests of protocols that name no host.
+// every line back, for the transparent path's tests of protocols that name no host. UDP
+// port 7 echoes each datagram (RFC 862), so a test can tell a datagram that arrived from
+// one that was dropped on the way.
 package main
 
 import (
@@ -42,7 +44,7 @@ func main() {
 		os.Exit(1)
 	}
 	dnsHandler := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) { answer(w, q, ip) })
-	errs := make(chan error, 4)
+	errs := make(chan error, 6)
 	for _, n := range []string{"udp", "tcp"} {
 		srv := &dns.Server{Addr: ":53", Net: n, Handler: dnsHandler}
 		go func() { errs <- srv.ListenAndServe() }()
@@ -57,6 +59,13 @@ func main() {
 		ln, err := net.Listen("tcp", ":22")
 		if err == nil {
 			err = serveBanner(ln)
+		}
+		errs <- err
+	}()
+	go func() {
+		pc, err := net.ListenPacket("udp", ":7")
+		if err == nil {
+			err = serveUDPEcho(pc)
 		}
 		errs <- err
 	}()
@@ -177,5 +186,17 @@ func serveBanner(ln net.Listener) error {
 				_, _ = io.Copy(c, c)
 			}
 		}()
+	}
+}
+
+// serveUDPEcho sends every datagram pc receives back to its sender, until pc closes.
+func serveUDPEcho(pc net.PacketConn) error {
+	buf := make([]byte, 64<<10)
+	for {
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			return err
+		}
+		_, _ = pc.WriteTo(buf[:n], from)
 	}
 }

@@ -237,3 +237,29 @@ func TestBannerSpeaksFirstThenEchoes(t *testing.T) {
 		t.Fatalf("echo %q, %v", line, err)
 	}
 }
+
+func TestUDPEchoSendsEachDatagramBack(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- serveUDPEcho(pc) }()
+	defer func() { pc.Close(); <-done }()
+	c, err := net.Dial("udp", pc.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(hangGuard))
+	for _, msg := range []string{"answer=42", "second datagram"} {
+		if _, err := io.WriteString(c, msg); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 100)
+		n, err := c.Read(buf)
+		if err != nil || string(buf[:n]) != msg {
+			t.Fatalf("echo %q, %v; want %q", buf[:n], err, msg)
+		}
+	}
+}
