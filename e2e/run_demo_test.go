@@ -4,14 +4,19 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"text/tabwriter"
 	"time"
 
+	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/e2e/harness"
 	"github.com/compass-egress/compass-egress/policy"
@@ -23,16 +28,22 @@ var expected = map[string]map[string]string{
 		"setup/fetch a package":     "reached",
 		"setup/resolve":             "reached",
 		"setup/direct by IP":        "reached",
-		"setup/UDP to its resolver": "reached",
+		"setup/UDP echo":            "reached",
+		"setup/hard-coded resolver": "reached",
 	},
 	"harness_start": {"harness/install the harness": "reached"},
 	"run": {
 		"agent/model via proxy":               "reached",
 		"agent/exfil via proxy":               "blocked",
 		"agent/exfil via the model's address": "blocked",
-		"agent/exfil direct by IP":            "blocked",
-		"agent/exfil over UDP":                "blocked",
-		"agent/exfil over DNS":                "blocked",
+		// A client that ignores the proxy variables: the transparent path.
+		"agent/model, ignoring the proxy":       "reached",
+		"agent/exfil, ignoring the proxy":       "blocked",
+		"agent/exfil direct by IP":              "blocked",
+		"agent/SSH-like exchange":               "reached",
+		"agent/exfil over UDP":                  "blocked",
+		"agent/exfil via a hard-coded resolver": "blocked",
+		"agent/exfil over DNS":                  "blocked",
 	},
 	"harness_close": {"harness/close the model session": "reached"},
 	"evaluate": {
@@ -110,11 +121,41 @@ func writeDemoTable(w io.Writer, dir string, rec *controller.Record, rows []demo
 		}
 		var top []string
 		for _, t := range b.Summary.Top {
-			top = append(top, fmt.Sprintf("%s:%d %s x%d", t.Host, t.Port, t.Type, t.Count))
+			top = append(top, blockedLabel(t)+fmt.Sprintf(" x%d", t.Count))
 		}
-		fmt.Fprintf(w, "    %s %s (%s): %d  %s\n", b.Environment, b.Phase, b.Mode, b.Summary.Total, strings.Join(top, ", "))
+		fmt.Fprintf(w, "    %s %s (%s): %d  %s%s\n", b.Environment, b.Phase, b.Mode, b.Summary.Total, strings.Join(top, ", "), droppedText(b.Dropped))
 	}
 	fmt.Fprintf(w, "  record: %s\n", filepath.Join(dir, controller.RecordFile))
+}
+
+// blockedLabel names a blocked destination as the summary shows it: "host:port type",
+// with the protocol a transparent connection was read as ("exfil.test:80
+// transparent/http"); a DNS name has no port.
+func blockedLabel(t adminapi.BlockedTarget) string {
+	dst := t.Host
+	if t.Port != 0 {
+		dst = net.JoinHostPort(t.Host, strconv.Itoa(int(t.Port)))
+	}
+	kind := t.Type
+	if t.Protocol != "" {
+		kind += "/" + t.Protocol
+	}
+	return dst + " " + kind
+}
+
+// droppedText is what the transparent path dropped in a phase (UDP, ICMP, ...), for the
+// summary line; empty when it dropped nothing.
+func droppedText(d controller.Drops) string {
+	var parts []string
+	for _, class := range slices.Sorted(maps.Keys(d)) {
+		if n := d[class].Packets; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s x%d", class, n))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "; dropped: " + strings.Join(parts, ", ")
 }
 
 func checkDemo(t *testing.T, task string, rec *controller.Record, rows []demoRow) {
@@ -150,15 +191,7 @@ func checkDemo(t *testing.T, task string, rec *controller.Record, rows []demoRow
 	if len(missing) > 0 {
 		t.Errorf("%s: attempts missing from the table: %v", task, missing)
 	}
-	var runBlocked uint64
-	for _, b := range rec.Blocked {
-		if b.Phase == string(policy.PhaseRun) {
-			runBlocked += b.Summary.Total
-		}
-	}
-	if runBlocked == 0 {
-		t.Errorf("%s: the sidecar recorded no blocked attempt in the run phase", task)
-	}
+	checkDemoBlocked(t, task, rec, rows)
 	for _, tn := range rec.Transitions {
 		if !tn.OK {
 			t.Errorf("%s: failed transition %+v", task, tn)
@@ -169,5 +202,48 @@ func checkDemo(t *testing.T, task string, rec *controller.Record, rows []demoRow
 	}
 	if len(rec.Artifacts) != 1 || !rec.Artifacts[0].Saved {
 		t.Errorf("%s: artifacts %+v", task, rec.Artifacts)
+	}
+}
+
+// checkDemoBlocked checks that the sidecar recorded what the table says it refused: in
+// the run phase, the proxied exfiltration, the transparent path's refusals by name and
+// by address and the DNS lookups (and the dropped datagram, where the record holds drop
+// counters); in grading, the grader's attempt.
+func checkDemoBlocked(t *testing.T, task string, rec *controller.Record, rows []demoRow) {
+	t.Helper()
+	var addr string
+	for _, r := range rows {
+		if r.step == "prepare" && r.Who+"/"+r.Attempt.Attempt == "setup/resolve" {
+			addr = r.Detail
+		}
+	}
+	want := map[string][]string{
+		string(policy.PhaseRun): {
+			"exfil.test:80 http", "exfil.test:443 tls", "answer-42.exfil.test dns",
+			"exfil.test:80 transparent/http", net.JoinHostPort(addr, "80") + " transparent/http",
+		},
+		string(policy.PhaseEvaluation): {"exfil.test:80 http"},
+	}
+	got := map[string][]string{}
+	var runDropped uint64
+	for _, b := range rec.Blocked {
+		for _, bt := range b.Summary.Top {
+			got[b.Phase] = append(got[b.Phase], blockedLabel(bt))
+		}
+		if b.Phase == string(policy.PhaseRun) {
+			runDropped += b.Dropped["udp"].Packets
+		}
+	}
+	for phase, labels := range want {
+		for _, l := range labels {
+			if !slices.Contains(got[phase], l) {
+				t.Errorf("%s: %s phase: the sidecar did not record %q as blocked; it recorded %v", task, phase, l, got[phase])
+			}
+		}
+	}
+	// Drop counters reach the record when a switch ends the phase (demo-shared's run);
+	// a phase that ends with its environment's close (demo-fresh's run) has none yet.
+	if task == "demo-shared" && runDropped == 0 {
+		t.Errorf("%s: run phase: no UDP datagram counted as dropped by the transparent path", task)
 	}
 }
