@@ -1,9 +1,9 @@
 # `make demo-run`: the whole product on this machine, offline. Builds the binaries and the
 # FROM-scratch images (proxy, fake internet, demo agent and grader), starts a local fake
-# internet (packages.test, model.test, judge.test, exfil.test), runs the two tasks of
-# examples/demo with `compassctl run`, prints per task what was attempted in each phase
-# and what happened, checks every outcome, and removes every container, network and image
-# it made. Records stay in DEMO_OUT. It is the e2e test TestDemo (CI runs it too).
+# internet (packages.test, model.test, judge.test, git.test, exfil.test), runs the two
+# tasks of examples/demo with `compassctl run`, prints per task what was attempted in each
+# phase (through the proxy and by a client that ignores it) and what happened, checks every
+# outcome, and removes every container, network and image it made. Records stay in DEMO_OUT. It is the e2e test TestDemo (CI runs it too).
 DEMO_OUT ?= $(CURDIR)/out/demo
 
 .PHONY: demo-run
