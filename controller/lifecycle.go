@@ -369,8 +369,18 @@ func (tr *taskRun) closeEnv(ctx context.Context, role lifecycle.Role, retain boo
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tr.r.controlTimeout())
 	defer cancel()
-	// No switch ends the last phase: its summary is read just before the close.
-	tr.recordBlocked(tr.readBlocked(cctx, es))
+	// No switch ends the last phase: its summary and drops are read just before the close.
+	last := tr.readBlocked(cctx, es)
+	if dc, ok := es.env.(DropCounter); ok {
+		var err error
+		if last.Dropped, err = dc.TakeDropped(cctx); err != nil {
+			if last.Error != "" {
+				last.Error += "; "
+			}
+			last.Error += "dropped: " + err.Error()
+		}
+	}
+	tr.recordBlocked(last)
 	name := lifecycle.StepClose
 	if role == lifecycle.RoleEvaluation {
 		name = lifecycle.StepEvaluationEnd

@@ -89,3 +89,31 @@ func TestBlockedSummaryOfEndedPhase(t *testing.T) {
 		})
 	}
 }
+
+// What the enforcement point dropped is recorded for every phase: for a phase a switch
+// ends, from the switch's transition; for the last phase of an environment, which its
+// close ends, as taken just before the close.
+func TestDropsOfEveryPhase(t *testing.T) {
+	for _, mode := range []policy.EvaluationMode{policy.EvaluationShared, policy.EvaluationFresh} {
+		t.Run(string(mode), func(t *testing.T) {
+			p := controllertest.New()
+			tr := task(t, mode)
+			tr.Run = []lifecycle.Command{{"dropped", "3"}}
+			tr.Evaluate = []lifecycle.Command{{"dropped", "2"}}
+			r := newRunner(t, p)
+			if _, err := r.RunTask(context.Background(), tr, nil); err != nil {
+				t.Fatalf("run: %v", err)
+			}
+			got := map[string]uint64{}
+			for _, b := range readRecord(t, r, "t1").Blocked {
+				if b.Error != "" {
+					t.Errorf("blocked %+v", b)
+				}
+				got[b.Phase] += b.Dropped["udp"].Packets
+			}
+			if got["run"] != 3 || got["evaluation"] != 2 {
+				t.Errorf("dropped per phase %v, want run 3 and evaluation 2", got)
+			}
+		})
+	}
+}

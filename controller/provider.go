@@ -101,6 +101,14 @@ type Transition struct {
 	PreviousDropped Drops `json:"previous_dropped,omitempty"`
 }
 
+// DropCounter is an Environment whose enforcement point drops what it cannot decide (the
+// Docker provider's transparent path). A switch reports the drops of the phase it ends
+// (Transition.PreviousDropped); the last phase ends with the close instead, so its drops
+// are taken just before, as its blocked summary is read.
+type DropCounter interface {
+	TakeDropped(ctx context.Context) (Drops, error)
+}
+
 // Drops counts the packets an enforcement point dropped, per class.
 type Drops map[string]DropCount
 

@@ -28,6 +28,7 @@ import (
 //	unkillable  as hang, then reports that the cut command may still be running
 //	panic       panics in the caller's goroutine
 //	blocked N   adds N blocked attempts under the policy in force
+//	dropped N   adds N UDP packets the enforcement point dropped under the policy in force
 //	cancel      calls Cancel (set by the test), then exits 0
 //	stdout TEXT writes TEXT (no newline) to stdout, then exits 0
 //	stderr TEXT writes TEXT to stderr, then exits 0
@@ -233,6 +234,7 @@ type Env struct {
 	policy  policy.Policy
 	gen     uint64
 	blocked uint64
+	dropped uint64 // UDP packets dropped under the policy in force
 	closed  bool
 	files   map[string]string // uploaded files: destination path → source
 }
@@ -276,12 +278,14 @@ func (e *Env) Apply(ctx context.Context, p policy.Policy, label controller.Phase
 		}
 		return controller.Transition{FromMode: from, ToMode: p.Mode, PreviousBlocked: prev}, err
 	}
+	dropped := e.takeDropped()
 	gen, prev := e.swap(p)
 	e.p.logf("%s apply %s %s", e.role, label.Phase, p.Mode)
 	return controller.Transition{
 		Time: time.Now(), Environment: e.id, Phase: label.Phase, FromMode: from, ToMode: p.Mode,
 		Digest: p.Digest(), Generation: gen, Duration: time.Millisecond,
 		Parts: map[string]time.Duration{"rules": time.Millisecond}, OK: true, PreviousBlocked: prev,
+		PreviousDropped: dropped,
 	}, nil
 }
 
@@ -330,6 +334,10 @@ func (e *Env) Exec(ctx context.Context, cmd []string, opts controller.ExecOption
 	case "blocked":
 		e.mu.Lock()
 		e.blocked += uint64(arg())
+		e.mu.Unlock()
+	case "dropped":
+		e.mu.Lock()
+		e.dropped += uint64(arg())
 		e.mu.Unlock()
 	case "cancel":
 		e.p.Cancel()
@@ -382,6 +390,26 @@ func (e *Env) Blocked(ctx context.Context) (adminapi.BlockedSummary, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.summary(), nil
+}
+
+// TakeDropped takes the drops counted since the last switch, as the Docker provider's
+// transparent path does (controller.DropCounter).
+func (e *Env) TakeDropped(ctx context.Context) (controller.Drops, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return e.takeDropped(), nil
+}
+
+func (e *Env) takeDropped() controller.Drops {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.dropped == 0 {
+		return nil
+	}
+	d := controller.Drops{"udp": {Packets: e.dropped}}
+	e.dropped = 0
+	return d
 }
 
 // summary is the blocked summary of the generation in force; e.mu is held.

@@ -38,7 +38,10 @@ type Env struct {
 	agentOwned bool   // open created it (close removes it)
 }
 
-var _ controller.Environment = (*Env)(nil)
+var (
+	_ controller.Environment = (*Env)(nil)
+	_ controller.DropCounter = (*Env)(nil)
+)
 
 // ID is the environment name.
 func (e *Env) ID() string { return e.names.Env }

@@ -191,3 +191,17 @@ func (e *Env) removeLink(ctx context.Context, agentPID int, r *SwitchReport) err
 	}
 	return nil
 }
+
+// TakeDropped takes the drop counters of the phase in force, which the close is about
+// to end (controller.DropCounter); nothing when the phase has no transparent path.
+func (e *Env) TakeDropped(ctx context.Context) (controller.Drops, error) {
+	scPID, err := e.sidecarPID(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d, err := e.p.link.TakeCounters(scPID, e.link)
+	if err != nil {
+		return nil, fmt.Errorf("docker: transparent path %s: %w", e.link, err)
+	}
+	return d, nil
+}
