@@ -27,6 +27,7 @@ func main() {
 	flag.IntVar(&lim.Concurrency, "concurrency", lim.Concurrency, "parallel clients for set-ups and requests")
 	flag.IntVar(&lim.IdleTunnels, "idle-tunnels", lim.IdleTunnels, "idle tunnels for the memory measurement")
 	flag.IntVar(&lim.LatencyRequests, "latency-requests", lim.LatencyRequests, "sequential requests per round for latency")
+	flag.BoolVar(&cfg.Transparent, "transparent", true, "also measure compass-proxy's transparent path beside its explicit one, in network namespaces the run creates and removes (needs root)")
 	keep := flag.Bool("keep", false, "keep the scratch directory (configurations, proxy logs)")
 	workloads := flag.String("workloads", "all", "comma-separated measurements to run: bulk, setups, requests, latency, idle, all")
 	flag.Func("compass-arg", "further compass-proxy flag, e.g. --log-level=warn (repeatable)", func(v string) error {
