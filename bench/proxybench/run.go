@@ -30,8 +30,8 @@ type Config struct {
 	// Transparent adds compass-proxy's transparent and explicit paths in network
 	// namespaces the run creates (needs root; see Sandbox).
 	Transparent bool
-	Dir           string        // scratch directory for configurations and logs
-	Progress      io.Writer
+	Dir         string // scratch directory for configurations and logs
+	Progress    io.Writer
 }
 
 // Workloads selects measurements; the zero value runs none, AllWorkloads every one.
