@@ -1,5 +1,7 @@
 // Command proxybench measures compass-proxy against direct connections, squid and
-// tinyproxy on loopback and prints the comparison as Markdown tables (see docs/bench.md).
+// tinyproxy on loopback, and (as root) compass-proxy's transparent path against its
+// explicit one in network namespaces it creates and removes, and prints the comparison
+// as Markdown tables (see docs/bench.md).
 package main
 
 import (
