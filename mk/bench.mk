@@ -1,9 +1,12 @@
 # make bench-proxy: compass-proxy against direct connections, squid and tinyproxy, on
-# loopback, in one run of a few minutes; prints Markdown tables (method: docs/bench.md).
+# loopback, and (as root) compass-proxy's transparent path beside its explicit one in
+# network namespaces the run creates and removes, in one run of a few minutes; prints
+# Markdown tables (method: docs/bench.md).
 # The peers come from Debian when missing; they are never started as system services:
 # proxybench runs them on 127.0.0.1 high ports with its own configuration and stops them.
 
-# Extra proxybench flags, e.g. BENCH_FLAGS='-rounds 5' or BENCH_FLAGS='-workloads setups'.
+# Extra proxybench flags, e.g. BENCH_FLAGS='-rounds 5', BENCH_FLAGS='-workloads setups' or
+# BENCH_FLAGS='-transparent=false'.
 BENCH_FLAGS     ?=
 
 .PHONY: bench-proxy bench-peers

@@ -19,10 +19,24 @@ type Target struct {
 	Proxy string
 	// PIDs lists the processes whose memory is the proxy's (nil for direct).
 	PIDs func() []int
+	// Enter runs fn on a thread in the client's network namespace, so that the
+	// connections fn opens start there; nil runs it here, in the benchmark's.
+	Enter func(fn func() error) error
+	// Upstream is the upstream this target reaches; nil: the run's, on loopback.
+	Upstream *Upstream
 }
 
-// Direct reports whether the target has no proxy.
+// Direct reports whether the client speaks to the destination itself, with no proxy
+// protocol: direct connections, or a transparent proxy the kernel redirects them to.
 func (t Target) Direct() bool { return t.Proxy == "" }
+
+// run calls fn in the target's client namespace (see Enter).
+func (t Target) run(fn func() error) error {
+	if t.Enter == nil {
+		return fn()
+	}
+	return t.Enter(fn)
+}
 
 const ioTimeout = 10 * time.Second
 

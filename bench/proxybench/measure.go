@@ -53,7 +53,18 @@ func (r Rate) PerSecond() float64 {
 
 // Bulk reads from one tunnel to the stream upstream for lim.Duration (or lim.BulkBytes)
 // and returns the bytes read as Ops.
-func Bulk(t Target, streamAddr string, lim Limits) (Rate, error) {
+func Bulk(t Target, streamAddr string, lim Limits) (r Rate, err error) {
+	enterErr := t.run(func() error {
+		r, err = bulk(t, streamAddr, lim)
+		return nil
+	})
+	if enterErr != nil {
+		return Rate{}, fmt.Errorf("bulk: %w", enterErr)
+	}
+	return r, err
+}
+
+func bulk(t Target, streamAddr string, lim Limits) (Rate, error) {
 	c, r, err := dialTunnel(t, streamAddr)
 	if err != nil {
 		return Rate{}, fmt.Errorf("bulk: %w", err)
@@ -89,7 +100,7 @@ func Bulk(t Target, streamAddr string, lim Limits) (Rate, error) {
 // clients for lim.Duration (or lim.Setups tunnels). The upstream ends each tunnel; the
 // client closes once the end reached it through the proxy.
 func Setups(t Target, streamAddr string, lim Limits) Rate {
-	return parallel(lim.Concurrency, lim.Duration, int64(lim.Setups), func() func() error {
+	return parallel(t, lim.Concurrency, lim.Duration, int64(lim.Setups), func() func() error {
 		return func() error {
 			c, r, err := dialTunnel(t, streamAddr)
 			if err != nil {
@@ -121,7 +132,7 @@ func Requests(t Target, httpAddr string, lim Limits) Rate {
 			h.Close()
 		}
 	}()
-	return parallel(lim.Concurrency, lim.Duration, int64(lim.Requests), func() func() error {
+	return parallel(t, lim.Concurrency, lim.Duration, int64(lim.Requests), func() func() error {
 		h := newHTTPConn(t, httpAddr)
 		mu.Lock()
 		clients = append(clients, h)
@@ -131,8 +142,8 @@ func Requests(t Target, httpAddr string, lim Limits) Rate {
 }
 
 // parallel runs workers op functions (one per worker, made by newOp) until the time or
-// the shared operation budget runs out.
-func parallel(workers int, d time.Duration, budget int64, newOp func() func() error) Rate {
+// the shared operation budget runs out. Each worker runs in t's client namespace.
+func parallel(t Target, workers int, d time.Duration, budget int64, newOp func() func() error) Rate {
 	var ops, errs, claimed atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -140,14 +151,20 @@ func parallel(workers int, d time.Duration, budget int64, newOp func() func() er
 	for range workers {
 		op := newOp()
 		wg.Go(func() {
-			for time.Now().Before(deadline) && claimed.Add(1) <= budget {
-				if err := op(); err != nil {
-					errs.Add(1)
-					// A failing proxy must not turn the loop into a busy spin.
-					time.Sleep(10 * time.Millisecond)
-					continue
+			err := t.run(func() error {
+				for time.Now().Before(deadline) && claimed.Add(1) <= budget {
+					if err := op(); err != nil {
+						errs.Add(1)
+						// A failing proxy must not turn the loop into a busy spin.
+						time.Sleep(10 * time.Millisecond)
+						continue
+					}
+					ops.Add(1)
 				}
-				ops.Add(1)
+				return nil
+			})
+			if err != nil {
+				errs.Add(1)
 			}
 		})
 	}
@@ -158,7 +175,18 @@ func parallel(workers int, d time.Duration, budget int64, newOp func() func() er
 // Latencies sends lim.LatencyRequests sequential GETs on one keep-alive connection
 // (after a short warm-up) and returns each one's duration. It stops early after
 // lim.Duration.
-func Latencies(t Target, httpAddr string, lim Limits) ([]time.Duration, error) {
+func Latencies(t Target, httpAddr string, lim Limits) (samples []time.Duration, err error) {
+	enterErr := t.run(func() error {
+		samples, err = latencies(t, httpAddr, lim)
+		return nil
+	})
+	if enterErr != nil {
+		return nil, fmt.Errorf("latency: %w", enterErr)
+	}
+	return samples, err
+}
+
+func latencies(t Target, httpAddr string, lim Limits) ([]time.Duration, error) {
 	h := newHTTPConn(t, httpAddr)
 	defer h.Close()
 	for range 50 {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"time"
 )
@@ -33,6 +34,12 @@ func FreePort() (string, error) {
 // StartProcess runs argv with its output in dir/<name>.log and waits until addr accepts
 // connections.
 func StartProcess(name, dir, addr string, wait time.Duration, argv ...string) (*Process, error) {
+	return startProcess(Target{}, name, dir, addr, wait, argv...)
+}
+
+// startProcess is StartProcess, waiting until addr accepts connections made from
+// client's namespace (client.Enter).
+func startProcess(client Target, name, dir, addr string, wait time.Duration, argv ...string) (*Process, error) {
 	logPath := filepath.Join(dir, name+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -54,19 +61,19 @@ func StartProcess(name, dir, addr string, wait time.Duration, argv ...string) (*
 	// Its own process group, so a terminal's ^C reaches the benchmark, which stops it;
 	// and SIGTERM if the benchmark dies without stopping it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
+	p := &Process{Name: name, Addr: addr, Log: logPath, cmd: cmd, done: make(chan struct{})}
+	err = startLocked(cmd, p.done)
+	logFile.Close()
+	if err != nil {
 		return nil, fmt.Errorf("proxybench: %s: %w", name, err)
 	}
-	logFile.Close()
-	p := &Process{Name: name, Addr: addr, Log: logPath, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		cmd.Wait()
-		close(p.done)
-	}()
 	deadline := time.Now().Add(wait)
 	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
+		var c net.Conn
+		err := client.run(func() (err error) {
+			c, err = net.DialTimeout("tcp", addr, time.Second)
+			return err
+		})
 		if err == nil {
 			c.Close()
 			return p, nil
@@ -81,6 +88,26 @@ func StartProcess(name, dir, addr string, wait time.Duration, argv ...string) (*
 			return nil, fmt.Errorf("proxybench: %s not listening on %s after %s (see %s)", name, addr, wait, logPath)
 		}
 	}
+}
+
+// startLocked starts cmd, waits for it and then closes done, on a goroutine locked to
+// its thread all along. The kernel sends Pdeathsig when the thread that forked the child
+// exits, not the process (go.dev/issue/27505); the benchmark discards the threads it
+// moves into network namespaces, and one of them could otherwise be a proxy's parent.
+func startLocked(cmd *exec.Cmd, done chan<- struct{}) error {
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		cmd.Wait()
+		close(done)
+	}()
+	return <-started
 }
 
 // RaiseFileLimit lifts the soft limit on open files to the hard limit: the idle-tunnel

@@ -91,11 +91,21 @@ func StartCompass(name, bin, dir string, policyJSON []byte, extra ...string) (*P
 	if err != nil {
 		return nil, err
 	}
+	argv, err := compassArgv(name, bin, dir, addr, policyJSON)
+	if err != nil {
+		return nil, err
+	}
+	return StartProcess(name, dir, addr, 60*time.Second, append(argv, extra...)...)
+}
+
+// compassArgv writes policyJSON to dir and returns the command line of a compass-proxy
+// listening on addr, with every flag the benchmark's compass-proxy runs share.
+func compassArgv(name, bin, dir, addr string, policyJSON []byte) ([]string, error) {
 	policyFile := filepath.Join(dir, name+"-policy.json")
 	if err := os.WriteFile(policyFile, policyJSON, 0o644); err != nil {
 		return nil, fmt.Errorf("proxybench: %s: %w", name, err)
 	}
-	argv := []string{bin,
+	return []string{bin,
 		"--listen", addr,
 		"--dns-listen", "",
 		// Never asked (destinations are address literals), but compass-proxy refuses to
@@ -106,6 +116,5 @@ func StartCompass(name, bin, dir string, policyJSON []byte, extra ...string) (*P
 		"--policy", policyFile,
 		"--allow-internal", "127.0.0.0/8",
 		"--require-no-forwarding=false",
-	}
-	return StartProcess(name, dir, addr, 60*time.Second, append(argv, extra...)...)
+	}, nil
 }

@@ -71,6 +71,9 @@ type Report struct {
 	Compass          string   // compass-proxy with the public policy
 	CompassAllowlist string   // compass-proxy with the large allowlist
 	Peers            []string // squid, tinyproxy
+	// Explicit and Transparent are one compass-proxy's two paths in network namespaces.
+	Explicit, Transparent string
+	Skipped               map[string]string // target -> why it was not measured
 }
 
 func (r *Report) value(target string, m Metric) float64 {
@@ -175,8 +178,12 @@ func (r *Report) WriteMarkdown(w io.Writer) {
 		var rows [][]string
 		for _, t := range r.Targets {
 			row := []string{t}
-			for _, m := range metrics {
-				row = append(row, formatValue(r.value(t, m), metricInfos[m].decimals))
+			for i, m := range metrics {
+				cell := formatValue(r.value(t, m), metricInfos[m].decimals)
+				if why, ok := r.Skipped[t]; ok && i == 0 {
+					cell = why
+				}
+				row = append(row, cell)
 			}
 			if withErrors {
 				row = append(row, fmt.Sprint(r.Errors[t]))
@@ -205,7 +212,8 @@ func (r *Report) WriteMarkdown(w io.Writer) {
 	if r.Direct != "" {
 		var rows [][]string
 		for _, t := range r.Targets {
-			if t == r.Direct {
+			// The namespace paths cross veth links, not loopback: direct is no baseline.
+			if t == r.Direct || t == r.Explicit || t == r.Transparent {
 				continue
 			}
 			row := []string{t}
@@ -243,7 +251,7 @@ func (r *Report) WriteMarkdown(w io.Writer) {
 	}
 
 	if checks := r.Checks(); len(checks) > 0 {
-		b.WriteString("\n### Targets (issue 3; reported, not asserted)\n\n" +
+		b.WriteString("\n### Targets (issues 3 and 28; reported, not asserted)\n\n" +
 			"Met: the ratio of the medians reaches the target. Within noise: the target's threshold lies inside the interquartile range of the per-round ratios " +
 			"(in parentheses), so the verdict can go either way from one run to the next; or that range lies wholly on the other side of the threshold, " +
 			"so most rounds disagree with the verdict of the medians.\n\n" +
@@ -299,6 +307,9 @@ func (r *Report) comparisonRows() []comparison {
 	if r.Compass != "" && r.CompassAllowlist != "" {
 		rows = append(rows, comparison{label: r.CompassAllowlist + " ÷ " + r.Compass, left: r.CompassAllowlist, right: r.Compass})
 	}
+	if r.Transparent != "" && r.Explicit != "" && r.Skipped[r.Transparent] == "" {
+		rows = append(rows, comparison{label: "transparent ÷ explicit (netns)", left: r.Transparent, right: r.Explicit})
+	}
 	return rows
 }
 
@@ -351,16 +362,8 @@ func (r *Report) Checks() []Check {
 	}
 	c := r.Compass
 	var checks []Check
-	// ratio checks left/right ≥ min, or > min when strict.
 	ratio := func(want string, m Metric, left, right string, min float64, strict bool) {
-		l, rv := r.value(left, m), r.value(right, m)
-		if right == "" || math.IsNaN(l) || math.IsNaN(rv) || rv == 0 {
-			checks = append(checks, Check{Want: want, Got: "–", Skip: true})
-			return
-		}
-		q := l / rv
-		checks = append(checks, Check{Want: want, Got: formatNear(q, min, 2) + "×", Met: q > min || (!strict && q == min),
-			Threshold: min, Spread: r.spread(left, right, m)})
+		checks = append(checks, r.ratioCheck(want, m, left, right, min, strict))
 	}
 	ratio("bulk throughput ≥ 0.5× direct", MetricBulk, c, r.Direct, 0.5, false)
 	ratio("bulk throughput ≥ 1.3× the better peer", MetricBulk, c, r.checkPeer(MetricBulk), 1.3, false)
@@ -374,6 +377,7 @@ func (r *Report) Checks() []Check {
 	} else {
 		checks = append(checks, Check{Want: "≤ 12 KiB per idle tunnel", Got: formatNear(v, 12, 1) + " KiB", Met: v <= 12})
 	}
+	checks = append(checks, r.transparentChecks()...)
 	if a := r.CompassAllowlist; a != "" {
 		for _, m := range []Metric{MetricBulk, MetricSetups, MetricRequests} {
 			ratio("100k allowlist "+metricInfos[m].title+" within 5% of public (≥ 0.95×)", m, a, c, 0.95, false)
@@ -392,6 +396,39 @@ func (r *Report) Checks() []Check {
 		}
 	}
 	return checks
+}
+
+// transparentChecks are issue 28's targets: the transparent path within 10% of the
+// explicit one, through the same proxy in the same namespaces; a run that could not
+// measure them says why instead of passing them.
+func (r *Report) transparentChecks() []Check {
+	if r.Transparent == "" || r.Explicit == "" {
+		return nil
+	}
+	var checks []Check
+	for _, c := range []struct {
+		m    Metric
+		what string
+	}{{MetricSetups, "tunnel set-ups/s"}, {MetricBulk, "bulk throughput"}} {
+		want := "transparent " + c.what + " within 10% of explicit (≥ 0.9×)"
+		if why := r.Skipped[r.Transparent]; why != "" {
+			checks = append(checks, Check{Want: want, Got: why, Skip: true})
+			continue
+		}
+		checks = append(checks, r.ratioCheck(want, c.m, r.Transparent, r.Explicit, 0.9, false))
+	}
+	return checks
+}
+
+// ratioCheck checks left/right ≥ min, or > min when strict.
+func (r *Report) ratioCheck(want string, m Metric, left, right string, min float64, strict bool) Check {
+	l, rv := r.value(left, m), r.value(right, m)
+	if right == "" || math.IsNaN(l) || math.IsNaN(rv) || rv == 0 {
+		return Check{Want: want, Got: "–", Skip: true}
+	}
+	q := l / rv
+	return Check{Want: want, Got: formatNear(q, min, 2) + "×", Met: q > min || (!strict && q == min),
+		Threshold: min, Spread: r.spread(left, right, m)}
 }
 
 // checkPeer is the better of the issue's two peers for m, or "" when either of them has

@@ -364,3 +364,95 @@ func TestFormatNear(t *testing.T) {
 		}
 	}
 }
+
+// withSandbox adds the namespace paths to r: measured with these set-ups and bulk
+// values, or skipped for why.
+func withSandbox(r *Report, explicit, transparent [2]float64, why string) *Report {
+	r.Explicit, r.Transparent = NameExplicit, NameTransparent
+	r.Targets = append(r.Targets, NameExplicit, NameTransparent)
+	if why != "" {
+		r.Skipped = map[string]string{NameExplicit: why, NameTransparent: why}
+		return r
+	}
+	for name, v := range map[string][2]float64{NameExplicit: explicit, NameTransparent: transparent} {
+		vals := NoValues()
+		vals[MetricSetups], vals[MetricBulk] = v[0], v[1]
+		r.Values[name] = vals
+	}
+	return r
+}
+
+func TestTransparentChecks(t *testing.T) {
+	const setups, bulk = "transparent tunnel set-ups/s within 10% of explicit (≥ 0.9×)", "transparent bulk throughput within 10% of explicit (≥ 0.9×)"
+	tests := []struct {
+		name string
+		r    *Report
+		want map[string]string // check -> measured and verdict
+	}{
+		{"both met", withSandbox(sampleReport(), [2]float64{1000, 500}, [2]float64{950, 450}, ""),
+			map[string]string{setups: "0.95× yes", bulk: "0.90× yes"}},
+		{"just short of the threshold shows the digits", withSandbox(sampleReport(), [2]float64{1000, 500}, [2]float64{899, 300}, ""),
+			map[string]string{setups: "0.899× **no**", bulk: "0.60× **no**"}},
+		{"without root: skipped, not passed", withSandbox(sampleReport(), [2]float64{}, [2]float64{}, skippedNeedsRoot),
+			map[string]string{setups: skippedNeedsRoot + " n/a", bulk: skippedNeedsRoot + " n/a"}},
+		{"left out of the run: no checks", sampleReport(), map[string]string{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := map[string]string{}
+			for _, c := range tt.r.transparentChecks() {
+				got[c.Want] = c.Got + " " + c.verdict()
+			}
+			if len(got) != len(tt.want) {
+				t.Fatalf("checks %v, want %v", got, tt.want)
+			}
+			for k, w := range tt.want {
+				if got[k] != w {
+					t.Errorf("%s: %q, want %q", k, got[k], w)
+				}
+			}
+		})
+	}
+}
+
+func TestWriteMarkdownSandboxRows(t *testing.T) {
+	tests := []struct {
+		name        string
+		r           *Report
+		contains    []string
+		notContains []string
+	}{
+		{"measured", withSandbox(sampleReport(), [2]float64{1000, 500}, [2]float64{800, 500}, ""),
+			[]string{
+				"| " + NameTransparent + " | 500 | 800 |",
+				"| transparent ÷ explicit (netns) | 1.00× | 0.80× |",
+				"| transparent tunnel set-ups/s within 10% of explicit (≥ 0.9×) | 0.80× | **no** |",
+			},
+			// The namespace paths cross veth links: loopback's direct is no baseline.
+			[]string{"| " + NameTransparent + " | 0.13×"}},
+		{"without root", withSandbox(sampleReport(), [2]float64{}, [2]float64{}, skippedNeedsRoot),
+			[]string{
+				"| " + NameExplicit + " | skipped: needs root | – |",
+				"| " + NameTransparent + " | skipped: needs root | – |",
+				"| transparent bulk throughput within 10% of explicit (≥ 0.9×) | skipped: needs root | n/a |",
+			},
+			[]string{"transparent ÷ explicit"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b strings.Builder
+			tt.r.WriteMarkdown(&b)
+			out := b.String()
+			for _, s := range tt.contains {
+				if !strings.Contains(out, s) {
+					t.Errorf("report lacks %q:\n%s", s, out)
+				}
+			}
+			for _, s := range tt.notContains {
+				if strings.Contains(out, s) {
+					t.Errorf("report has %q:\n%s", s, out)
+				}
+			}
+		})
+	}
+}

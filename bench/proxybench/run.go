@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"runtime"
 	"strings"
 	"time"
@@ -26,8 +27,11 @@ type Config struct {
 	Settle        time.Duration // wait before reading memory with the idle tunnels open
 	Workloads     Workloads     // which measurements run (profiling one at a time)
 	CompassArgs   []string      // further compass-proxy flags
-	Dir           string        // scratch directory for configurations and logs
-	Progress      io.Writer
+	// Transparent adds compass-proxy's transparent and explicit paths in network
+	// namespaces the run creates (needs root; see Sandbox).
+	Transparent bool
+	Dir         string // scratch directory for configurations and logs
+	Progress    io.Writer
 }
 
 // Workloads selects measurements; the zero value runs none, AllWorkloads every one.
@@ -70,7 +74,12 @@ const (
 	NameCompassAllowlist = "compass (100k allowlist)"
 	NameSquid            = "squid"
 	NameTinyproxy        = "tinyproxy"
+	NameExplicit         = "compass explicit (netns)"
+	NameTransparent      = "compass transparent (netns)"
 )
+
+// skippedNeedsRoot is what the report says of the namespace paths in a run without root.
+const skippedNeedsRoot = "skipped: needs root"
 
 // Run starts the upstream and every configured proxy, measures them all, stops them and
 // returns the report.
@@ -118,6 +127,7 @@ type bench struct {
 	rep     *Report
 	targets []Target
 	procs   []*Process
+	sandbox *Sandbox
 
 	samples map[string][]time.Duration // per target, every latency sample
 	idle    map[string]float64         // per proxy, KiB per idle tunnel
@@ -209,7 +219,44 @@ func (b *bench) startProxies() error {
 		b.rep.Targets = append(b.rep.Targets, t.Name)
 		b.rep.PerRound[t.Name] = &RoundValues{}
 	}
+	if cfg.Compass != "" && cfg.Transparent {
+		return b.startSandbox()
+	}
 	return nil
+}
+
+// startSandbox adds the explicit and transparent paths of a compass-proxy in network
+// namespaces, or, without root, names them in the report as skipped.
+func (b *bench) startSandbox() error {
+	b.rep.Explicit, b.rep.Transparent = NameExplicit, NameTransparent
+	b.rep.Targets = append(b.rep.Targets, NameExplicit, NameTransparent)
+	if os.Geteuid() != 0 {
+		b.rep.Skipped = map[string]string{NameExplicit: skippedNeedsRoot, NameTransparent: skippedNeedsRoot}
+		b.logf("%s and %s: %s (network namespaces, links, nftables)", NameExplicit, NameTransparent, skippedNeedsRoot)
+		return nil
+	}
+	t0 := time.Now()
+	sb, err := StartSandbox(b.cfg.Compass, b.cfg.Dir, b.cfg.CompassArgs...)
+	if err != nil {
+		return err
+	}
+	b.sandbox = sb
+	e, tr := sb.Targets(NameExplicit, NameTransparent)
+	b.targets = append(b.targets, e, tr)
+	for _, t := range []Target{e, tr} {
+		b.rep.PerRound[t.Name] = &RoundValues{}
+	}
+	b.logf("started compass-proxy in namespace %s (pid %d; explicit %s, transparent :%d; upstream %s) in %s",
+		sb.sidecar.Name, sb.proxy.PID(), sb.proxy.Addr, transparentPort, sb.Upstream.StreamAddr(), time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+// upstream is the upstream t reaches.
+func (b *bench) upstream(t Target) *Upstream {
+	if t.Upstream != nil {
+		return t.Upstream
+	}
+	return b.up
 }
 
 // checkAllowlistEnforced makes sure the allowlist proxy measures what it claims to: a
@@ -237,6 +284,10 @@ func (b *bench) stopAll() error {
 		errs = append(errs, p.Stop())
 	}
 	b.procs = nil
+	if b.sandbox != nil {
+		errs = append(errs, b.sandbox.Close())
+		b.sandbox = nil
+	}
 	return errors.Join(errs...)
 }
 
@@ -254,7 +305,7 @@ type rateWorkload struct {
 // order that changes from round to round so that no target always runs right after the
 // same neighbour (roundOrder).
 func (b *bench) round(round int) {
-	lim, work, up := b.cfg.Limits, b.cfg.Workloads, b.up
+	lim, work := b.cfg.Limits, b.cfg.Workloads
 	order := make([]Target, len(b.targets))
 	for i, j := range roundOrder(len(b.targets), round) {
 		order[i] = b.targets[j]
@@ -262,15 +313,15 @@ func (b *bench) round(round int) {
 	var rates []rateWorkload
 	if work.Bulk {
 		rates = append(rates, rateWorkload{"bulk MB/s", MetricBulk, MetricBulkCPU, 1e-6, 1e12,
-			func(t Target) (Rate, error) { return Bulk(t, up.StreamAddr(), lim) }})
+			func(t Target) (Rate, error) { return Bulk(t, b.upstream(t).StreamAddr(), lim) }})
 	}
 	if work.Setups {
 		rates = append(rates, rateWorkload{"set-ups/s", MetricSetups, MetricSetupCPU, 1, 1e6,
-			func(t Target) (Rate, error) { return Setups(t, up.StreamAddr(), lim), nil }})
+			func(t Target) (Rate, error) { return Setups(t, b.upstream(t).StreamAddr(), lim), nil }})
 	}
 	if work.Requests {
 		rates = append(rates, rateWorkload{"requests/s", MetricRequests, MetricRequestCPU, 1, 1e6,
-			func(t Target) (Rate, error) { return Requests(t, up.HTTPAddr(), lim), nil }})
+			func(t Target) (Rate, error) { return Requests(t, b.upstream(t).HTTPAddr(), lim), nil }})
 	}
 	for _, w := range rates {
 		for _, t := range order {
@@ -279,7 +330,7 @@ func (b *bench) round(round int) {
 	}
 	if work.Latency {
 		for _, t := range order {
-			lat, err := Latencies(t, up.HTTPAddr(), lim)
+			lat, err := Latencies(t, b.upstream(t).HTTPAddr(), lim)
 			if err != nil {
 				b.logf("%s: %v", t.Name, err)
 				b.rep.Errors[t.Name]++
@@ -331,7 +382,8 @@ func (b *bench) measureRate(round int, t Target, w rateWorkload) {
 func (b *bench) measureIdle() {
 	lim := b.cfg.Limits
 	for _, t := range b.targets {
-		if t.Direct() {
+		if t.Direct() || t.Enter != nil {
+			// The namespace paths share one process, measured through both.
 			continue
 		}
 		per, opened, err := IdleMemory(t, b.up.StreamAddr(), lim, b.cfg.Settle)

@@ -36,11 +36,16 @@ type Upstream struct {
 
 // StartUpstream listens on two loopback ports and serves until Close.
 func StartUpstream() (*Upstream, error) {
-	stream, err := listenUpstream()
+	return startUpstream(func() (net.Listener, error) { return listenUpstream("127.0.0.1") })
+}
+
+// startUpstream serves on two listeners that listen opens.
+func startUpstream(listen func() (net.Listener, error)) (*Upstream, error) {
+	stream, err := listen()
 	if err != nil {
 		return nil, fmt.Errorf("proxybench: upstream: %w", err)
 	}
-	httpLn, err := listenUpstream()
+	httpLn, err := listen()
 	if err != nil {
 		stream.Close()
 		return nil, fmt.Errorf("proxybench: upstream: %w", err)
@@ -175,11 +180,11 @@ func readRequestHeader(r *bufio.Reader) (closeAfter bool, err error) {
 	}
 }
 
-// listenUpstream binds a loopback listener of the upstream as plain TCP without
-// keep-alive, as dialer dials: the upstream shares the two CPUs with the proxies, so
-// what it spends per connection is taken from them.
-func listenUpstream() (net.Listener, error) {
+// listenUpstream binds a listener of the upstream on a free port of host as plain TCP
+// without keep-alive, as dialer dials: the upstream shares the two CPUs with the
+// proxies, so what it spends per connection is taken from them.
+func listenUpstream(host string) (net.Listener, error) {
 	lc := net.ListenConfig{KeepAlive: -1}
 	lc.SetMultipathTCP(false)
-	return lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	return lc.Listen(context.Background(), "tcp", net.JoinHostPort(host, "0"))
 }

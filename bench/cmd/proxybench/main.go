@@ -1,5 +1,7 @@
 // Command proxybench measures compass-proxy against direct connections, squid and
-// tinyproxy on loopback and prints the comparison as Markdown tables (see docs/bench.md).
+// tinyproxy on loopback, and (as root) compass-proxy's transparent path against its
+// explicit one in network namespaces it creates and removes, and prints the comparison
+// as Markdown tables (see docs/bench.md).
 package main
 
 import (
@@ -27,6 +29,7 @@ func main() {
 	flag.IntVar(&lim.Concurrency, "concurrency", lim.Concurrency, "parallel clients for set-ups and requests")
 	flag.IntVar(&lim.IdleTunnels, "idle-tunnels", lim.IdleTunnels, "idle tunnels for the memory measurement")
 	flag.IntVar(&lim.LatencyRequests, "latency-requests", lim.LatencyRequests, "sequential requests per round for latency")
+	flag.BoolVar(&cfg.Transparent, "transparent", true, "also measure compass-proxy's transparent path beside its explicit one, in network namespaces the run creates and removes (needs root)")
 	keep := flag.Bool("keep", false, "keep the scratch directory (configurations, proxy logs)")
 	workloads := flag.String("workloads", "all", "comma-separated measurements to run: bulk, setups, requests, latency, idle, all")
 	flag.Func("compass-arg", "further compass-proxy flag, e.g. --log-level=warn (repeatable)", func(v string) error {
