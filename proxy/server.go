@@ -346,8 +346,12 @@ func (s *Server) Start() (err error) {
 	})
 	s.serve(dnsConns)
 	s.started.Store(true)
-	if ok, why := s.Ready(); !ok {
-		s.log.Error("not ready: this sidecar would route packets", "why", why)
+	// Said at once, not only to whoever asks /readyz. (The transparent listener's own
+	// goroutine may not be accepting yet: that is no reason to log.)
+	if s.cfg.RequireNoForwarding {
+		if why := s.forwarding(); why != "" {
+			s.log.Error("not ready: this sidecar would route packets", "why", why)
+		}
 	}
 	return nil
 }

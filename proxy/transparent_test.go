@@ -364,6 +364,11 @@ func TestTransparentReadiness(t *testing.T) {
 	if ok, why := th.srv.Ready(); !ok {
 		t.Fatalf("not ready: %s", why)
 	}
+	// Its accept loop starting a moment after Start is no reason for Start to log that
+	// the sidecar would route packets.
+	if strings.Contains(th.logs.String(), "would route packets") {
+		t.Fatalf("start-up logged a routing sidecar:\n%s", th.logs.String())
+	}
 	th.srv.transparent.Close()
 	waitFor(t, func() bool { ok, _ := th.srv.Ready(); return !ok })
 	if _, why := th.srv.Ready(); why != "transparent listener not serving" {

@@ -73,9 +73,9 @@ type Config struct {
 
 // Listener accepts, reads and hands over redirected connections.
 type Listener struct {
-	cfg     Config
-	serving atomic.Bool
-	closed  atomic.Bool
+	cfg    Config
+	ended  atomic.Bool // Serve returned
+	closed atomic.Bool
 
 	mu       sync.Mutex
 	sniffing map[*net.TCPConn]struct{} // connections being read, which Close wakes
@@ -101,8 +101,10 @@ func New(cfg Config) *Listener {
 // Addr is the listener's bound address.
 func (l *Listener) Addr() net.Addr { return l.cfg.Listener.Addr() }
 
-// Serving reports whether Serve is accepting (readiness).
-func (l *Listener) Serving() bool { return l.serving.Load() }
+// Serving reports whether the listener takes connections (readiness): from New, since
+// its socket is bound and the kernel queues what arrives before Serve accepts it, until
+// Close or the end of Serve.
+func (l *Listener) Serving() bool { return !l.closed.Load() && !l.ended.Load() }
 
 // Accept failures other than a closed listener (descriptors ran out) pass when
 // connections end: the listener waits and tries again, as the proxy's front does.
@@ -114,8 +116,7 @@ const (
 // Serve accepts until Close; each connection is read and handed over on a goroutine of
 // its own.
 func (l *Listener) Serve() error {
-	l.serving.Store(true)
-	defer l.serving.Store(false)
+	defer l.ended.Store(true)
 	var retry time.Duration
 	for {
 		l.cfg.Hold()
