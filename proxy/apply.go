@@ -6,6 +6,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy/upclient"
 )
 
 // Apply puts p in force. task and phase relabel logs and metrics when not nil; nil
@@ -23,7 +24,7 @@ func (s *Server) Apply(p policy.Policy, task, phase *string, source string) admi
 		Applied:   time.Now(),
 		blocked:   newBlockedCounter(),
 		transport: s.newTransport(),
-		upstream:  newUpstreamClient(s),
+		upstream:  upclient.New(upclient.Config{Dialer: upstreamDialer{s}, IdleTimeout: s.cfg.IdleTimeout, ReadIdleTimeout: s.cfg.TunnelIdleTimeout}),
 	}
 	if old != nil {
 		rs.Generation, rs.Task, rs.Phase = old.Generation+1, old.Task, old.Phase
@@ -104,11 +105,11 @@ func (s *Server) newTransport() *http.Transport {
 	return &http.Transport{
 		Proxy:                  nil,
 		DialContext:            s.dialChecked,
-		MaxIdleConns:           maxIdleUpstream,
-		MaxIdleConnsPerHost:    maxIdlePerUpstream,
+		MaxIdleConns:           upclient.MaxIdle,
+		MaxIdleConnsPerHost:    upclient.MaxIdlePerUpstream,
 		IdleConnTimeout:        s.cfg.IdleTimeout,
 		TLSHandshakeTimeout:    s.cfg.DialTimeout,
-		MaxResponseHeaderBytes: maxAnswerHeadBytes,
+		MaxResponseHeaderBytes: upclient.MaxAnswerHeadBytes,
 		ExpectContinueTimeout:  time.Second,
 		DisableCompression:     true,
 	}

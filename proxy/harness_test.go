@@ -606,3 +606,16 @@ func TestHarnessDialsOnlyLoopback(t *testing.T) {
 		t.Errorf("the dial was not refused by the harness:\n%s", h.logs.String())
 	}
 }
+
+// readHead reads one request head.
+func readHead(br *bufio.Reader) error {
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			return err
+		}
+		if l == "\r\n" {
+			return nil
+		}
+	}
+}

@@ -64,7 +64,7 @@ type Config struct {
 	// either direction for this long (see connio.IdleClock), and ends a forwarded HTTP request
 	// that moved no byte for this long: a request body the client stopped sending or the
 	// upstream stopped taking (504), an answer head (504) or body the upstream stopped
-	// sending, an answer the client stopped reading (see httpfront's clientReader, headLimit,
+	// sending, an answer the client stopped reading (see httpfront's clientReader, upclient,
 	// connio.HeadWatch, ReadWatch, IdleWriter). 0: 15m.
 	TunnelIdleTimeout time.Duration
 	// DrainTimeout is the caller's drain budget (0: 10s), as Server.DrainTimeout reports
