@@ -6,6 +6,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy/blocked"
 	"github.com/compass-egress/compass-egress/proxy/upclient"
 )
 
@@ -22,7 +23,7 @@ func (s *Server) Apply(p policy.Policy, task, phase *string, source string) admi
 		Digest:    p.Digest(),
 		addrPorts: newAddrRulePorts(p),
 		Applied:   time.Now(),
-		blocked:   newBlockedCounter(),
+		blocked:   blocked.New(),
 		transport: s.newTransport(),
 		upstream:  upclient.New(upclient.Config{Dialer: upstreamDialer{s}, IdleTimeout: s.cfg.IdleTimeout, ReadIdleTimeout: s.cfg.TunnelIdleTimeout}),
 	}
@@ -55,7 +56,7 @@ func (s *Server) Apply(p policy.Policy, task, phase *string, source string) admi
 			return !helloOK || !s.decider.Recheck(rs, c.name, c.addr, c.port)
 		})
 		old.closeIdle()
-		summary := old.blocked.summary(old.Generation)
+		summary := old.blocked.Summary(old.Generation)
 		prev = &summary
 	}
 	s.metrics.generation.Set(float64(rs.Generation))

@@ -20,6 +20,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/compass-egress/compass-egress/proxy/blocked"
 	"github.com/compass-egress/compass-egress/proxy/connio"
 	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
 	"github.com/compass-egress/compass-egress/proxy/httpfront"
@@ -793,7 +794,7 @@ func (s *Server) recordOrigin(rs *RuleSet, typ string, v Verdict, client string,
 	decision := decisionLabel(v.Allowed)
 	s.metrics.requests.WithLabelValues(typ, decision, v.Reason).Inc()
 	if !v.Allowed {
-		rs.blocked.add(blockedHost(v), v.Port, typ, v.Reason, o.protocol)
+		rs.blocked.Add(blocked.Key{Host: clipHost(blockedHost(v)), Port: v.Port, Type: typ, Reason: v.Reason, Protocol: o.protocol})
 	}
 	if o.protocol == "" {
 		s.logDecision(rs, typ, decision, v.Reason, v.Rule, blockedHost(v), v.Port, v.Addr, client)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy/blocked"
 	"github.com/compass-egress/compass-egress/proxy/upclient"
 )
 
@@ -23,7 +24,7 @@ type RuleSet struct {
 	// addrPorts says which ports the allowlist's address rules could allow.
 	addrPorts addrRulePorts
 	// blocked counts this generation's refusals (GET /v1/blocked).
-	blocked *blockedCounter
+	blocked *blocked.Counter
 	// upstream and transport carry this generation's forwarded HTTP requests (upstream
 	// the plain ones it can, see upclient). Each generation has its own pools, so
 	// an upstream connection dialled under one policy is never reused for a request
