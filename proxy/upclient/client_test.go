@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/internal/testutil"
 	"github.com/compass-egress/compass-egress/proxy/connio"
+	"github.com/compass-egress/compass-egress/proxy/internal/tcptest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -59,65 +59,10 @@ func waitFor(t *testing.T, cond func() bool) {
 	testutil.WaitFor(t, 30*time.Second, cond)
 }
 
-// serveTCP listens on the loopback and runs handle for each connection on a goroutine
-// of its own, closing the connection when handle returns. done closes when the test
-// ends; the cleanup then closes the listener and every connection still open, and
-// waits for the handlers.
+// serveTCP serves the loopback (see tcptest.Serve) and returns its port.
 func serveTCP(t *testing.T, handle func(c net.Conn, done <-chan struct{})) uint16 {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		conns = map[net.Conn]struct{}{}
-		wg    sync.WaitGroup
-		done  = make(chan struct{})
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns[c] = struct{}{}
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				handle(c, done)
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		close(done)
-		ln.Close()
-		mu.Lock()
-		for c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return uint16(ln.Addr().(*net.TCPAddr).Port)
-}
-
-// readHead reads one request head.
-func readHead(br *bufio.Reader) error {
-	for {
-		l, err := br.ReadString('\n')
-		if err != nil {
-			return err
-		}
-		if l == "\r\n" {
-			return nil
-		}
-	}
+	return uint16(tcptest.Serve(t, "127.0.0.1", handle).Port)
 }
 
 // keepAliveUpstream answers every request of a connection "ok" and keeps it open; it
@@ -127,7 +72,7 @@ func keepAliveUpstream(t *testing.T, conns, requests, closed *atomic.Int64) uint
 		defer closed.Add(1)
 		conns.Add(1)
 		br := bufio.NewReader(c)
-		for readHead(br) == nil {
+		for tcptest.ReadHead(br) == nil {
 			requests.Add(1)
 			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
@@ -217,7 +162,7 @@ func TestHeadIdleOnPooledConnectionIsNotRetried(t *testing.T) {
 	port := serveTCP(t, func(c net.Conn, done <-chan struct{}) {
 		n := conns.Add(1)
 		br := bufio.NewReader(c)
-		for readHead(br) == nil {
+		for tcptest.ReadHead(br) == nil {
 			requests.Add(1)
 			if n > 1 || requests.Load() > 1 {
 				<-done // silent from the second request on
@@ -278,7 +223,7 @@ func TestConnectionPooledOnlyInStep(t *testing.T) {
 			port := serveTCP(t, func(c net.Conn, _ <-chan struct{}) {
 				conns.Add(1)
 				br := bufio.NewReader(c)
-				for readHead(br) == nil {
+				for tcptest.ReadHead(br) == nil {
 					_, _ = io.WriteString(c, tc.answer)
 				}
 			})
@@ -301,7 +246,7 @@ func TestIdlePoolIsBoundedPerUpstream(t *testing.T) {
 	port := serveTCP(t, func(c net.Conn, done <-chan struct{}) {
 		defer closed.Add(1) // the client closed it (or the test ended)
 		br := bufio.NewReader(c)
-		for readHead(br) == nil {
+		for tcptest.ReadHead(br) == nil {
 			// Every request waits for all n to arrive: n connections at once.
 			if arrived.Add(1) == n {
 				close(all)
@@ -346,7 +291,7 @@ func TestIdlePoolIsBoundedAcrossUpstreams(t *testing.T) {
 	for i := range MaxIdle + 20 {
 		port := serveTCP(t, func(c net.Conn, _ <-chan struct{}) {
 			br := bufio.NewReader(c)
-			for readHead(br) == nil {
+			for tcptest.ReadHead(br) == nil {
 				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 			}
 		})
