@@ -181,5 +181,5 @@ func (rs *RuleSet) status() adminapi.PolicyStatus {
 
 func (s *Server) getBlocked(w http.ResponseWriter, _ *http.Request) {
 	rs := s.current.Load()
-	writeJSON(w, http.StatusOK, rs.blocked.summary(rs.Generation))
+	writeJSON(w, http.StatusOK, rs.blocked.Summary(rs.Generation))
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy/blocked"
 )
 
 func TestAdminPolicy(t *testing.T) {
@@ -117,16 +118,15 @@ func TestAdminBlockedSummary(t *testing.T) {
 		!strings.Contains(top, "host:evil.test port:0 reason:not-allowlisted type:dns") {
 		t.Fatalf("blocked %v", got)
 	}
-	// Bounded memory: many distinct targets keep at most the capacity.
+	// Bounded memory: many distinct targets keep at most the capacity (see
+	// blocked.TestCounterIsBounded), and the endpoint lists at most blocked.Top.
 	rs := h.srv.Current()
-	for i := range blockedCapacity + 100 {
-		rs.blocked.add(fmt.Sprintf("h%d.test", i), 443, typeConnect, "x", "")
+	for i := range blocked.Capacity + 100 {
+		rs.blocked.Add(blocked.Key{Host: fmt.Sprintf("h%d.test", i), Port: 443, Type: typeConnect, Reason: "x"})
 	}
-	if n := len(rs.blocked.byKey); n > blockedCapacity {
-		t.Fatalf("blocked map holds %d entries", n)
-	}
-	if s := rs.blocked.summary(rs.Generation); len(s.Top) != blockedTop || s.Total != 5+blockedCapacity+100 {
-		t.Fatalf("summary: %d top, total %d", len(s.Top), s.Total)
+	_, got = h.admin("GET", "/v1/blocked", "")
+	if top, _ := got["top"].([]any); len(top) != blocked.Top || got["total"] != float64(5+blocked.Capacity+100) {
+		t.Fatalf("blocked: %d top, total %v", len(top), got["total"])
 	}
 }
 

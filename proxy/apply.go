@@ -6,6 +6,8 @@ import (
 
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy/blocked"
+	"github.com/compass-egress/compass-egress/proxy/upclient"
 )
 
 // Apply puts p in force. task and phase relabel logs and metrics when not nil; nil
@@ -21,9 +23,9 @@ func (s *Server) Apply(p policy.Policy, task, phase *string, source string) admi
 		Digest:    p.Digest(),
 		addrPorts: newAddrRulePorts(p),
 		Applied:   time.Now(),
-		blocked:   newBlockedCounter(),
+		blocked:   blocked.New(),
 		transport: s.newTransport(),
-		upstream:  newUpstreamClient(s),
+		upstream:  upclient.New(upclient.Config{Dialer: upstreamDialer{s}, IdleTimeout: s.cfg.IdleTimeout, ReadIdleTimeout: s.cfg.TunnelIdleTimeout}),
 	}
 	if old != nil {
 		rs.Generation, rs.Task, rs.Phase = old.Generation+1, old.Task, old.Phase
@@ -54,7 +56,7 @@ func (s *Server) Apply(p policy.Policy, task, phase *string, source string) admi
 			return !helloOK || !s.decider.Recheck(rs, c.name, c.addr, c.port)
 		})
 		old.closeIdle()
-		summary := old.blocked.summary(old.Generation)
+		summary := old.blocked.Summary(old.Generation)
 		prev = &summary
 	}
 	s.metrics.generation.Set(float64(rs.Generation))
@@ -104,11 +106,11 @@ func (s *Server) newTransport() *http.Transport {
 	return &http.Transport{
 		Proxy:                  nil,
 		DialContext:            s.dialChecked,
-		MaxIdleConns:           maxIdleUpstream,
-		MaxIdleConnsPerHost:    maxIdlePerUpstream,
+		MaxIdleConns:           upclient.MaxIdle,
+		MaxIdleConnsPerHost:    upclient.MaxIdlePerUpstream,
 		IdleConnTimeout:        s.cfg.IdleTimeout,
 		TLSHandshakeTimeout:    s.cfg.DialTimeout,
-		MaxResponseHeaderBytes: maxAnswerHeadBytes,
+		MaxResponseHeaderBytes: upclient.MaxAnswerHeadBytes,
 		ExpectContinueTimeout:  time.Second,
 		DisableCompression:     true,
 	}

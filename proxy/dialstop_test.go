@@ -103,7 +103,7 @@ func TestDrainedDialIsNoPolicyRefusal(t *testing.T) {
 	if logs := d.h.logs.String(); strings.Contains(logs, `"reason":"policy-changed"`) {
 		t.Errorf("the drain's stop was logged as a policy refusal: %s", logs)
 	}
-	if got := d.h.srv.current.Load().blocked.summary(0); got.Total != 0 {
+	if got := d.h.srv.current.Load().blocked.Summary(0); got.Total != 0 {
 		t.Errorf("blocked list %+v, want it empty", got)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/compass-egress/compass-egress/proxy/blocked"
 	"github.com/compass-egress/compass-egress/proxy/dnsserver"
 )
 
@@ -44,7 +45,7 @@ func (s *Server) newDNSServer() *dnsserver.Server {
 func (s *Server) dnsDecided(o dnsserver.Outcome) {
 	rs := o.RuleSet.(*RuleSet)
 	if o.Decision == "denied" {
-		rs.blocked.add(o.Name, 0, typeDNS, o.Reason, "")
+		rs.blocked.Add(blocked.Key{Host: clipHost(o.Name), Type: typeDNS, Reason: o.Reason})
 	}
 	s.logDecision(rs, typeDNS, o.Decision, o.Reason, ruleString(o.Rule), o.Name, 0, netip.Addr{}, o.Client, slog.String("qtype", dns.Type(o.Qtype).String()))
 }

@@ -20,9 +20,11 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/compass-egress/compass-egress/proxy/blocked"
 	"github.com/compass-egress/compass-egress/proxy/connio"
 	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
 	"github.com/compass-egress/compass-egress/proxy/httpfront"
+	"github.com/compass-egress/compass-egress/proxy/upclient"
 )
 
 // requestState travels with one request through goproxy's handler chain.
@@ -63,7 +65,7 @@ type requestState struct {
 
 // answerBody records in st the error that ends an upstream answer's body early. An
 // answer from net/http's Transport has its reads watched for the idle timeout (the
-// upstream client's connection has a read deadline instead: see headLimit).
+// upstream client's connection has a read deadline instead: see upclient).
 type answerBody struct {
 	io.ReadCloser
 	st    *requestState
@@ -105,10 +107,10 @@ func (b *answerBody) Close() error {
 func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict, resp *http.Response, err error) (*http.Response, error) {
 	if err == nil && httpfront.FieldCount(resp.Header) > httpfront.MaxHeadFields {
 		resp.Body.Close()
-		resp, err = nil, fmt.Errorf("%w: more than %d fields", errAnswerHeadTooLong, httpfront.MaxHeadFields)
+		resp, err = nil, fmt.Errorf("%w: more than %d fields", upclient.ErrAnswerHeadTooLong, httpfront.MaxHeadFields)
 	}
 	if err != nil {
-		if errors.Is(err, errRecheckFailed) || errors.Is(err, dnsupstream.ErrPolicyChanged) || st.refusedConn.Load() {
+		if errors.Is(err, upclient.ErrRecheckFailed) || errors.Is(err, dnsupstream.ErrPolicyChanged) || st.refusedConn.Load() {
 			// A refusal, not an upstream failure: answered and counted as a CONNECT
 			// cut the same way is.
 			cur := s.current.Load()
@@ -385,7 +387,7 @@ func (s *Server) decideHTTP(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 	}
 	st.verdict = v
 	s.readyForward(r, st, rs)
-	if rs.upstream.handles(r) {
+	if upclient.Handles(r) {
 		ctx.RoundTripper = s.viaUpstreamClient(st, rs)
 		return r, nil
 	}
@@ -498,7 +500,8 @@ func (s *Server) readyForward(r *http.Request, st *requestState, rs *RuleSet) {
 // viaUpstreamClient is the round trip of st's request through rs's upstream client.
 func (s *Server) viaUpstreamClient(st *requestState, rs *RuleSet) goproxy.RoundTripper {
 	return goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
-		resp, err := rs.upstream.roundTrip(req, &st.verdict, func(c net.Conn) bool {
+		t := upclient.Target{Host: st.verdict.Host, Addrs: st.verdict.Addrs, Port: st.verdict.Port}
+		resp, err := rs.upstream.RoundTrip(req, t, func(c net.Conn) bool {
 			s.hold(st.client, c)
 			ok := s.gotUpstreamConn(rs, st.entry, c)
 			st.logAllowed()
@@ -539,16 +542,16 @@ func (s *Server) transportTrace(st *requestState, rs *RuleSet) *httptrace.Client
 	interim, interimBytes := 0, 0
 	return &httptrace.ClientTrace{
 		Got1xxResponse: func(_ int, h textproto.MIMEHeader) error {
-			if interim++; interim > maxInterimAnswers {
-				return errTooManyInterimAnswers
+			if interim++; interim > upclient.MaxInterimAnswers {
+				return upclient.ErrTooManyInterimAnswers
 			}
 			for k, vs := range h {
 				for _, v := range vs {
 					interimBytes += len(k) + len(v) + len(": \r\n")
 				}
 			}
-			if interimBytes > maxAnswerHeadBytes {
-				return errAnswerHeadTooLong
+			if interimBytes > upclient.MaxAnswerHeadBytes {
+				return upclient.ErrAnswerHeadTooLong
 			}
 			return nil
 		},
@@ -702,6 +705,16 @@ func (s *Server) dialChecked(ctx context.Context, network, _ string) (_ net.Conn
 	return connio.NewUpstreamConn(c, s.cfg.TunnelIdleTimeout), nil
 }
 
+// upstreamDialer is the upstream client's dialer: the request whose context is ctx
+// dials t under the rule set that decided it (see dialVerdict).
+type upstreamDialer struct{ s *Server }
+
+func (d upstreamDialer) DialUpstream(ctx context.Context, t upclient.Target) (*net.TCPConn, netip.Addr, error) {
+	rs, entry := stateIn(ctx).live()
+	v := Verdict{Host: t.Host, Addrs: t.Addrs, Port: t.Port}
+	return d.s.dialVerdict(ctx, nil, &v, true, rs, entry)
+}
+
 // dialVerdict tries each checked address in turn. keepAlive turns TCP keep-alive on at
 // once (connio.UpstreamKeepAlive); a tunnel's dial leaves it off and its idle watch turns it
 // on if the tunnel lives, since its four setsockopt calls were a tenth of the system
@@ -781,7 +794,7 @@ func (s *Server) recordOrigin(rs *RuleSet, typ string, v Verdict, client string,
 	decision := decisionLabel(v.Allowed)
 	s.metrics.requests.WithLabelValues(typ, decision, v.Reason).Inc()
 	if !v.Allowed {
-		rs.blocked.add(blockedHost(v), v.Port, typ, v.Reason, o.protocol)
+		rs.blocked.Add(blocked.Key{Host: clipHost(blockedHost(v)), Port: v.Port, Type: typ, Reason: v.Reason, Protocol: o.protocol})
 	}
 	if o.protocol == "" {
 		s.logDecision(rs, typ, decision, v.Reason, v.Rule, blockedHost(v), v.Port, v.Addr, client)

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/compass-egress/compass-egress/proxy/upclient"
 )
 
 // rawUpstream listens on ip, and on each connection reads one request head, writes
@@ -183,7 +185,7 @@ func TestUpstreamAnswerTellsRefusalsFromFailures(t *testing.T) {
 		wantHeader string
 		wantWarn   bool
 	}{
-		{"upstream client re-check", errRecheckFailed, false, false, 403, "denied; reason=policy-changed", false},
+		{"upstream client re-check", upclient.ErrRecheckFailed, false, false, 403, "denied; reason=policy-changed", false},
 		{"transport re-check", errors.New("use of closed network connection"), true, false, 403, "denied; reason=policy-changed", false},
 		{"upstream failure", errors.New("connection reset by peer"), false, false, 502, "error; reason=upstream-failed", true},
 		{"cut request", context.Canceled, false, true, 502, "error; reason=upstream-failed", false},

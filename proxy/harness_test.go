@@ -25,6 +25,7 @@ import (
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/internal/testutil"
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy/internal/tcptest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -510,53 +511,11 @@ func waitFor(t *testing.T, cond func() bool) {
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewJSONHandler(io.Discard, nil)) }
 
-// serveTCP listens on ip and runs handle for each connection on a goroutine of its own,
-// closing the connection when handle returns. done closes when the test ends; the
-// cleanup then closes the listener and every connection still open, and waits for the
-// handlers.
-func serveTCP(t testing.TB, ip string, handle func(c net.Conn, done <-chan struct{})) *net.TCPAddr {
-	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		conns = map[net.Conn]struct{}{}
-		wg    sync.WaitGroup
-		done  = make(chan struct{})
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns[c] = struct{}{}
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				handle(c, done)
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		close(done)
-		ln.Close()
-		mu.Lock()
-		for c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return ln.Addr().(*net.TCPAddr)
-}
+// serveTCP and readHead: see tcptest.Serve and tcptest.ReadHead.
+var (
+	serveTCP = tcptest.Serve
+	readHead = tcptest.ReadHead
+)
 
 // serveRawHTTP serves ip with an upstream that reads the requests of each connection
 // one after another and has answer write each one's answer as it is to go out (where

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/compass-egress/compass-egress/proxy/upclient"
 )
 
 // finalAnswer reads the answer to a request, past any interim ones.
@@ -160,22 +162,22 @@ func TestSwapCutOfHeadWaitIsNotIdle(t *testing.T) {
 	}
 }
 
-// Interim answers are bounded on both paths: at most maxInterimAnswers of them, whose
-// heads together take at most maxAnswerHeadBytes, before the final answer; past
+// Interim answers are bounded on both paths: at most upclient.MaxInterimAnswers of them, whose
+// heads together take at most upclient.MaxAnswerHeadBytes, before the final answer; past
 // either bound the client gets a 502 instead of the proxy reading them for as long as
 // they come. Through net/http's Transport (the POST) only its 10 MiB head limit
 // bounded them, and once the proxy counts them that limit starts afresh after each.
 func TestInterimAnswersAreBounded(t *testing.T) {
 	small := "HTTP/1.1 102 Processing\r\n\r\n"
-	large := "HTTP/1.1 103 Early Hints\r\nLink: <" + strings.Repeat("x", maxAnswerHeadBytes/3+1024) + ">\r\n\r\n"
+	large := "HTTP/1.1 103 Early Hints\r\nLink: <" + strings.Repeat("x", upclient.MaxAnswerHeadBytes/3+1024) + ">\r\n\r\n"
 	for _, tc := range []struct {
 		name    string
 		interim string
 		count   int
 		want    int
 	}{
-		{"five", small, maxInterimAnswers, http.StatusOK},
-		{"six", small, maxInterimAnswers + 1, http.StatusBadGateway},
+		{"five", small, upclient.MaxInterimAnswers, http.StatusOK},
+		{"six", small, upclient.MaxInterimAnswers + 1, http.StatusBadGateway},
 		{"three past the head bound together", large, 3, http.StatusBadGateway},
 	} {
 		for _, method := range []string{http.MethodGet, http.MethodPost} {

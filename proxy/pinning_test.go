@@ -9,33 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
-
-	"github.com/compass-egress/compass-egress/policy"
 )
-
-// TestBlockedDoesNotPinRequestLines: a refused host is usually a substring of the
-// request line it came in (net/url and CanonicalHostname return substrings), which may
-// be 64 KiB long. The table of blocked attempts keeps 1024 hosts of at most 255 bytes;
-// it must not keep each one's whole request line alive with it.
-func TestBlockedDoesNotPinRequestLines(t *testing.T) {
-	const lineSize = 64 << 10
-	runtime.GC()
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	b := newBlockedCounter()
-	for i := range blockedCapacity {
-		line := fmt.Sprintf("h%d.test", i) + "/" + strings.Repeat("x", lineSize)
-		host := line[:strings.IndexByte(line, '/')]
-		b.add(host, 80, typeHTTP, string(policy.ReasonNotAllowlisted), "")
-	}
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	runtime.KeepAlive(b)
-	grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
-	if grew > 8<<20 {
-		t.Fatalf("%d blocked hosts keep %d MiB of heap alive (their request lines), want well under 8 MiB", blockedCapacity, grew>>20)
-	}
-}
 
 // TestTunnelDoesNotPinItsRequestHead: a tunnel keeps its host for its log line, a
 // substring of the CONNECT line; a path that padded the line is refused (see

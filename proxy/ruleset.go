@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/compass-egress/compass-egress/policy"
+	"github.com/compass-egress/compass-egress/proxy/blocked"
+	"github.com/compass-egress/compass-egress/proxy/upclient"
 )
 
 // RuleSet is one generation of policy in force. It is immutable once published: every
@@ -22,19 +24,19 @@ type RuleSet struct {
 	// addrPorts says which ports the allowlist's address rules could allow.
 	addrPorts addrRulePorts
 	// blocked counts this generation's refusals (GET /v1/blocked).
-	blocked *blockedCounter
+	blocked *blocked.Counter
 	// upstream and transport carry this generation's forwarded HTTP requests (upstream
-	// the plain ones it can, see upstreamClient). Each generation has its own pools, so
+	// the plain ones it can, see upclient). Each generation has its own pools, so
 	// an upstream connection dialled under one policy is never reused for a request
 	// decided under another.
-	upstream  *upstreamClient
+	upstream  *upclient.Client
 	transport *http.Transport
 }
 
 // closeIdle closes the generation's idle upstream connections.
 func (rs *RuleSet) closeIdle() {
 	rs.transport.CloseIdleConnections()
-	rs.upstream.closeIdle()
+	rs.upstream.CloseIdle()
 }
 
 // Mode is the policy's network mode.

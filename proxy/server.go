@@ -14,7 +14,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -31,6 +30,7 @@ import (
 	"github.com/compass-egress/compass-egress/proxy/dnsupstream"
 	"github.com/compass-egress/compass-egress/proxy/fqdncache"
 	"github.com/compass-egress/compass-egress/proxy/httpfront"
+	"github.com/compass-egress/compass-egress/proxy/procnet"
 	"github.com/compass-egress/compass-egress/proxy/transparent"
 )
 
@@ -64,7 +64,7 @@ type Config struct {
 	// either direction for this long (see connio.IdleClock), and ends a forwarded HTTP request
 	// that moved no byte for this long: a request body the client stopped sending or the
 	// upstream stopped taking (504), an answer head (504) or body the upstream stopped
-	// sending, an answer the client stopped reading (see httpfront's clientReader, headLimit,
+	// sending, an answer the client stopped reading (see httpfront's clientReader, upclient,
 	// connio.HeadWatch, ReadWatch, IdleWriter). 0: 15m.
 	TunnelIdleTimeout time.Duration
 	// DrainTimeout is the caller's drain budget (0: 10s), as Server.DrainTimeout reports
@@ -420,7 +420,7 @@ func listenDNS(addr string) (net.PacketConn, net.Listener, error) {
 // would reach the Docker host itself.
 func (s *Server) ownAddrs() []netip.Addr {
 	own := append([]netip.Addr(nil), s.cfg.OwnAddrs...)
-	own = append(own, routeGateways(s.cfg.ProcRoot)...)
+	own = append(own, procnet.RouteGateways(s.cfg.ProcRoot)...)
 	if addrs, err := net.InterfaceAddrs(); err == nil {
 		for _, a := range addrs {
 			if p, err := netip.ParsePrefix(a.String()); err == nil {
@@ -510,43 +510,6 @@ func (s *Server) goServe(serve func() error) {
 	}()
 }
 
-// forwardingOn says why forwarding is on, or "" when IPv4 and IPv6 forwarding are off.
-// A missing IPv6 file means the kernel has no IPv6 here, so nothing to forward.
-func forwardingOn(procRoot string) string {
-	for _, f := range []struct {
-		path     string
-		optional bool
-	}{{"sys/net/ipv4/ip_forward", false}, {"sys/net/ipv6/conf/all/forwarding", true}} {
-		data, err := os.ReadFile(filepath.Join(procRoot, f.path))
-		if err != nil {
-			if f.optional && errors.Is(err, os.ErrNotExist) {
-				continue
-			}
-			return fmt.Sprintf("cannot read %s: %v", f.path, err)
-		}
-		if v := strings.TrimSpace(string(data)); v != "0" {
-			return fmt.Sprintf("%s is %s (want 0)", f.path, v)
-		}
-	}
-	// IPv4 forwards a packet by the forwarding of the interface it came in on (conf/all
-	// is ip_forward); conf/default is what an interface attached later starts with.
-	ifaces, _ := filepath.Glob(filepath.Join(procRoot, "sys/net/ipv4/conf/*/forwarding"))
-	for _, file := range ifaces {
-		rel, _ := filepath.Rel(procRoot, file)
-		data, err := os.ReadFile(file)
-		if err != nil {
-			if errors.Is(err, os.ErrNotExist) { // the interface went away
-				continue
-			}
-			return fmt.Sprintf("cannot read %s: %v", rel, err)
-		}
-		if v := strings.TrimSpace(string(data)); v != "0" {
-			return fmt.Sprintf("%s is %s (want 0)", rel, v)
-		}
-	}
-	return ""
-}
-
 // Ready reports readiness and, if not ready, why: listeners bound (Start returned), a
 // policy loaded (always: no-network at least), not draining and, when required,
 // forwarding off. Forwarding is read again (at most once per forwardingCheckEvery), since
@@ -570,7 +533,7 @@ func (s *Server) Ready() (bool, string) {
 	return true, ""
 }
 
-// forwarding is forwardingOn, cached; it logs when the answer changes.
+// forwarding is procnet.ForwardingOn, cached; it logs when the answer changes.
 func (s *Server) forwarding() string {
 	s.fwdMu.Lock()
 	defer s.fwdMu.Unlock()
@@ -578,7 +541,7 @@ func (s *Server) forwarding() string {
 	if !s.fwd.at.IsZero() && now.Sub(s.fwd.at) < forwardingCheckEvery {
 		return s.fwd.why
 	}
-	why := forwardingOn(s.cfg.ProcRoot)
+	why := procnet.ForwardingOn(s.cfg.ProcRoot)
 	if !s.fwd.at.IsZero() && why != s.fwd.why {
 		if why != "" {
 			s.log.Error("not ready: this sidecar would route packets", "why", why)

@@ -158,7 +158,7 @@ func TestSwapClosesIdleUpstreamConnections(t *testing.T) {
 	if rs.Generation != old.Generation {
 		t.Fatalf("generation %d, want %d", rs.Generation, old.Generation)
 	}
-	waitFor(t, func() bool { rs.upstream.mu.Lock(); defer rs.upstream.mu.Unlock(); return rs.upstream.nidle == 1 })
+	waitFor(t, func() bool { return rs.upstream.IdleConns() == 1 })
 	h.apply(`"no-network"`)
 	if !peerClosed(t, up) {
 		t.Fatal("the idle upstream connection outlived the swap")

@@ -102,7 +102,7 @@ func TestTransparentPathInNamespaces(t *testing.T) {
 		t.Fatalf("refused connection read %q", b)
 	}
 	rs := srv.Current()
-	sum := rs.blocked.summary(rs.Generation)
+	sum := rs.blocked.Summary(rs.Generation)
 	if len(sum.Top) != 1 || sum.Top[0].Host != "git.test" || sum.Top[0].Port != 2222 || sum.Top[0].Type != typeTransparent || sum.Top[0].Protocol != "tcp" {
 		t.Fatalf("blocked %+v", sum.Top)
 	}

@@ -324,7 +324,7 @@ func TestTransparentRecords(t *testing.T) {
 			if got := promtest.ToFloat64(th.srv.metrics.requests.WithLabelValues(typeTransparent, "denied", tc.reason)); got != before+1 {
 				t.Fatalf("counted %v, want %v", got, before+1)
 			}
-			sum := th.srv.Current().blocked.summary(rs.Generation)
+			sum := th.srv.Current().blocked.Summary(rs.Generation)
 			want := adminapi.BlockedTarget{Host: tc.host, Port: port, Type: typeTransparent, Reason: tc.reason, Protocol: tc.protocol, Count: 1}
 			if len(sum.Top) != 1 || sum.Top[0] != want {
 				t.Fatalf("blocked %+v, want %+v", sum.Top, want)

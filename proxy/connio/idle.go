@@ -271,7 +271,7 @@ var (
 
 // IdleDeadline is the read or the write deadline of a connection whose reads or writes
 // fail once they have made no progress for the timeout, while one that keeps moving
-// bytes, however slowly, is not cut (IdleWriter, headLimit, clientReader). The
+// bytes, however slowly, is not cut (IdleWriter, upclient's headLimit, clientReader). The
 // deadline is set a timeout ahead and moved only once more than half of it is used, so
 // a connection that keeps moving bytes moves it at most once per half timeout, not once
 // per call; a deadline that passes less than a timeout after the last progress (one an
@@ -465,8 +465,8 @@ func (w *ReadWatch) Stop() {
 	w.stopLocked()
 }
 
-// HeadWatch bounds the wait for an answer head on net/http's Transport as headLimit
-// does on the upstream client's connections: the wait starts once the request is
+// HeadWatch bounds the wait for an answer head on net/http's Transport as upclient's
+// headLimit does on the upstream client's connections: the wait starts once the request is
 // written (its body included) and ends the request (cancels it; the Transport then
 // closes the connection) when the upstream sends no byte for the timeout; every byte
 // read meanwhile, interim 1xx answers included, is progress. The Transport's own

@@ -1,4 +1,8 @@
-package proxy
+// Package upclient is the sidecar's own client for the forwarded HTTP requests it can
+// write and answer on the handler's goroutine, with a pool of upstream connections per
+// rule set. The proxy dials through a Dialer, which checks each address against the
+// policy, and re-checks every connection, pooled or new, before a request is written.
+package upclient
 
 import (
 	"bufio"
@@ -18,18 +22,43 @@ import (
 	"github.com/compass-egress/compass-egress/proxy/connio"
 )
 
-// upstreamClient forwards the requests that can be written and answered on the
+// Client forwards the requests that can be written and answered on the
 // handler's own goroutine: plain http, no body (nothing to write while the answer
 // arrives), no Upgrade, and a method that may be sent twice (a pooled connection the
 // upstream closed meanwhile is retried once on a new one). net/http's Transport, which
 // hands every request to two goroutines of its own and back, carries the others. Each
 // rule set has its own client, so a connection opened under one policy never carries
 // a request decided under another.
-type upstreamClient struct {
-	s     *Server
+type Client struct {
+	cfg   Config
 	mu    sync.Mutex
 	idle  map[netip.AddrPort][]*upConn
 	nidle int // connections in idle, across upstreams
+}
+
+// Dialer opens the upstream connections the pool has none of.
+type Dialer interface {
+	// DialUpstream connects to one of t's addresses for the request whose context is
+	// ctx, and returns the connection and the address it reached.
+	DialUpstream(ctx context.Context, t Target) (*net.TCPConn, netip.Addr, error)
+}
+
+// Target is where one request may go: the name it was decided on, the addresses the
+// decision checked, and the port.
+type Target struct {
+	Host  string
+	Addrs []netip.Addr
+	Port  uint16
+}
+
+// Config is a Client's dialer and timeouts.
+type Config struct {
+	Dialer Dialer
+	// IdleTimeout closes a pooled connection that carried no request for that long.
+	IdleTimeout time.Duration
+	// ReadIdleTimeout ends a request whose upstream sent no byte of its answer for
+	// that long (connio.ErrUpstreamHeadIdle, connio.ErrUpstreamIdle).
+	ReadIdleTimeout time.Duration
 }
 
 // upConn is one upstream connection and its reader, which outlives each answer.
@@ -64,7 +93,7 @@ func (l *headLimit) Read(p []byte) (int, error) {
 		return l.readIdle(p, connio.ErrUpstreamIdle)
 	}
 	if l.left == 0 {
-		return 0, errAnswerHeadTooLong
+		return 0, ErrAnswerHeadTooLong
 	}
 	if int64(len(p)) > l.left {
 		p = p[:l.left]
@@ -112,33 +141,34 @@ func (uc *upConn) quiet() bool {
 // The idle connections kept: per upstream address and in all, the Transport's
 // MaxIdleConnsPerHost and MaxIdleConns (each holds a descriptor until it idles out).
 const (
-	maxIdlePerUpstream = 64
-	maxIdleUpstream    = 1024
+	MaxIdlePerUpstream = 64
+	MaxIdle            = 1024
 )
 
 // An upstream's answer heads, its interim (1xx) answers included, may take at most
-// maxAnswerHeadBytes and maxInterimAnswers, and the final head httpfront.MaxHeadFields fields: an
+// MaxAnswerHeadBytes and MaxInterimAnswers, and the final head httpfront.MaxHeadFields fields: an
 // upstream that sends an endless head must not grow the proxy's memory. The bytes are
 // a request head's bound, not net/http's 10 MiB, which an upstream filled with tiny
 // fields held about 280 MiB of heap per answer until its body began.
 const (
-	maxAnswerHeadBytes = 64 << 10
-	maxInterimAnswers  = 5
+	MaxAnswerHeadBytes = 64 << 10
+	MaxInterimAnswers  = 5
 )
 
 var (
-	errAnswerHeadTooLong     = errors.New("proxy: upstream answer head too long")
-	errTooManyInterimAnswers = errors.New("proxy: too many interim answers from the upstream")
+	ErrAnswerHeadTooLong     = errors.New("proxy: upstream answer head too long")
+	ErrTooManyInterimAnswers = errors.New("proxy: too many interim answers from the upstream")
 )
 
 var upWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
 
-func newUpstreamClient(s *Server) *upstreamClient {
-	return &upstreamClient{s: s, idle: make(map[netip.AddrPort][]*upConn)}
+// New is a client with an empty pool.
+func New(cfg Config) *Client {
+	return &Client{cfg: cfg, idle: make(map[netip.AddrPort][]*upConn)}
 }
 
-// handles reports whether req is one the upstream client carries.
-func (u *upstreamClient) handles(req *http.Request) bool {
+// Handles reports whether req is one the client carries.
+func Handles(req *http.Request) bool {
 	if req.Body != nil && req.Body != http.NoBody || req.URL.Scheme != "http" || req.Header.Get("Upgrade") != "" {
 		return false
 	}
@@ -149,22 +179,24 @@ func (u *upstreamClient) handles(req *http.Request) bool {
 	return false
 }
 
-// errRecheckFailed: a swap came between the decision and the connection, and the new
+// ErrRecheckFailed: a swap came between the decision and the connection, and the new
 // policy does not allow the connection's address.
-var errRecheckFailed = errors.New("proxy: the upstream address is no longer allowed")
+var ErrRecheckFailed = errors.New("proxy: the upstream address is no longer allowed")
 
-// roundTrip sends req to one of v's checked addresses and returns the answer; its body
-// gives the connection back to the pool when read to its end. allowed records the
-// connection's address and re-checks it (see gotUpstreamConn).
-func (u *upstreamClient) roundTrip(req *http.Request, v *Verdict, allowed func(net.Conn) bool) (*http.Response, error) {
+// RoundTrip sends req to one of t's addresses and returns the answer; its body gives
+// the connection back to the pool when read to its end. allowed records the
+// connection's address and re-checks it before the request is written (a swap may
+// have come since the decision); a connection it refuses is closed, and the error is
+// ErrRecheckFailed.
+func (u *Client) RoundTrip(req *http.Request, t Target, allowed func(net.Conn) bool) (*http.Response, error) {
 	for attempt := 0; ; attempt++ {
-		uc, reused, err := u.conn(req.Context(), v)
+		uc, reused, err := u.conn(req.Context(), t)
 		if err != nil {
 			return nil, err
 		}
 		if !allowed(uc.c) {
 			uc.c.Close()
-			return nil, errRecheckFailed
+			return nil, ErrRecheckFailed
 		}
 		resp, err := u.exchange(req, uc)
 		if err == nil {
@@ -180,10 +212,10 @@ func (u *upstreamClient) roundTrip(req *http.Request, v *Verdict, allowed func(n
 	}
 }
 
-// conn takes a quiet idle connection to one of v's addresses, or dials one.
-func (u *upstreamClient) conn(ctx context.Context, v *Verdict) (*upConn, bool, error) {
+// conn takes a quiet idle connection to one of t's addresses, or dials one.
+func (u *Client) conn(ctx context.Context, t Target) (*upConn, bool, error) {
 	for {
-		uc := u.takeIdle(v)
+		uc := u.takeIdle(t)
 		if uc == nil {
 			break
 		}
@@ -192,20 +224,19 @@ func (u *upstreamClient) conn(ctx context.Context, v *Verdict) (*upConn, bool, e
 		}
 		uc.c.Close()
 	}
-	rs, entry := stateIn(ctx).live()
-	c, addr, err := u.s.dialVerdict(ctx, nil, v, true, rs, entry)
+	c, addr, err := u.cfg.Dialer.DialUpstream(ctx, t)
 	if err != nil {
 		return nil, false, err
 	}
-	return newUpConn(c, netip.AddrPortFrom(addr, v.Port), u.s.cfg.TunnelIdleTimeout), false, nil
+	return newUpConn(c, netip.AddrPortFrom(addr, t.Port), u.cfg.ReadIdleTimeout), false, nil
 }
 
-// takeIdle removes and returns an idle connection to one of v's addresses, or nil.
-func (u *upstreamClient) takeIdle(v *Verdict) *upConn {
+// takeIdle removes and returns an idle connection to one of t's addresses, or nil.
+func (u *Client) takeIdle(t Target) *upConn {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	for _, a := range v.Addrs {
-		key := netip.AddrPortFrom(a, v.Port)
+	for _, a := range t.Addrs {
+		key := netip.AddrPortFrom(a, t.Port)
 		list := u.idle[key]
 		for len(list) > 0 {
 			uc := list[len(list)-1]
@@ -221,7 +252,7 @@ func (u *upstreamClient) takeIdle(v *Verdict) *upConn {
 	return nil
 }
 
-func (u *upstreamClient) setIdle(key netip.AddrPort, list []*upConn) {
+func (u *Client) setIdle(key netip.AddrPort, list []*upConn) {
 	if len(list) == 0 {
 		delete(u.idle, key)
 		return
@@ -232,7 +263,7 @@ func (u *upstreamClient) setIdle(key netip.AddrPort, list []*upConn) {
 // exchange writes req and reads its answer, skipping interim (1xx) answers. The
 // request's cancellation (a swap that cuts it, the drain's deadline) closes the
 // connection, which ends a write or read in progress.
-func (u *upstreamClient) exchange(req *http.Request, uc *upConn) (*http.Response, error) {
+func (u *Client) exchange(req *http.Request, uc *upConn) (*http.Response, error) {
 	stop := context.AfterFunc(req.Context(), func() { uc.c.Close() })
 	bw := upWriters.Get().(*bufio.Writer)
 	bw.Reset(uc.c)
@@ -243,10 +274,10 @@ func (u *upstreamClient) exchange(req *http.Request, uc *upConn) (*http.Response
 	bw.Reset(nil)
 	upWriters.Put(bw)
 	var resp *http.Response
-	uc.limit.left = maxAnswerHeadBytes
+	uc.limit.left = MaxAnswerHeadBytes
 	for interim := 0; err == nil; interim++ {
-		if interim > maxInterimAnswers {
-			err = errTooManyInterimAnswers
+		if interim > MaxInterimAnswers {
+			err = ErrTooManyInterimAnswers
 			break
 		}
 		resp, err = http.ReadResponse(uc.br, req)
@@ -265,24 +296,24 @@ func (u *upstreamClient) exchange(req *http.Request, uc *upConn) (*http.Response
 }
 
 // put keeps a connection whose answer was read to its end for the next request.
-func (u *upstreamClient) put(uc *upConn) {
+func (u *Client) put(uc *upConn) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if len(u.idle[uc.key]) >= maxIdlePerUpstream || u.nidle >= maxIdleUpstream || uc.br.Buffered() > 0 {
+	if len(u.idle[uc.key]) >= MaxIdlePerUpstream || u.nidle >= MaxIdle || uc.br.Buffered() > 0 {
 		uc.c.Close() // a full pool, or bytes beyond the answer: the connection is out of step
 		return
 	}
 	if uc.timer == nil {
-		uc.timer = time.AfterFunc(u.s.cfg.IdleTimeout, func() { u.expire(uc) })
+		uc.timer = time.AfterFunc(u.cfg.IdleTimeout, func() { u.expire(uc) })
 	} else {
-		uc.timer.Reset(u.s.cfg.IdleTimeout)
+		uc.timer.Reset(u.cfg.IdleTimeout)
 	}
 	u.idle[uc.key] = append(u.idle[uc.key], uc)
 	u.nidle++
 }
 
 // expire closes a connection that stayed idle for the idle timeout.
-func (u *upstreamClient) expire(uc *upConn) {
+func (u *Client) expire(uc *upConn) {
 	u.mu.Lock()
 	list := u.idle[uc.key]
 	for i, x := range list {
@@ -296,9 +327,16 @@ func (u *upstreamClient) expire(uc *upConn) {
 	uc.c.Close()
 }
 
-// closeIdle closes every idle connection (the rule set was replaced, or the proxy
+// IdleConns is the number of idle connections the pool holds.
+func (u *Client) IdleConns() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.nidle
+}
+
+// CloseIdle closes every idle connection (the rule set was replaced, or the proxy
 // stops); connections in use close when their answer ends.
-func (u *upstreamClient) closeIdle() {
+func (u *Client) CloseIdle() {
 	u.mu.Lock()
 	idle := u.idle
 	u.idle = make(map[netip.AddrPort][]*upConn)
@@ -317,7 +355,7 @@ func (u *upstreamClient) closeIdle() {
 // take forever).
 type upBody struct {
 	body  io.ReadCloser
-	u     *upstreamClient
+	u     *Client
 	uc    *upConn
 	stop  func() bool // ends the cancellation watch; false if it already closed uc
 	reuse bool

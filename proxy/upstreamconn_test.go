@@ -6,12 +6,13 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/compass-egress/compass-egress/proxy/upclient"
 )
 
 // countingUpstream is an HTTP server on 127.0.0.2 (a.test) that counts the
@@ -95,19 +96,6 @@ func TestUpstreamIdleConnectionExpires(t *testing.T) {
 	waitFor(t, func() bool { return u.closed.Load() == 1 })
 }
 
-// readHead reads one request head.
-func readHead(br *bufio.Reader) error {
-	for {
-		l, err := br.ReadString('\n')
-		if err != nil {
-			return err
-		}
-		if l == "\r\n" {
-			return nil
-		}
-	}
-}
-
 // An upstream that answers on a pooled connection while it is idle (a 408 before it
 // hangs up) must not have that answer taken for the next request's.
 func TestPooledConnectionAnsweredWhileIdleIsNotReused(t *testing.T) {
@@ -181,7 +169,7 @@ func TestUpstreamAnswerHeadIsBounded(t *testing.T) {
 				t.Fatal("the upstream still writes after 20 s")
 			}
 			if n := written.Load(); n >= limit {
-				t.Fatalf("the proxy read %d MiB of answer head, want at most about %d KiB", n>>20, maxAnswerHeadBytes>>10)
+				t.Fatalf("the proxy read %d MiB of answer head, want at most about %d KiB", n>>20, upclient.MaxAnswerHeadBytes>>10)
 			}
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil {
@@ -192,67 +180,5 @@ func TestUpstreamAnswerHeadIsBounded(t *testing.T) {
 				t.Fatalf("status %d, want 502", resp.StatusCode)
 			}
 		})
-	}
-}
-
-// The idle pool is bounded across upstreams, not only per upstream.
-func TestIdlePoolIsBoundedAcrossUpstreams(t *testing.T) {
-	h := newHarness(t)
-	h.apply(`"public"`)
-	for i := range maxIdleUpstream + 20 {
-		port := serveTCP(t, "127.0.0.2", func(c net.Conn, _ <-chan struct{}) {
-			br := bufio.NewReader(c)
-			for readHead(br) == nil {
-				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-			}
-		}).Port
-		if st, _, body := h.get(fmt.Sprintf("http://127.0.0.2:%d/", port)); st != 200 || body != "ok" {
-			t.Fatalf("GET %d: %d %q", i, st, body)
-		}
-	}
-	u := h.srv.current.Load().upstream
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	idle := 0
-	for _, l := range u.idle {
-		idle += len(l)
-	}
-	if idle != maxIdleUpstream || u.nidle != idle {
-		t.Fatalf("idle connections: %d (counted %d), want %d", idle, u.nidle, maxIdleUpstream)
-	}
-}
-
-// Which requests the upstream client carries: plain http, no body, no Upgrade, and a
-// method that may be sent twice (it retries one on a new connection). Any other goes
-// to net/http's Transport, which speaks TLS and does not resend what is not idempotent.
-func TestUpstreamClientHandles(t *testing.T) {
-	for _, tc := range []struct {
-		method, url string
-		body        io.Reader
-		upgrade     bool
-		want        bool
-	}{
-		{"GET", "http://a.test/", nil, false, true},
-		{"HEAD", "http://a.test/", nil, false, true},
-		{"OPTIONS", "http://a.test/", nil, false, true},
-		{"TRACE", "http://a.test/", nil, false, true},
-		{"GET", "https://a.test/", nil, false, false},
-		{"GET", "http://a.test/", strings.NewReader("x"), false, false},
-		{"GET", "http://a.test/", nil, true, false},
-		{"POST", "http://a.test/", nil, false, false},
-		{"DELETE", "http://a.test/", nil, false, false},
-		{"PUT", "http://a.test/", nil, false, false},
-		{"PATCH", "http://a.test/", nil, false, false},
-	} {
-		req := httptest.NewRequest(tc.method, tc.url, tc.body)
-		if tc.body == nil {
-			req.Body = http.NoBody
-		}
-		if tc.upgrade {
-			req.Header.Set("Upgrade", "websocket")
-		}
-		if got := (&upstreamClient{}).handles(req); got != tc.want {
-			t.Errorf("%s %s (body %v, upgrade %v): handles %v, want %v", tc.method, tc.url, tc.body != nil, tc.upgrade, got, tc.want)
-		}
 	}
 }

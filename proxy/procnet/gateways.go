@@ -1,4 +1,4 @@
-package proxy
+package procnet
 
 import (
 	"bytes"
@@ -10,12 +10,12 @@ import (
 	"strconv"
 )
 
-// routeGateways are the next hops of this host's routes, IPv4 and IPv6. In a sidecar
+// RouteGateways are the next hops of this host's routes, IPv4 and IPv6. In a sidecar
 // they are the Docker host's end of each bridge, where the host's own services answer
-// (a daemon listening on 0.0.0.0, a resolver, a metadata relay): the guard treats them
-// as it treats the proxy's own addresses. They are read below procRoot (Config.ProcRoot);
-// a file that cannot be read adds nothing.
-func routeGateways(procRoot string) []netip.Addr {
+// (a daemon listening on 0.0.0.0, a resolver, a metadata relay): the proxy's guard
+// treats them as it treats the proxy's own addresses. They are read below procRoot; a
+// file that cannot be read adds nothing.
+func RouteGateways(procRoot string) []netip.Addr {
 	var out []netip.Addr
 	if b, err := os.ReadFile(filepath.Join(procRoot, "net", "route")); err == nil {
 		out = append(out, parseIPv4RouteGateways(b)...)
