@@ -85,6 +85,8 @@ func TestWebsocketBytesAreCounted(t *testing.T) {
 	if up, down := testutil.ToFloat64(h.srv.metrics.bytesUp)-up0, testutil.ToFloat64(h.srv.metrics.bytesDown)-down0; up != want || down < want {
 		t.Fatalf("counted up %v down %v, want up %v and down at least %v (the 101 head included)", up, down, want, want)
 	}
+	// The gauge falls before the relay's end is logged.
+	waitFor(t, func() bool { return len(logLines(h.logs.String(), "websocket closed")) > 0 })
 	closed := logLines(h.logs.String(), "websocket closed")
 	if len(closed) != 1 {
 		t.Fatalf("%d websocket closed lines, want 1:\n%s", len(closed), h.logs.String())
