@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/docker/docker/api/types/container"
-	"github.com/vishvananda/netns"
 
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/net/nsthread"
@@ -78,15 +77,7 @@ const silentPort = 7022
 // the client returns long before its input would end.
 func testSilentClient(t *testing.T, w *clientsWorld) {
 	ctx := timeout(t, time.Minute)
-	fci, err := h.Docker.ContainerInspect(ctx, h.Prefix+"-fakenet")
-	if err != nil {
-		t.Fatal(err)
-	}
-	outside, err := netns.GetFromPid(fci.State.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer outside.Close()
+	_, outside := containerNS(t, ctx, h.Prefix+"-fakenet")
 	var ln net.Listener
 	if err := nsthread.Run(outside, func() (err error) { ln, err = net.Listen("tcp4", ":"+strconv.Itoa(silentPort)); return err }); err != nil {
 		t.Fatal(err)

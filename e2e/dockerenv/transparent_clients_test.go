@@ -86,15 +86,23 @@ func TestTransparentClients(t *testing.T) {
 func (w *clientsWorld) startDecoy(t *testing.T, ctx context.Context) {
 	t.Helper()
 	name := h.Container(ctx, t, "decoy", w.image, &container.HostConfig{NetworkMode: container.NetworkMode(h.EgressNetwork)}, true)
+	w.decoy, w.decoyNS = containerNS(t, ctx, name)
+}
+
+// containerNS is a running container's address on the egress network and its network
+// namespace, closed when the test ends.
+func containerNS(t *testing.T, ctx context.Context, name string) (string, netns.NsHandle) {
+	t.Helper()
 	ci, err := h.Docker.ContainerInspect(ctx, name)
 	if err != nil || ci.State == nil || ci.NetworkSettings.Networks[h.EgressNetwork] == nil {
-		t.Fatalf("inspect decoy: %v", err)
+		t.Fatalf("inspect %s: %v", name, err)
 	}
-	w.decoy = ci.NetworkSettings.Networks[h.EgressNetwork].IPAddress
-	if w.decoyNS, err = netns.GetFromPid(ci.State.Pid); err != nil {
+	ns, err := netns.GetFromPid(ci.State.Pid)
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { w.decoyNS.Close() })
+	t.Cleanup(func() { ns.Close() })
+	return ci.NetworkSettings.Networks[h.EgressNetwork].IPAddress, ns
 }
 
 // sh runs script in the agent with no environment but PATH (so no proxy variable) and
