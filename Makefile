@@ -35,7 +35,7 @@ tidy-check:
 # every other package: go test runs packages side by side, and the e2e package's Docker
 # calls would queue behind it.
 SCALE_TEST := ^TestConcurrentEnvironments$$
-test: fmt-check vet tidy-check
+test: fmt-check vet tidy-check busybox-static
 	$(GO) run ./internal/testreport -race -count=1 -timeout 18m -skip '$(SCALE_TEST)' ./...
 	$(GO) run ./internal/testreport -race -count=1 -timeout 10m -run '$(SCALE_TEST)' ./e2e/dockerenv/
 

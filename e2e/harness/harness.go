@@ -37,6 +37,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -59,10 +60,15 @@ type Harness struct {
 	Docker   *client.Client
 	Owner    string // owner label value: "e2e-<package>"
 	Prefix   string // prefix of every object name made by this run
-	BinDir   string // compass-proxy, compassctl, probe, fakenet (static)
+	BinDir   string // compass-proxy, compassctl, probe, fakenet, goclient (static)
 	StateDir string // provider state directory of this run
 
 	ProxyImage, ProbeImage, FakenetImage string
+
+	// busyboxImage and clientsImage are built on first use (ClientsImage).
+	busyboxImage, clientsImage string
+	clientsOnce                sync.Once
+	clientsErr                 error
 
 	EgressNetwork string
 	EgressSubnet  netip.Prefix
@@ -160,6 +166,8 @@ func Setup(ctx context.Context, pkg string) (_ *Harness, err error) {
 	h.ProxyImage = "compass-e2e-proxy:" + pkg
 	h.ProbeImage = "compass-e2e-probe:" + pkg
 	h.FakenetImage = "compass-e2e-fakenet:" + pkg
+	h.busyboxImage = "compass-e2e-busybox:" + pkg
+	h.clientsImage = "compass-e2e-clients:" + pkg
 	if err := h.removeLeftovers(ctx); err != nil {
 		return nil, err
 	}
@@ -222,7 +230,7 @@ func (h *Harness) buildBinaries(ctx context.Context) error {
 		return err
 	}
 	cmd := exec.CommandContext(ctx, GoTool(), "build", "-trimpath", "-o", h.BinDir+string(os.PathSeparator),
-		"./cmd/compass-proxy", "./cmd/compassctl", "./images/probe", "./images/fakenet")
+		"./cmd/compass-proxy", "./cmd/compassctl", "./images/probe", "./images/fakenet", "./images/goclient")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -393,7 +401,8 @@ func (h *Harness) Leftovers(ctx context.Context) ([]string, error) {
 // and the state directory.
 func (h *Harness) Teardown(ctx context.Context) error {
 	errs := []error{h.removeLeftovers(ctx)}
-	for _, img := range []string{h.ProxyImage, h.ProbeImage, h.FakenetImage} {
+	// The clients image before busybox's, which is its parent.
+	for _, img := range []string{h.ProxyImage, h.ProbeImage, h.FakenetImage, h.clientsImage, h.busyboxImage} {
 		if _, err := h.Docker.ImageRemove(ctx, img, image.RemoveOptions{Force: true, PruneChildren: true}); err != nil && !strings.Contains(err.Error(), "No such image") {
 			errs = append(errs, err)
 		}

@@ -60,9 +60,15 @@ func (h *Harness) Provider(t testing.TB) *docker.Provider {
 // baseline in force, and closes it when the test ends.
 func (h *Harness) Open(t testing.TB, p *docker.Provider, base string, baseline policy.Policy) *docker.Env {
 	t.Helper()
+	return h.OpenImage(t, p, base, baseline, h.ProbeImage)
+}
+
+// OpenImage is Open with image's default command as the agent (it must keep running).
+func (h *Harness) OpenImage(t testing.TB, p *docker.Provider, base string, baseline policy.Policy, image string) *docker.Env {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	e, err := p.OpenEnv(ctx, controller.EnvSpec{Task: h.Name(base), Image: h.ProbeImage, Baseline: baseline})
+	e, err := p.OpenEnv(ctx, controller.EnvSpec{Task: h.Name(base), Image: image, Baseline: baseline})
 	if err != nil {
 		t.Fatalf("open: %v", err)
 	}
@@ -155,8 +161,14 @@ func (h *Harness) Exec(ctx context.Context, ctr string, cmd ...string) ([]byte, 
 // starts it if start is set.
 func (h *Harness) ProbeContainer(ctx context.Context, t testing.TB, base string, hc *container.HostConfig, start bool) string {
 	t.Helper()
+	return h.Container(ctx, t, base, h.ProbeImage, hc, start)
+}
+
+// Container is ProbeContainer with image (its default command must keep it running).
+func (h *Harness) Container(ctx context.Context, t testing.TB, base, image string, hc *container.HostConfig, start bool) string {
+	t.Helper()
 	name := h.Name(base)
-	if _, err := h.Docker.ContainerCreate(ctx, &container.Config{Image: h.ProbeImage, Labels: map[string]string{OwnerLabel: h.Owner}},
+	if _, err := h.Docker.ContainerCreate(ctx, &container.Config{Image: image, Labels: map[string]string{OwnerLabel: h.Owner}},
 		hc, nil, nil, name); err != nil {
 		t.Fatalf("create %s: %v", name, err)
 	}

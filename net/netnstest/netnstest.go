@@ -13,13 +13,14 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/compass-egress/compass-egress/net/nsthread"
 )
 
 const (
@@ -70,21 +71,14 @@ func New(t testing.TB, label string) NS {
 	return NS{Name: name, Handle: h}
 }
 
-// newNamed creates the namespace on a locked thread that then exits, so the
-// test's own threads never change namespace.
-func newNamed(name string) (netns.NsHandle, error) {
-	type result struct {
-		h   netns.NsHandle
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies in the new namespace
-		h, err := netns.NewNamed(name)
-		ch <- result{h, err}
-	}()
-	r := <-ch
-	return r.h, r.err
+// newNamed creates the namespace on a discarded thread (nsthread.Discarded), so the
+// test's own threads, the main one included, never change namespace.
+func newNamed(name string) (h netns.NsHandle, err error) {
+	err = nsthread.Discarded(func() error {
+		h, err = netns.NewNamed(name)
+		return err
+	})
+	return h, err
 }
 
 // sweep deletes namespaces of this label left by a process that no longer runs.

@@ -28,6 +28,14 @@ func Discarded(fn func() error) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		if unix.Gettid() == unix.Getpid() {
+			// The runtime never destroys the main thread: it would wedge it, in fn's
+			// namespace, and /proc/self/ns/net would name that one. Held here, the
+			// main thread cannot take fn's goroutine.
+			done <- Discarded(fn)
+			runtime.UnlockOSThread()
+			return
+		}
 		done <- fn()
 	}()
 	return <-done

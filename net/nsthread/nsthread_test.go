@@ -11,7 +11,16 @@ import (
 	"github.com/compass-egress/compass-egress/net/nsthread"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// procSelfNS is /proc/self/ns/net (the main thread's) before any test ran.
+var procSelfNS netns.NsHandle
+
+func TestMain(m *testing.M) {
+	var err error
+	if procSelfNS, err = netns.GetFromPath("/proc/self/ns/net"); err != nil {
+		panic(err)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func TestRun(t *testing.T) {
 	target := netnstest.New(t, "nsthread")
@@ -84,5 +93,27 @@ func TestDiscardedKeepsTheCallersThread(t *testing.T) {
 	defer after.Close()
 	if !after.Equal(own) {
 		t.Fatal("the caller's thread changed namespace")
+	}
+}
+
+// The runtime never destroys the main thread: a goroutine that exits locked to it
+// leaves it wedged, in whatever namespace it was in, and /proc/self/ns/net (the main
+// thread's) would then name the target's namespace. Run must never enter ns there.
+// The first goroutines of a test binary run on the main thread, so some of these do.
+func TestRunLeavesTheMainThreadInPlace(t *testing.T) {
+	target := netnstest.New(t, "nsthreadmain")
+	for i := 0; i < 50; i++ {
+		if err := nsthread.Run(target.Handle, func() error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		main, err := netns.GetFromPath("/proc/self/ns/net")
+		if err != nil {
+			t.Fatal(err)
+		}
+		moved := !main.Equal(procSelfNS)
+		main.Close()
+		if moved {
+			t.Fatalf("after %d runs, the main thread is in another network namespace", i+1)
+		}
 	}
 }
