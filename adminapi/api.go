@@ -90,6 +90,13 @@ type BlockedTarget struct {
 	Overcount uint64 `json:"overcount,omitempty"`
 }
 
+// Destination is t without its counts: what two lists' entries must share to be counts
+// of one destination.
+func (t BlockedTarget) Destination() BlockedTarget {
+	t.Count, t.Overcount = 0, 0
+	return t
+}
+
 // ErrorBody is the body of a refused request (4xx): the summary and, for a policy that
 // failed validation, each problem.
 type ErrorBody struct {

@@ -12,20 +12,15 @@ import (
 // generation stays earlier's; a destination in both lists has its counts summed; the
 // list holds every destination of both, in the sidecar's order: most tried first.
 func mergeBlocked(earlier, later adminapi.BlockedSummary) *adminapi.BlockedSummary {
-	type key struct {
-		host        string
-		port        uint16
-		typ, reason string
-	}
 	out := earlier
 	out.Total += later.Total
 	out.Top = append([]adminapi.BlockedTarget(nil), earlier.Top...)
-	at := make(map[key]int, len(out.Top))
+	at := make(map[adminapi.BlockedTarget]int, len(out.Top))
 	for i, t := range out.Top {
-		at[key{t.Host, t.Port, t.Type, t.Reason}] = i
+		at[t.Destination()] = i
 	}
 	for _, t := range later.Top {
-		if i, ok := at[key{t.Host, t.Port, t.Type, t.Reason}]; ok {
+		if i, ok := at[t.Destination()]; ok {
 			out.Top[i].Count += t.Count
 			out.Top[i].Overcount += t.Overcount
 			continue

@@ -36,6 +36,16 @@ func TestMergeBlocked(t *testing.T) {
 			want:    adminapi.BlockedSummary{Generation: 1, Total: 18, Top: []adminapi.BlockedTarget{a("a.test", 9, 0), dnsA}},
 		},
 		{
+			name: "a transparent refusal read as another protocol is another destination",
+			earlier: adminapi.BlockedSummary{Generation: 1, Total: 2, Top: []adminapi.BlockedTarget{
+				{Host: "exfil.test", Port: 443, Type: "transparent", Reason: "not-allowlisted", Protocol: "tls", Count: 2}}},
+			later: adminapi.BlockedSummary{Generation: 2, Total: 1, Top: []adminapi.BlockedTarget{
+				{Host: "exfil.test", Port: 443, Type: "transparent", Reason: "not-allowlisted", Protocol: "tcp", Count: 1}}},
+			want: adminapi.BlockedSummary{Generation: 1, Total: 3, Top: []adminapi.BlockedTarget{
+				{Host: "exfil.test", Port: 443, Type: "transparent", Reason: "not-allowlisted", Protocol: "tls", Count: 2},
+				{Host: "exfil.test", Port: 443, Type: "transparent", Reason: "not-allowlisted", Protocol: "tcp", Count: 1}}},
+		},
+		{
 			name:    "a destination of the later list only joins in its place",
 			earlier: adminapi.BlockedSummary{Generation: 1, Total: 5, Top: []adminapi.BlockedTarget{a("a.test", 3, 0), a("b.test", 2, 0)}},
 			later:   adminapi.BlockedSummary{Generation: 2, Total: 4, Top: []adminapi.BlockedTarget{a("c.test", 4, 0)}},
