@@ -20,6 +20,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// The main goroutine keeps the main thread (the thread group leader) for good. A
+// goroutine that enters a namespace and exits locked would otherwise land on it now and
+// then: the runtime never ends the main thread but parks it for good, still in that
+// namespace, and /proc/self/ns/net, which names the leader's, would then name a
+// container's (the CNI plugins lock it in init for the same reason).
+func init() { runtime.LockOSThread() }
+
 // Discarded calls fn on a new OS thread that is thrown away afterwards, for
 // library code that switches its thread's namespace itself and could leave it
 // switched on failure (netlink.NewHandleAt moves back to the original

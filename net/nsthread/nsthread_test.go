@@ -86,3 +86,24 @@ func TestDiscardedKeepsTheCallersThread(t *testing.T) {
 		t.Fatal("the caller's thread changed namespace")
 	}
 }
+
+// The process's namespace (/proc/self/ns/net: the main thread's) is never one that Run
+// entered, however often Run is called: a goroutine of Run's that lands on the main
+// thread would leave it parked in ns for good.
+func TestRunLeavesTheMainThreadHome(t *testing.T) {
+	target := netnstest.New(t, "nsthreadmain")
+	for i := range 300 {
+		if err := nsthread.Run(target.Handle, func() error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		self, err := netns.GetFromPath("/proc/self/ns/net")
+		if err != nil {
+			t.Fatal(err)
+		}
+		entered := self.Equal(target.Handle)
+		self.Close()
+		if entered {
+			t.Fatalf("after %d calls, /proc/self/ns/net is the namespace Run entered", i+1)
+		}
+	}
+}
