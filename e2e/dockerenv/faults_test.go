@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"sync"
@@ -13,7 +14,6 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/network"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/docker"
@@ -338,29 +338,21 @@ func TestSwitchDetachesStrayNetworks(t *testing.T) {
 // root on it could.
 func removeDefaultRoutes(t *testing.T, ctr string) {
 	t.Helper()
-	ci, err := h.Docker.ContainerInspect(timeout(t, time.Minute), ctr)
-	if err != nil || ci.State == nil || ci.State.Pid == 0 {
-		t.Fatalf("inspect %s: %v", ctr, err)
-	}
-	ns, err := netns.GetFromPid(ci.State.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	nh, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nh.Close()
-	rs, err := nh.RouteList(nil, netlink.FAMILY_V4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range rs {
-		if r.Dst == nil || r.Dst.IP.IsUnspecified() {
-			if err := nh.RouteDel(&r); err != nil {
-				t.Fatalf("delete %v: %v", r, err)
+	err := h.NetlinkIn(timeout(t, time.Minute), ctr, func(nh *netlink.Handle) error {
+		rs, err := nh.RouteList(nil, netlink.FAMILY_V4)
+		if err != nil {
+			return err
+		}
+		for _, r := range rs {
+			if r.Dst == nil || r.Dst.IP.IsUnspecified() {
+				if err := nh.RouteDel(&r); err != nil {
+					return fmt.Errorf("delete %v: %w", r, err)
+				}
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("remove the default routes of %s: %v", ctr, err)
 	}
 }
