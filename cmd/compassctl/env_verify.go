@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/compass-egress/compass-egress/controller/docker"
+	"github.com/compass-egress/compass-egress/controller/verifyplan"
 )
 
 func newEnvVerifyCommand(f *envFlags) *cobra.Command {
@@ -20,9 +21,12 @@ func newEnvVerifyCommand(f *envFlags) *cobra.Command {
 		outside          string
 		outsidePort      uint16
 		allowed, blocked []string
+		allowedTCP       []string
+		blockedTCP       []string
+		banner           string
 	)
 	cmd := &cobra.Command{
-		Use:   "verify --task ID [--allowed HOST:PORT]... [--blocked HOST:PORT]...",
+		Use:   "verify --task ID [--allowed HOST:PORT]... [--blocked HOST:PORT]... [--allowed-tcp HOST:PORT]... [--blocked-tcp HOST:PORT]...",
 		Short: "Adversarial check from inside the agent's network namespace; exit 1 on any unexpected outcome",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -33,7 +37,7 @@ func newEnvVerifyCommand(f *envFlags) *cobra.Command {
 			for _, fl := range []struct {
 				name    string
 				targets []string
-			}{{"allowed", allowed}, {"blocked", blocked}} {
+			}{{"allowed", allowed}, {"blocked", blocked}, {"allowed-tcp", allowedTCP}, {"blocked-tcp", blockedTCP}} {
 				for _, t := range fl.targets {
 					if err := checkHostPort(t); err != nil {
 						return usageError{fmt.Errorf("--%s %q: %w", fl.name, t, err)}
@@ -44,7 +48,11 @@ func newEnvVerifyCommand(f *envFlags) *cobra.Command {
 				// Verify reads 0 as its default, 80: a check of another port than asked.
 				return usageError{errors.New(`--outside-port "0": the port is not an integer in 1..65535`)}
 			}
-			opts := docker.VerifyOptions{Allowed: allowed, Blocked: blocked, OutsidePort: outsidePort}
+			if banner == "" {
+				return usageError{errors.New(`--tcp-banner "": want the first bytes the --allowed-tcp/--blocked-tcp servers send`)}
+			}
+			opts := docker.VerifyOptions{Allowed: allowed, Blocked: blocked, AllowedTCP: allowedTCP, BlockedTCP: blockedTCP,
+				Banner: banner, OutsidePort: outsidePort}
 			if outside != "" {
 				a, err := netip.ParseAddr(outside)
 				if err != nil {
@@ -73,6 +81,9 @@ func newEnvVerifyCommand(f *envFlags) *cobra.Command {
 	t.bind(cmd)
 	cmd.Flags().StringArrayVar(&allowed, "allowed", nil, "HOST:PORT that must work through the proxy (repeatable)")
 	cmd.Flags().StringArrayVar(&blocked, "blocked", nil, "HOST:PORT that must fail through the proxy (repeatable)")
+	cmd.Flags().StringArrayVar(&allowedTCP, "allowed-tcp", nil, "HOST:PORT of a server that speaks first (SSH...), allowed by name: resolved through the sidecar, then reached without the proxy (repeatable)")
+	cmd.Flags().StringArrayVar(&blockedTCP, "blocked-tcp", nil, "HOST:PORT of a server that speaks first, which the policy refuses (repeatable)")
+	cmd.Flags().StringVar(&banner, "tcp-banner", verifyplan.DefaultBanner, "the first bytes the --allowed-tcp and --blocked-tcp servers send")
 	cmd.Flags().StringVar(&outside, "outside", "", "an address outside the sandbox for the direct checks (default: the egress network's gateway)")
 	cmd.Flags().Uint16Var(&outsidePort, "outside-port", 80, "TCP port of the direct check")
 	return cmd

@@ -55,6 +55,9 @@ func TestRefusesEmptyAndMalformedFlags(t *testing.T) {
 		{env("verify", "--task", "t1", "--blocked", ":443"), `--blocked ":443": the host is empty`},
 		{env("verify", "--task", "t1", "--allowed", "a.test"), `--allowed "a.test": want HOST:PORT`},
 		{env("verify", "--task", "t1", "--outside-port", "0"), `--outside-port "0": the port is not an integer in 1..65535`},
+		{env("verify", "--task", "t1", "--allowed-tcp", "git.test"), `--allowed-tcp "git.test": want HOST:PORT`},
+		{env("verify", "--task", "t1", "--blocked-tcp", "git.test:0"), `--blocked-tcp "git.test:0": the port "0" is not an integer in 1..65535`},
+		{env("verify", "--task", "t1", "--tcp-banner", ""), `--tcp-banner "": want the first bytes`},
 		{env("verify", "--task", "t1", "--outside", "gateway.test"), `--outside: ParseAddr("gateway.test")`},
 		// Required flags, each named; --role is agent or evaluation, empty included.
 		{env("status"), `--task is required`},

@@ -165,32 +165,3 @@ func TestImageDockerfile(t *testing.T) {
 		}
 	}
 }
-
-func TestVerifyPlanExpectations(t *testing.T) {
-	e := &Env{plan: planFor(netip.MustParsePrefix("10.213.0.16/28"))}
-	opts := VerifyOptions{Allowed: []string{"a.test:443"}, Blocked: []string{"b.test:443", "192.0.2.1:80"}, Outside: netip.MustParseAddr("192.0.2.9"), OutsidePort: 80}
-	for _, mode := range []policy.Mode{policy.ModePublic, policy.ModeAllowlist} {
-		checks, err := e.planChecks(mode, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		counts := map[string]int{}
-		for _, c := range checks {
-			counts[c.label]++
-			direct := strings.HasPrefix(c.label, "direct") || strings.HasPrefix(c.label, "UDP") || strings.HasPrefix(c.label, "DNS to outside")
-			if direct && c.wantWorks != (mode == policy.ModePublic) {
-				t.Errorf("%s: %s expected works=%t", mode, c.label, c.wantWorks)
-			}
-			if c.label == "sidecar admin API" && c.wantWorks {
-				t.Errorf("%s: the admin API is expected reachable", mode)
-			}
-		}
-		// An address target has no DNS check; a name has one.
-		if counts["DNS of blocked name"] != 1 || counts["blocked via proxy"] != 2 || counts["allowed via proxy"] != 1 {
-			t.Errorf("%s: checks %v", mode, counts)
-		}
-	}
-	if _, err := e.planChecks(policy.ModeAllowlist, VerifyOptions{Allowed: []string{"no-port"}}); err == nil {
-		t.Errorf("a target without a port was accepted")
-	}
-}

@@ -4,30 +4,21 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"net"
-	"net/netip"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/pkg/stdcopy"
 
+	"github.com/compass-egress/compass-egress/controller/verifyplan"
 	"github.com/compass-egress/compass-egress/images/probe/probespec"
 	"github.com/compass-egress/compass-egress/policy"
 )
 
-// VerifyOptions are the targets of an adversarial check.
-type VerifyOptions struct {
-	Allowed []string // host:port that must work through the proxy
-	Blocked []string // host:port that must fail through the proxy (and not resolve)
-	// Outside is an address outside the sandbox for the direct checks (TCP to it, DNS
-	// to port 53 over UDP and TCP); default: the egress network's gateway (the host).
-	Outside netip.Addr
-	// OutsidePort is the TCP port of the direct check; default 80.
-	OutsidePort uint16
-}
+// VerifyOptions are the targets of an adversarial check (see verifyplan.Targets).
+type VerifyOptions = verifyplan.Targets
 
 // VerifyRow is one line of the verify table.
 type VerifyRow struct {
@@ -48,61 +39,8 @@ type VerifyReport struct {
 	OK     bool        `json:"ok"`
 }
 
-const (
-	works = "works"
-	fails = "fails"
-)
-
-// plannedCheck is one probe check and the outcome the mode calls for.
-type plannedCheck struct {
-	probespec.Check
-	label, target string
-	wantWorks     bool
-	resolved      bool // judge by "resolved" instead of "reachable"
-}
-
-func (e *Env) planChecks(mode policy.Mode, o VerifyOptions) ([]plannedCheck, error) {
-	proxy := netip.AddrPortFrom(e.plan.Sidecar, proxyPort).String()
-	resolver := netip.AddrPortFrom(e.plan.Sidecar, dnsPort).String()
-	public := mode == policy.ModePublic
-	var out []plannedCheck
-	add := func(label, target string, want bool, c probespec.Check) {
-		c.Name = strconv.Itoa(len(out))
-		out = append(out, plannedCheck{Check: c, label: label, target: target, wantWorks: want})
-	}
-	for _, t := range o.Allowed {
-		if _, _, err := net.SplitHostPort(t); err != nil {
-			return nil, fmt.Errorf("verify: allowed target %q: want host:port", t)
-		}
-		add("allowed via proxy", t, true, probespec.Check{Kind: "proxy", Target: t, Proxy: proxy})
-	}
-	for _, t := range o.Blocked {
-		host, _, err := net.SplitHostPort(t)
-		if err != nil {
-			return nil, fmt.Errorf("verify: blocked target %q: want host:port", t)
-		}
-		add("blocked via proxy", t, false, probespec.Check{Kind: "proxy", Target: t, Proxy: proxy})
-		if _, err := netip.ParseAddr(host); err != nil {
-			add("DNS of blocked name", host, false, probespec.Check{Kind: "dns", Server: resolver, QName: host})
-			out[len(out)-1].resolved = true
-		}
-	}
-	outside := netip.AddrPortFrom(o.Outside, o.OutsidePort).String()
-	outsideDNS := netip.AddrPortFrom(o.Outside, dnsPort).String()
-	add("direct TCP out", outside, public, probespec.Check{Kind: "tcp", Target: outside})
-	add("UDP out (DNS query)", outsideDNS, public, probespec.Check{Kind: "dns", Server: outsideDNS, QName: "compass-verify.test"})
-	add("DNS to outside resolver (TCP)", outsideDNS, public, probespec.Check{Kind: "dns", Net: "tcp", Server: outsideDNS, QName: "compass-verify.test"})
-	// The task network's gateway address must be on no host interface in any mode (see
-	// taskNetworkOptions): a refusal counts as reachable, so any port shows it is there.
-	gw := netip.AddrPortFrom(e.plan.Gateway, o.OutsidePort).String()
-	gwDNS := netip.AddrPortFrom(e.plan.Gateway, dnsPort).String()
-	add("host at task network gateway (TCP)", gw, false, probespec.Check{Kind: "tcp", Target: gw})
-	add("host at task network gateway (UDP, DNS query)", gwDNS, false, probespec.Check{Kind: "dns", Server: gwDNS, QName: "compass-verify.test"})
-	for _, port := range []uint16{proxyPort, 9090, 80} {
-		t := netip.AddrPortFrom(e.plan.Sidecar, port).String()
-		add("sidecar admin API", t, false, probespec.Check{Kind: "admin", Target: t})
-	}
-	return out, nil
+func (e *Env) planChecks(pol policy.Policy, o VerifyOptions) ([]verifyplan.Check, error) {
+	return verifyplan.Plan(pol, verifyplan.Addrs{Sidecar: e.plan.Sidecar, Gateway: e.plan.Gateway}, o)
 }
 
 // Verify runs the probe in a throwaway container sharing the agent's network
@@ -121,16 +59,19 @@ func (e *Env) Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error)
 			return VerifyReport{}, err
 		}
 	}
-	if o.OutsidePort == 0 {
-		o.OutsidePort = 80
-	}
-	planned, err := e.planChecks(in.Policy.Mode, o)
+	planned, err := e.planChecks(in.Policy, o)
 	if err != nil {
 		return VerifyReport{}, err
 	}
 	checks := make([]probespec.Check, len(planned))
 	for i, p := range planned {
 		checks[i] = p.Check
+	}
+	restricted := in.Policy.Restricted()
+	var before uint64
+	var beforeErr error
+	if restricted {
+		before, beforeErr = e.udpDrops(ctx)
 	}
 	results, err := e.runProbe(ctx, checks)
 	if err != nil {
@@ -139,11 +80,7 @@ func (e *Env) Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error)
 	rep := VerifyReport{Env: e.names.Env, Mode: in.Policy.Mode, Digest: in.Digest, OK: true}
 	for i, p := range planned {
 		got := results[p.Name]
-		observedWorks := got.Reachable
-		if p.resolved {
-			observedWorks = got.Resolved
-		}
-		row := VerifyRow{Check: p.label, Target: p.target, Expected: outcome(p.wantWorks), Observed: outcome(observedWorks), Detail: got.Detail}
+		row := VerifyRow{Check: p.Label, Target: p.Target, Expected: p.Want, Observed: p.Observed(got), Detail: got.Detail}
 		if got.Name == "" {
 			row.Observed, row.Detail = "no result", "the probe reported nothing for check "+planned[i].Name
 		}
@@ -151,14 +88,28 @@ func (e *Env) Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error)
 		rep.OK = rep.OK && row.OK
 		rep.Rows = append(rep.Rows, row)
 	}
+	if restricted {
+		after, err := e.udpDrops(ctx)
+		row := VerifyRow{Target: e.link.String()}
+		row.Check, row.Expected, row.Observed, row.Detail = verifyplan.DropRow(before, after, errors.Join(beforeErr, err))
+		row.OK = row.Expected == row.Observed
+		rep.OK = rep.OK && row.OK
+		rep.Rows = append(rep.Rows, row)
+	}
 	return rep, nil
 }
 
-func outcome(ok bool) string {
-	if ok {
-		return works
+// udpDrops reads the UDP drop counter of the sidecar's transparent table.
+func (e *Env) udpDrops(ctx context.Context) (uint64, error) {
+	pid, err := e.sidecarPID(ctx)
+	if err != nil {
+		return 0, err
 	}
-	return fails
+	d, err := e.p.link.Counters(pid, e.link)
+	if err != nil {
+		return 0, fmt.Errorf("transparent path %s: %w", e.link, err)
+	}
+	return d["udp"].Packets, nil
 }
 
 func (e *Env) runProbe(ctx context.Context, checks []probespec.Check) (map[string]probespec.Result, error) {

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/compass-egress/compass-egress/controller/verifyplan"
 	"github.com/compass-egress/compass-egress/images/probe/probespec"
 	"github.com/compass-egress/compass-egress/policy"
 )
@@ -15,7 +16,7 @@ func TestPlanChecksProbeTaskGateway(t *testing.T) {
 	o := VerifyOptions{Outside: netip.MustParseAddr("192.0.2.7"), OutsidePort: 8080}
 	for _, mode := range policy.Modes {
 		t.Run(string(mode), func(t *testing.T) {
-			planned, err := e.planChecks(mode, o)
+			planned, err := e.planChecks(byModeForTest[mode], o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -24,16 +25,16 @@ func TestPlanChecksProbeTaskGateway(t *testing.T) {
 				"host at task network gateway (UDP, DNS query)": {Kind: "dns", Server: "10.213.1.17:53", QName: "compass-verify.test"},
 			}
 			for _, p := range planned {
-				w, ok := want[p.label]
+				w, ok := want[p.Label]
 				if !ok {
 					continue
 				}
-				delete(want, p.label)
-				if p.wantWorks {
-					t.Errorf("%s: expected to work, want to fail in every mode", p.label)
+				delete(want, p.Label)
+				if p.Want != verifyplan.Fails {
+					t.Errorf("%s: expected %s, want to fail in every mode", p.Label, p.Want)
 				}
-				if p.Kind != w.Kind || p.Target != w.Target || p.Server != w.Server || p.QName != w.QName || p.Net != "" {
-					t.Errorf("%s: check = %+v, want %+v", p.label, p.Check, w)
+				if p.Kind != w.Kind || p.Check.Target != w.Target || p.Server != w.Server || p.QName != w.QName || p.Net != "" {
+					t.Errorf("%s: check = %+v, want %+v", p.Label, p.Check, w)
 				}
 			}
 			for label := range want {
@@ -41,4 +42,9 @@ func TestPlanChecksProbeTaskGateway(t *testing.T) {
 			}
 		})
 	}
+}
+
+var byModeForTest = map[policy.Mode]policy.Policy{
+	policy.ModePublic: policy.Public, policy.ModeNoNetwork: policy.NoNetwork,
+	policy.ModeAllowlist: {Mode: policy.ModeAllowlist}, policy.ModeDenylist: {Mode: policy.ModeDenylist},
 }

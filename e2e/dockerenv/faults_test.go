@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/network"
+	"github.com/vishvananda/netlink"
 
 	"github.com/compass-egress/compass-egress/controller"
 	"github.com/compass-egress/compass-egress/controller/docker"
@@ -115,7 +117,8 @@ func TestSidecarKilledFailsClosed(t *testing.T) {
 	proxy := netip.AddrPortFrom(e.SidecarAddr(), 3128).String()
 	res, err := h.ExecProbe(ctx, e.AgentContainer(), []harness.Check{
 		{Name: "allowed", Kind: "proxy", Target: "allowed.test:443", Proxy: proxy},
-		{Name: "direct", Kind: "tcp", Target: netip.AddrPortFrom(h.Fakenet, 443).String(), TimeoutMS: 1500},
+		// Without the proxy an allowed name: the transparent path leads to the dead sidecar.
+		{Name: "direct", Kind: "tls", Target: netip.AddrPortFrom(h.Fakenet, 443).String(), Host: "allowed.test", TimeoutMS: 1500},
 		{Name: "dns", Kind: "dns", Server: "127.0.0.11:53", QName: "allowed.test", TimeoutMS: 1500},
 	})
 	if err != nil {
@@ -184,7 +187,9 @@ func TestControllerKilledMidSwitch(t *testing.T) {
 	}
 	proxy := netip.AddrPortFrom(e.SidecarAddr(), 3128).String()
 	res, err := h.ExecProbe(ctx, agent, []harness.Check{
-		{Name: "direct", Kind: "tcp", Target: netip.AddrPortFrom(h.Fakenet, 80).String(), TimeoutMS: 1500},
+		// Without the proxy, by Host: the sidecar (no-network since the cut) must refuse it
+		// if the transparent link is already there; without it there is no route at all.
+		{Name: "direct", Kind: "http", Target: netip.AddrPortFrom(h.Fakenet, 80).String(), Host: "allowed.test", TimeoutMS: 1500},
 		// public let this through the sidecar, and the allowlist refuses it.
 		{Name: "proxied-blocked", Kind: "proxy", Target: "blocked.test:443", Proxy: proxy},
 		{Name: "proxied-allowed", Kind: "proxy", Target: "allowed.test:443", Proxy: proxy},
@@ -314,6 +319,10 @@ func TestSwitchDetachesStrayNetworks(t *testing.T) {
 		t.Fatalf("create %s: %v", stray, err)
 	}
 	t.Cleanup(func() { _ = h.Docker.NetworkRemove(context.Background(), stray) })
+	// Docker refuses to connect a network with a gateway to a container that has a
+	// default route it did not set (the transparent link's: "file exists"); whoever
+	// strays the agent has to remove it first.
+	removeDefaultRoutes(t, e.AgentContainer())
 	for _, n := range []string{h.EgressNetwork, stray} {
 		if err := h.Docker.NetworkConnect(ctx, n, e.AgentContainer(), &network.EndpointSettings{}); err != nil {
 			t.Fatalf("connect the agent to %s: %v", n, err)
@@ -323,4 +332,27 @@ func TestSwitchDetachesStrayNetworks(t *testing.T) {
 		t.Fatalf("switch: %v", err)
 	}
 	assertState(t, e, policy.ModeDenylist)
+}
+
+// removeDefaultRoutes deletes ctr's IPv4 default routes from the host, as someone with
+// root on it could.
+func removeDefaultRoutes(t *testing.T, ctr string) {
+	t.Helper()
+	err := h.NetlinkIn(timeout(t, time.Minute), ctr, func(nh *netlink.Handle) error {
+		rs, err := nh.RouteList(nil, netlink.FAMILY_V4)
+		if err != nil {
+			return err
+		}
+		for _, r := range rs {
+			if r.Dst == nil || r.Dst.IP.IsUnspecified() {
+				if err := nh.RouteDel(&r); err != nil {
+					return fmt.Errorf("delete %v: %w", r, err)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("remove the default routes of %s: %v", ctr, err)
+	}
 }

@@ -56,17 +56,25 @@ func timeout(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// expectation is what a mode allows, seen from inside the agent.
+// expectation is what a mode allows, seen from inside the agent. Without the proxy, in
+// the restricted modes every TCP connection reaches the sidecar (the transparent path),
+// which decides as for the proxy: a TLS name or HTTP Host that the policy allows gets
+// through; a request naming only an address is decided on the address, which a denylist
+// lets through.
 type expectation struct {
-	allowedViaProxy, blockedViaProxy, direct, resolvesBlocked bool
+	allowedViaProxy, blockedViaProxy, resolvesBlocked bool
+	allowedDirect, blockedDirect, addressDirect       bool
 }
 
 func expect(m policy.Mode) expectation {
 	switch m {
 	case policy.ModePublic:
-		return expectation{allowedViaProxy: true, blockedViaProxy: true, direct: true, resolvesBlocked: true}
-	case policy.ModeAllowlist, policy.ModeDenylist:
-		return expectation{allowedViaProxy: true}
+		return expectation{allowedViaProxy: true, blockedViaProxy: true, resolvesBlocked: true,
+			allowedDirect: true, blockedDirect: true, addressDirect: true}
+	case policy.ModeAllowlist:
+		return expectation{allowedViaProxy: true, allowedDirect: true}
+	case policy.ModeDenylist:
+		return expectation{allowedViaProxy: true, allowedDirect: true, addressDirect: true}
 	}
 	return expectation{}
 }
@@ -105,14 +113,16 @@ func assertState(t *testing.T, e *docker.Env, mode policy.Mode) {
 	}
 
 	proxy := netip.AddrPortFrom(e.SidecarAddr(), 3128).String()
-	direct := netip.AddrPortFrom(h.Fakenet, 80).String()
+	resolver := netip.AddrPortFrom(e.SidecarAddr(), 53).String()
 	res, err := h.ExecProbe(ctx, e.AgentContainer(), []harness.Check{
 		{Name: "allowed", Kind: "proxy", Target: "allowed.test:443", Proxy: proxy},
 		{Name: "allowed-http", Kind: "proxy", Target: "allowed.test:80", Proxy: proxy},
 		{Name: "blocked", Kind: "proxy", Target: "blocked.test:443", Proxy: proxy},
-		{Name: "direct", Kind: "tcp", Target: direct, TimeoutMS: 1500},
-		{Name: "direct-http", Kind: "http", Target: direct, TimeoutMS: 1500},
-		{Name: "resolve-blocked", Kind: "dns", Server: netip.AddrPortFrom(e.SidecarAddr(), 53).String(), QName: "blocked.test"},
+		{Name: "allowed-direct-tls", Kind: "tls", Target: "allowed.test:443", Resolver: resolver, TimeoutMS: 1500},
+		{Name: "allowed-direct-http", Kind: "http", Target: "allowed.test:80", Resolver: resolver, TimeoutMS: 1500},
+		{Name: "blocked-direct-tls", Kind: "tls", Target: netip.AddrPortFrom(h.Fakenet, 443).String(), Host: "blocked.test", TimeoutMS: 1500},
+		{Name: "address-direct-http", Kind: "http", Target: netip.AddrPortFrom(h.Fakenet, 80).String(), TimeoutMS: 1500},
+		{Name: "resolve-blocked", Kind: "dns", Server: resolver, QName: "blocked.test"},
 	})
 	if err != nil {
 		t.Fatalf("probe in agent: %v", err)
@@ -125,8 +135,10 @@ func assertState(t *testing.T, e *docker.Env, mode policy.Mode) {
 		{"allowed", res["allowed"].Reachable, want.allowedViaProxy},
 		{"allowed-http", res["allowed-http"].Reachable, want.allowedViaProxy},
 		{"blocked", res["blocked"].Reachable, want.blockedViaProxy},
-		{"direct", res["direct"].Reachable, want.direct},
-		{"direct-http", res["direct-http"].Reachable, want.direct},
+		{"allowed-direct-tls", res["allowed-direct-tls"].Reachable, want.allowedDirect},
+		{"allowed-direct-http", res["allowed-direct-http"].Reachable, want.allowedDirect},
+		{"blocked-direct-tls", res["blocked-direct-tls"].Reachable, want.blockedDirect},
+		{"address-direct-http", res["address-direct-http"].Reachable, want.addressDirect},
 		{"resolve-blocked", res["resolve-blocked"].Resolved, want.resolvesBlocked},
 	} {
 		if c.got != c.want {
@@ -136,6 +148,7 @@ func assertState(t *testing.T, e *docker.Env, mode policy.Mode) {
 
 	rep, err := e.Verify(ctx, docker.VerifyOptions{
 		Allowed: allowedFor(mode), Blocked: blockedFor(mode), Outside: h.Fakenet,
+		AllowedTCP: allowedTCPFor(mode), BlockedTCP: blockedTCPFor(mode),
 	})
 	if err != nil {
 		t.Fatalf("verify: %v", err)
@@ -164,4 +177,20 @@ func blockedFor(m policy.Mode) []string {
 		return nil
 	}
 	return []string{"blocked.test:443", "blocked.test:80"}
+}
+
+// allowedTCPFor and blockedTCPFor are the fake internet's port 22, which speaks first
+// like SSH: allowed.test covers every port of the name.
+func allowedTCPFor(m policy.Mode) []string {
+	if m == policy.ModeNoNetwork {
+		return nil
+	}
+	return []string{"allowed.test:22"}
+}
+
+func blockedTCPFor(m policy.Mode) []string {
+	if m == policy.ModePublic {
+		return nil
+	}
+	return []string{"blocked.test:22"}
 }

@@ -17,8 +17,9 @@ import (
 )
 
 // probeEgress makes the requests that tell a restricted agent's egress from inside it:
-// an allowed and a blocked destination through the sidecar, and the fake internet
-// directly.
+// an allowed and a blocked destination through the sidecar, and an allowed name at the
+// fake internet's address without the proxy (a TLS handshake: under the transparent
+// path a connect alone reaches the sidecar, so only the destination's handshake counts).
 func probeEgress(t *testing.T, ctr string, sidecar netip.Addr) map[string]harness.Result {
 	t.Helper()
 	ctx := timeout(t, 2*time.Minute)
@@ -26,7 +27,7 @@ func probeEgress(t *testing.T, ctr string, sidecar netip.Addr) map[string]harnes
 	res, err := h.ExecProbe(ctx, ctr, []harness.Check{
 		{Name: "allowed", Kind: "proxy", Target: "allowed.test:443", Proxy: proxy},
 		{Name: "blocked", Kind: "proxy", Target: "blocked.test:443", Proxy: proxy},
-		{Name: "direct", Kind: "tcp", Target: netip.AddrPortFrom(h.Fakenet, 443).String(), TimeoutMS: 1500},
+		{Name: "direct", Kind: "tls", Target: netip.AddrPortFrom(h.Fakenet, 443).String(), Host: "allowed.test", TimeoutMS: 1500},
 	})
 	if err != nil {
 		t.Fatalf("probe in agent: %v", err)

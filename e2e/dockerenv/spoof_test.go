@@ -23,8 +23,11 @@ import (
 // still never arrives here. The second, for engines that do not filter bridged traffic,
 // is the sidecar's strict reverse-path filter (the query's source does not route back
 // through the task network), which the engine applied if the running sidecar carries
-// it. The same hand-built query from the container's own address is the control: it
-// must reach the sidecar and be refused.
+// it. Under no-network the container's packets to the sidecar go over the transparent
+// link, whose table drops any source but the link's agent end (the spoofed counter): the
+// same hand-built query from that address is the control: it must reach the sidecar and
+// be refused. (The container's task-network address, the control before the link, is
+// now dropped as spoofed too.)
 func TestSidecarDropsSpoofedQueries(t *testing.T) {
 	h.Need(t)
 	t.Parallel()
@@ -40,10 +43,10 @@ func TestSidecarDropsSpoofedQueries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	own, err := netip.ParseAddr(ci.NetworkSettings.Networks[e.Network()].IPAddress)
-	if err != nil {
-		t.Fatalf("the container's address on %s: %v", e.Network(), err)
+	if ci.NetworkSettings.Networks[e.Network()] == nil {
+		t.Fatalf("the container is not on %s", e.Network())
 	}
+	own := e.TransparentLink().Link.AgentAddr.Addr()
 	sc, err := h.Docker.ContainerInspect(ctx, e.SidecarContainer())
 	if err != nil {
 		t.Fatal(err)

@@ -198,34 +198,43 @@ func (h *Harness) Networks(ctx context.Context, ctr string) ([]string, error) {
 // DefaultRoutes reads a container's IPv4 and IPv6 default routes with netlink in its
 // network namespace, independently of the provider's own code.
 func (h *Harness) DefaultRoutes(ctx context.Context, ctr string) ([]string, error) {
+	var out []string
+	err := h.NetlinkIn(ctx, ctr, func(nh *netlink.Handle) error {
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			rs, err := nh.RouteList(nil, fam)
+			if err != nil {
+				return err
+			}
+			for _, r := range rs {
+				if r.Dst == nil || r.Dst.IP.IsUnspecified() {
+					out = append(out, fmt.Sprintf("default via %v", r.Gw))
+				}
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// NetlinkIn calls fn with a netlink handle in the network namespace of the running
+// container ctr.
+func (h *Harness) NetlinkIn(ctx context.Context, ctr string, fn func(*netlink.Handle) error) error {
 	ci, err := h.Docker.ContainerInspect(ctx, ctr)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if ci.State == nil || ci.State.Pid == 0 {
-		return nil, fmt.Errorf("%s is not running", ctr)
+		return fmt.Errorf("%s is not running", ctr)
 	}
 	ns, err := netns.GetFromPid(ci.State.Pid)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer ns.Close()
 	nh, err := netlink.NewHandleAt(ns)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer nh.Close()
-	var out []string
-	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		rs, err := nh.RouteList(nil, fam)
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range rs {
-			if r.Dst == nil || r.Dst.IP.IsUnspecified() {
-				out = append(out, fmt.Sprintf("default via %v", r.Gw))
-			}
-		}
-	}
-	return out, nil
+	return fn(nh)
 }

@@ -52,11 +52,13 @@ func runCheck(ctx context.Context, c Check) Result {
 	case "proxy":
 		return viaProxy(ctx, c.Target, c.Proxy)
 	case "http":
-		return directHTTP(ctx, "http://"+c.Target+"/")
+		return directHTTP(ctx, c)
+	case "tls":
+		return directTLS(ctx, c)
 	case "admin":
 		return admin(ctx, c.Target)
 	case "tcp":
-		return directTCP(ctx, c.Target)
+		return directTCP(ctx, c)
 	case "dns":
 		return query(ctx, c)
 	case "spoof":
@@ -119,20 +121,6 @@ func originAnswer(br *bufio.Reader, what string) Result {
 	return Result{Detail: detail}
 }
 
-func directHTTP(ctx context.Context, url string) Result {
-	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return Result{Detail: err.Error()}
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return Result{Detail: err.Error()}
-	}
-	resp.Body.Close()
-	return Result{Reachable: true, Detail: "direct GET: " + resp.Status}
-}
-
 func admin(ctx context.Context, target string) Result {
 	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+target+"/v1/policy", nil)
@@ -151,32 +139,12 @@ func admin(ctx context.Context, target string) Result {
 	return Result{Detail: "no admin API there (" + resp.Status + ")"}
 }
 
-func directTCP(ctx context.Context, target string) Result {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", target)
-	if err == nil {
-		conn.Close()
-		return Result{Reachable: true, Detail: "connected"}
-	}
-	if errors.Is(err, syscall.ECONNREFUSED) {
-		return Result{Reachable: true, Detail: "refused (the host answered)"}
-	}
-	return Result{Detail: err.Error()}
-}
-
 func query(ctx context.Context, c Check) Result {
 	network := c.Net
 	if network == "" {
 		network = "udp"
 	}
-	m := new(dns.Msg)
-	m.SetQuestion(dns.Fqdn(c.QName), dns.TypeA)
-	cl := &dns.Client{Net: network}
-	// The client's own read timeout (2 s) would cut a longer timeout_ms short.
-	if d, ok := ctx.Deadline(); ok {
-		cl.Timeout = time.Until(d)
-	}
-	resp, _, err := cl.ExchangeContext(ctx, m, c.Server)
+	resp, err := exchange(ctx, network, c.Server, c.QName)
 	if errors.Is(err, syscall.ECONNREFUSED) {
 		return Result{Reachable: true, Detail: network + " DNS: refused (the host answered)"}
 	}
@@ -184,11 +152,38 @@ func query(ctx context.Context, c Check) Result {
 		return Result{Detail: network + " DNS: " + err.Error()}
 	}
 	r := Result{Reachable: true, Detail: network + " DNS: " + dns.RcodeToString[resp.Rcode]}
-	for _, a := range resp.Answer {
-		if rec, ok := a.(*dns.A); ok {
-			r.Resolved = true
-			r.Detail += " " + rec.A.String()
-		}
+	if why, ok := refusalEDE(resp); ok {
+		r.Refused = true
+		r.Detail += " from the sidecar (" + why + ")"
+	}
+	for _, a := range answerA(resp) {
+		r.Resolved = true
+		r.Detail += " " + a
 	}
 	return r
+}
+
+// exchange asks server for qname's A record, with EDNS: the sidecar says why it
+// refused only to an EDNS client.
+func exchange(ctx context.Context, network, server, qname string) (*dns.Msg, error) {
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(qname), dns.TypeA)
+	m.SetEdns0(dns.DefaultMsgSize, false)
+	cl := &dns.Client{Net: network}
+	// The client's own read timeout (2 s) would cut a longer timeout_ms short.
+	if d, ok := ctx.Deadline(); ok {
+		cl.Timeout = time.Until(d)
+	}
+	resp, _, err := cl.ExchangeContext(ctx, m, server)
+	return resp, err
+}
+
+func answerA(resp *dns.Msg) []string {
+	var out []string
+	for _, a := range resp.Answer {
+		if rec, ok := a.(*dns.A); ok {
+			out = append(out, rec.A.String())
+		}
+	}
+	return out
 }

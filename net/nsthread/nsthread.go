@@ -20,6 +20,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// The main goroutine keeps the main thread (the thread group leader) for good. A
+// goroutine that enters a namespace and exits locked would otherwise land on it now and
+// then: the runtime never ends the main thread but parks it for good, still in that
+// namespace, and /proc/self/ns/net, which names the leader's, would then name a
+// container's (the CNI plugins lock it in init for the same reason).
+func init() { runtime.LockOSThread() }
+
 // Discarded calls fn on a new OS thread that is thrown away afterwards, for
 // library code that switches its thread's namespace itself and could leave it
 // switched on failure (netlink.NewHandleAt moves back to the original
@@ -28,14 +35,6 @@ func Discarded(fn func() error) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
-		if unix.Gettid() == unix.Getpid() {
-			// The runtime never destroys the main thread: it would wedge it, in fn's
-			// namespace, and /proc/self/ns/net would name that one. Held here, the
-			// main thread cannot take fn's goroutine.
-			done <- Discarded(fn)
-			runtime.UnlockOSThread()
-			return
-		}
 		done <- fn()
 	}()
 	return <-done
