@@ -47,9 +47,12 @@ type Config struct {
 	Malformed func(err error)
 	// Recovered logs and counts a panic of one query, from client.
 	Recovered func(client string, p any)
-	// Answered, when not nil, learns the addresses of each allowed answer sent whole to
-	// client for name (the question's), with the smallest TTL among them: a transparent
-	// connection to one of them is decided on the name (see proxy/fqdncache).
+	// Answered, when not nil, learns the addresses of each allowed answer to client for
+	// name (the question's), as it is sent (after truncation), with the smallest TTL
+	// among them: a transparent connection to one of them is decided on the name (see
+	// proxy/fqdncache). It learns before the answer leaves: a client that connects the
+	// moment it has the answer must find the name known. (An allowed answer that then
+	// fails to go out leaves the client a name it may ask for again.)
 	Answered func(client netip.Addr, name string, addrs []netip.Addr, ttl time.Duration)
 	Log      *slog.Logger
 	Metrics  Metrics
@@ -109,17 +112,18 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	o := s.answer(s.cfg.Current(), req)
 	o.Client = client
-	if s.send(w, req, &o, udp, &wrote) && o.Decision == "allowed" && s.cfg.Answered != nil {
+	fit(o.resp, req, udp)
+	if o.Decision == "allowed" && s.cfg.Answered != nil {
 		s.learn(w.RemoteAddr(), o)
 	}
+	s.send(w, req, &o, &wrote)
 	s.cfg.Metrics.Queries.WithLabelValues(o.Decision, typeLabel(o.Qtype)).Inc()
 	s.cfg.Decided(o)
 }
 
-// send writes o's answer, cut to the client's UDP size, and reports whether it went
-// out. An answer that cannot be sent turns o into a refusal (SERVFAIL).
-func (s *Server) send(w dns.ResponseWriter, req *dns.Msg, o *Outcome, udp bool, wrote *bool) bool {
-	resp := o.resp
+// fit readies resp, the answer to req, for the wire: compressed, and cut to the
+// client's UDP size.
+func fit(resp, req *dns.Msg, udp bool) {
 	// An upstream's answer arrives compressed and unpacks without compression: packed
 	// as it came, an answer under 64 KiB could outgrow a TCP message.
 	resp.Compress = true
@@ -130,8 +134,13 @@ func (s *Server) send(w dns.ResponseWriter, req *dns.Msg, o *Outcome, udp bool, 
 		}
 		resp.Truncate(size)
 	}
+}
+
+// send writes o's answer. An answer that cannot be sent turns o into a refusal
+// (SERVFAIL).
+func (s *Server) send(w dns.ResponseWriter, req *dns.Msg, o *Outcome, wrote *bool) {
 	var netErr net.Error
-	err := writeMsg(w, resp, wrote)
+	err := writeMsg(w, o.resp, wrote)
 	if err != nil && o.Decision == "allowed" && !errors.As(err, &netErr) {
 		// Not even compressed does it fit: the client gets SERVFAIL, not silence. (A
 		// network error is a TCP client that left: its query was still allowed.)
@@ -139,7 +148,6 @@ func (s *Server) send(w dns.ResponseWriter, req *dns.Msg, o *Outcome, udp bool, 
 		o.Decision, o.Reason = "denied", ReasonUpstreamFailed
 		_ = w.WriteMsg(refusal(req, dns.RcodeServerFailure, ReasonUpstreamFailed))
 	}
-	return err == nil
 }
 
 // learn hands the addresses of o's answer, as sent (after truncation), to Answered.
