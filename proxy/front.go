@@ -1,11 +1,13 @@
 package proxy
 
 import (
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"time"
 
 	"github.com/compass-egress/compass-egress/proxy/httpfront"
+	"github.com/compass-egress/compass-egress/proxy/transparent"
 )
 
 // frontHandler is the sidecar as the HTTP front's Handler: it decides and serves the
@@ -34,11 +36,18 @@ func (h frontHandler) Forward(r *httpfront.Request) httpfront.Exchange {
 	return st
 }
 
-// Refused counts and logs a head the front would not serve as a decision.
-func (h frontHandler) Refused(typ, reason, host, client string) {
+// Refused counts and logs a head the front would not serve as a decision; on a
+// transparent connection, as that connection's (type, protocol, original destination).
+func (h frontHandler) Refused(typ, reason, host, client string, origin netip.AddrPort) {
 	s := h.s
-	s.metrics.requests.WithLabelValues(typ, "denied", reason).Inc()
-	s.logDecision(s.current.Load(), typ, "denied", reason, "", host, 0, netip.Addr{}, client)
+	if !origin.IsValid() {
+		s.metrics.requests.WithLabelValues(typ, "denied", reason).Inc()
+		s.logDecision(s.current.Load(), typ, "denied", reason, "", host, 0, netip.Addr{}, client)
+		return
+	}
+	s.metrics.requests.WithLabelValues(typeTransparent, "denied", reason).Inc()
+	s.logDecision(s.current.Load(), typeTransparent, "denied", reason, "", host, 0, netip.Addr{}, client,
+		slog.String("protocol", transparent.HTTP), slog.String("original_dst", origin.String()))
 }
 
 func (h frontHandler) Recovered(typ, client string, p any) {

@@ -333,6 +333,28 @@ func TestTransparentRecords(t *testing.T) {
 	}
 }
 
+// A head the front will not serve, on a transparent connection, is recorded as the
+// transparent connection's: type transparent, protocol http, its original destination
+// (it was recorded as an explicit proxy request, out of the transparent records).
+func TestTransparentMalformedHeadRecord(t *testing.T) {
+	th := newTransparentHarness(t)
+	th.apply(allowA)
+	dst := ap(addrA, th.a.httpPort)
+	before := promtest.ToFloat64(th.srv.metrics.requests.WithLabelValues(typeTransparent, "denied", "malformed-request"))
+	c := th.dial(t, "127.0.0.1", dst)
+	fmt.Fprint(c, "GET /x HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n")
+	if got := readAll(c); !strings.HasPrefix(got, "HTTP/1.1 400 ") {
+		t.Fatalf("answer %q, want 400", got)
+	}
+	l := th.line(t, 1)
+	if l["decision"] != "denied" || l["reason"] != "malformed-request" || l["protocol"] != "http" || l["original_dst"] != dst.String() {
+		t.Fatalf("decision line %v", l)
+	}
+	if got := promtest.ToFloat64(th.srv.metrics.requests.WithLabelValues(typeTransparent, "denied", "malformed-request")); got != before+1 {
+		t.Fatalf("counted %v, want %v", got, before+1)
+	}
+}
+
 // The drain closes the transparent listener with the others and cuts its tunnels at
 // the deadline.
 func TestTransparentDrain(t *testing.T) {

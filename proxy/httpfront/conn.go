@@ -196,7 +196,7 @@ func (f *Front) refuseHead(cc *clientConn, err error, drain, tooLong bool) {
 // what the head named, if it could be read.
 func (f *Front) refuseMalformed(cc *clientConn, typ, reason, host, answer string) {
 	f.answer(cc.c, answer)
-	f.h.Refused(typ, reason, host, cc.remote)
+	f.h.Refused(typ, reason, host, cc.remote, cc.origin)
 }
 
 // sentInput reports whether the client has sent bytes the connection has not read

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -38,7 +39,7 @@ func (h *fakeHandler) Connect(r *Request, req *http.Request) bool {
 
 func (h *fakeHandler) Forward(r *Request) Exchange { return &fakeExchange{cancel: r.Cancel} }
 
-func (h *fakeHandler) Refused(typ, reason, host, client string) {
+func (h *fakeHandler) Refused(typ, reason, host, client string, _ netip.AddrPort) {
 	h.mu.Lock()
 	h.refused = append(h.refused, typ+"/"+reason)
 	h.mu.Unlock()

@@ -34,8 +34,9 @@ type Handler interface {
 	// Forward begins any other request; the front then runs the Exchange.
 	Forward(r *Request) Exchange
 	// Refused counts and logs a head the front would not serve (of type typ, for
-	// reason; host is what the head named, if it could be read).
-	Refused(typ, reason, host, client string)
+	// reason; host is what the head named, if it could be read; origin is the
+	// original destination of a transparent connection, else zero).
+	Refused(typ, reason, host, client string, origin netip.AddrPort)
 	// Recovered logs and counts a panic the front recovered on one connection (a
 	// request of type typ, "" if its head was not read yet).
 	Recovered(typ, client string, p any)
