@@ -115,8 +115,9 @@ func (s *Server) upstreamAnswer(req *http.Request, st *requestState, v *Verdict,
 			// cut the same way is.
 			cur := s.current.Load()
 			refused := Verdict{Host: v.Host, Name: v.Name, Port: v.Port, Reason: ReasonPolicyChanged}
-			s.record(cur, typeHTTP, refused, req.RemoteAddr)
-			return refusalResponse(req, cur, typeHTTP, refused), nil
+			typ, o := st.recordAs()
+			s.recordOrigin(cur, typ, refused, req.RemoteAddr, o)
+			return refusalResponse(req, cur, typ, refused), nil
 		}
 		if errors.Is(err, connio.ErrClientBodyIdle) {
 			// Never written: the front sees the body idle and closes the connection.

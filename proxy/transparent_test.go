@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"github.com/compass-egress/compass-egress/adminapi"
 	"github.com/compass-egress/compass-egress/proxy/tlshello"
 	"github.com/compass-egress/compass-egress/proxy/tlshello/hellotest"
+	"github.com/compass-egress/compass-egress/proxy/upclient"
 )
 
 var (
@@ -395,5 +398,27 @@ func TestTransparentReadiness(t *testing.T) {
 	waitFor(t, func() bool { ok, _ := th.srv.Ready(); return !ok })
 	if _, why := th.srv.Ready(); why != "transparent listener not serving" {
 		t.Fatalf("why %q", why)
+	}
+}
+
+// A transparent HTTP request that a swap refuses between its decision and its dial is
+// recorded as transparent, as its decision was.
+func TestTransparentHTTPCutBySwapRecord(t *testing.T) {
+	th := newTransparentHarness(t)
+	th.apply(`{"network_mode":"allowlist","allowed_hosts":["a.test"]}`)
+	req := httptest.NewRequest(http.MethodGet, "http://a.test/", nil)
+	req.RemoteAddr = "127.0.0.1:5555"
+	dst := netip.MustParseAddrPort("127.0.0.2:80")
+	resp, err := th.srv.upstreamAnswer(req, &requestState{origin: dst}, &Verdict{Host: "a.test", Name: "a.test", Port: 80}, nil, upclient.ErrRecheckFailed)
+	if err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("answer %v, %v; want the 403 of a refusal", resp, err)
+	}
+	l := th.line(t, 1)
+	if l["reason"] != ReasonPolicyChanged || l["protocol"] != "http" || l["original_dst"] != dst.String() {
+		t.Fatalf("decision line %v", l)
+	}
+	rs := th.srv.Current()
+	if sum := rs.blocked.Summary(rs.Generation); len(sum.Top) != 1 || sum.Top[0].Type != typeTransparent || sum.Top[0].Protocol != "http" {
+		t.Fatalf("blocked %+v", sum.Top)
 	}
 }
