@@ -398,7 +398,7 @@ func (r *Report) Checks() []Check {
 	return checks
 }
 
-// transparentChecks are issue 28's targets: the transparent path within 10% of the
+// transparentChecks are the transparent path's targets: within 10% of the
 // explicit one, through the same proxy in the same namespaces; a run that could not
 // measure them says why instead of passing them.
 func (r *Report) transparentChecks() []Check {
